@@ -1,0 +1,238 @@
+"""QoE of a streamed reply and the serving metrics computed from the same timeline.
+
+Papers (see ../shared/papers/README.md):
+- Andes (Liu et al.) §3.1, Eq. 1: QoE = S_actual / S_expected.
+- Wang et al., "Revisiting SLOs and System Level Metrics in LLM Serving" §3-§4:
+  per-token deadlines, user idle latency (Eq. 9), benefit (Eq. 10), smooth goodput (Eq. 11);
+  f(·) linear, quadratic or exponential per the journal version (004).
+- `vllm bench serve` for TTFT, TPOT, ITL, E2EL and goodput under SLOs.
+
+All times are seconds since the request was sent; see :mod:`qos.timeline` for the
+accepted timeline shapes and the digestion schedule every formula here builds on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from qos.timeline import (
+    TimelineInput,
+    check_expectation,
+    digested_area,
+    digestion_starts,
+    expected_area,
+    token_times,
+)
+
+IdlePenalty = Literal["linear", "quadratic", "exponential"]
+
+
+def andes_qoe(
+    timeline: TimelineInput,
+    expected_ttft: float,
+    expected_tds: float,
+    *,
+    ttft_penalty: float | None = None,
+) -> float:
+    """Andes QoE, Eq. 1, in closed form on the piecewise-linear curves.
+
+    QoE = ∫_0^TTLT A(t) dt / ∫_0^TTLT min(T(t), l) dt, clamped to [0, 1], where A is
+    the user's digestion curve (tokens digested no earlier than they arrive and no
+    faster than ``expected_tds``), T(t) = TDS·(t - TTFT)⁺ the expected curve, l the
+    reply length and TTLT the time of the last token. A reply fully delivered before
+    the expected TTFT scores 1.
+
+    ``ttft_penalty`` = α ∈ (0, 1] applies §3.1's variant α^(TTFT_actual - TTFT_expected)·QoE;
+    the exponent is taken as its positive part, so an early first token is not a bonus.
+
+    Faithful to Eq. 1, this can reward lateness (delaying the last token stretches
+    both integrals); :func:`monotone_qoe` is the variant that never does.
+    """
+    times = token_times(timeline)
+    check_expectation(expected_ttft, expected_tds)
+    ttlt = float(times[-1])
+    s_expected = float(expected_area(ttlt, expected_ttft, expected_tds, float(times.size)))
+    if s_expected <= 0.0:
+        qoe = 1.0  # everything arrived before the expected curve even started
+    else:
+        starts = digestion_starts(times, expected_tds)
+        s_actual = float(np.sum(digested_area(starts, ttlt, expected_tds)))
+        qoe = min(max(s_actual / s_expected, 0.0), 1.0)
+    if ttft_penalty is not None:
+        if not 0.0 < ttft_penalty <= 1.0:
+            raise ValueError(f"ttft_penalty: α must be in (0, 1], got {ttft_penalty}")
+        qoe *= ttft_penalty ** max(float(times[0]) - expected_ttft, 0.0)
+    return qoe
+
+
+def digestion_deficit(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
+    """Token-seconds by which the user's reading falls behind the expected timeline.
+
+    ∫_0^∞ (min(T(t), l) - A'(t))⁺ dt, with A' the digestion curve over the whole reply
+    (not cut at TTLT). Since min(T, A) is the digestion curve of the arrivals held back
+    until the expected TTFT, this equals Σ_k (d'_k - e_k): d'_k is when token k starts
+    being digested with that hold, e_k = TTFT + (k-1)/TDS when it was expected to.
+    Delaying any token can only move some d'_k later, so the deficit never decreases.
+    """
+    times = token_times(timeline)
+    check_expectation(expected_ttft, expected_tds)
+    starts = digestion_starts(times, expected_tds, hold_until=expected_ttft)
+    expected = expected_ttft + np.arange(times.size, dtype=float) / expected_tds
+    return float(np.sum(starts - expected))
+
+
+def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
+    """QoE that delaying a token can never raise: E / (E + deficit), in (0, 1].
+
+    E = l² / (2·TDS) is the area under the expected curve over the expected timeline
+    (TTFT to TTFT + l/TDS); deficit is :func:`digestion_deficit`. 1 exactly when every
+    token is digested on or ahead of schedule; 0.5 when the reading falls behind by as
+    much area as the whole expected reading. See docs/qoe.md for why it exists.
+    """
+    deficit = digestion_deficit(timeline, expected_ttft, expected_tds)
+    n = token_times(timeline).size
+    area = n * n / (2.0 * expected_tds)
+    return area / (area + deficit)
+
+
+def token_deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) -> np.ndarray:
+    """Per-token deadlines d_i = TTFT + (i-1)/TDS (Wang et al. §3.1 Eq. 1 with §3.3's reading SLO)."""
+    check_expectation(expected_ttft, expected_tds)
+    return expected_ttft + np.arange(n_tokens, dtype=float) / expected_tds
+
+
+def user_idle_latency(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
+    """l_r = max_i (t_i - d_i)⁺, Wang et al. Eq. 9."""
+    times = token_times(timeline)
+    deadlines = token_deadlines(times.size, expected_ttft, expected_tds)
+    return max(float(np.max(times - deadlines)), 0.0)
+
+
+def idle_penalty(idle_s: float, kind: IdlePenalty = "linear") -> float:
+    """f(l) of the benefit function: linear (default, 002), quadratic or exponential (004)."""
+    if kind == "linear":
+        return idle_s
+    if kind == "quadratic":
+        return idle_s * idle_s
+    if kind == "exponential":
+        return math.expm1(idle_s)
+    raise ValueError(f"kind: unknown idle penalty {kind!r}; use linear, quadratic or exponential")
+
+
+def request_benefit(
+    timeline: TimelineInput,
+    expected_ttft: float,
+    expected_tds: float,
+    *,
+    alpha: float = 2.5,
+    penalty: IdlePenalty = "linear",
+) -> float:
+    """benefit(r) = n_r - α·f(l_r), Wang et al. Eq. 10 (α = 2.5 as in their §5)."""
+    n = token_times(timeline).size
+    idle = user_idle_latency(timeline, expected_ttft, expected_tds)
+    return n - alpha * idle_penalty(idle, penalty)
+
+
+def smooth_goodput(benefits: Iterable[float], duration_s: float) -> float:
+    """Σ_r benefit(r) / T, Wang et al. Eq. 11."""
+    if not duration_s > 0:
+        raise ValueError(f"duration_s: must be > 0, got {duration_s}")
+    return float(sum(benefits)) / duration_s
+
+
+@dataclass(frozen=True)
+class ServingSLO:
+    """SLOs for goodput, as `vllm bench serve --goodput ttft:MS tpot:MS e2el:MS` takes them."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished request as a benchmark client saw it."""
+
+    prompt_tokens: int
+    chunks: Sequence[tuple[float, int]]  # (seconds since send, tokens in the chunk)
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    """The metrics `vllm bench serve` prints, computed the same way (times in ms)."""
+
+    completed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    duration_s: float
+    request_throughput: float
+    request_goodput: float | None
+    output_throughput: float
+    total_token_throughput: float
+    ttft_ms: dict[str, float] = field(default_factory=dict)
+    tpot_ms: dict[str, float] = field(default_factory=dict)
+    itl_ms: dict[str, float] = field(default_factory=dict)
+    e2el_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _summary(values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=float) if len(values) else np.zeros(1)
+    out = {"mean": float(arr.mean()), "median": float(np.median(arr)), "std": float(arr.std())}
+    out.update({f"p{p:g}": float(np.percentile(arr, p)) for p in percentiles})
+    return out
+
+
+def serving_metrics(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    *,
+    slo: ServingSLO | None = None,
+    percentiles: Sequence[float] = (99.0,),
+) -> ServingMetrics:
+    """TTFT, TPOT, ITL, E2EL and goodput as `vllm bench serve` defines them.
+
+    TTFT: first chunk's time. E2EL: last chunk's time. TPOT: (E2EL - TTFT) / (n - 1),
+    only for replies of more than one token. ITL: gaps between consecutive chunks
+    (vLLM measures per received chunk). A request is good when it meets every SLO given.
+    """
+    if not duration_s > 0:
+        raise ValueError(f"duration_s: must be > 0, got {duration_s}")
+    ttfts, tpots, itls, e2els, good = [], [], [], [], 0
+    total_in = total_out = 0
+    for rec in records:
+        arr = np.asarray(rec.chunks, dtype=float).reshape(-1, 2)
+        token_times(arr, name="chunks")  # validates
+        times, n = arr[:, 0], int(arr[:, 1].sum())
+        ttft, e2el = float(times[0]) * 1e3, float(times[-1]) * 1e3
+        tpot = (e2el - ttft) / (n - 1) if n > 1 else 0.0
+        ttfts.append(ttft)
+        e2els.append(e2el)
+        if n > 1:
+            tpots.append(tpot)
+        itls.extend((np.diff(times) * 1e3).tolist())
+        total_in += rec.prompt_tokens
+        total_out += n
+        if slo is not None and all(
+            limit is None or value <= limit
+            for value, limit in ((ttft, slo.ttft_ms), (tpot, slo.tpot_ms), (e2el, slo.e2el_ms))
+        ):
+            good += 1
+    return ServingMetrics(
+        completed=len(records),
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        duration_s=duration_s,
+        request_throughput=len(records) / duration_s,
+        request_goodput=good / duration_s if slo is not None else None,
+        output_throughput=total_out / duration_s,
+        total_token_throughput=(total_in + total_out) / duration_s,
+        ttft_ms=_summary(ttfts, percentiles),
+        tpot_ms=_summary(tpots, percentiles),
+        itl_ms=_summary(itls, percentiles),
+        e2el_ms=_summary(e2els, percentiles),
+    )

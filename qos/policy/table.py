@@ -1,0 +1,218 @@
+"""The engine-agnostic snapshot every policy reads: a columnar table of requests.
+
+Engines (the simulator, the vLLM plugin) keep one :class:`RequestTable` up to date as
+requests arrive, are admitted, emit tokens, are preempted and finish. Rows are dense
+(removal swaps the last row in), so every column is a plain numpy slice and a policy
+decision over thousands of requests is a handful of vectorised operations.
+
+Besides the raw facts (tenant, weight, expected TTFT/TDS, arrival, prompt and output
+tokens, context length, running or waiting, preemptions) the table keeps, per request,
+the running sums of the user's digestion schedule (:mod:`qos.timeline`, recursion D),
+so a policy can predict QoE in closed form without re-reading every token time:
+
+- ``dig_sum``, ``dig_last``: Σ d_k and d_n, digestion without hold (Andes Eq. 1);
+- ``held_sum``, ``held_last``: the same with tokens held until the expected TTFT
+  (the monotone QoE, :func:`qos.metrics.monotone_qoe`).
+
+All times are the engine's clock in seconds. Per-token emission times are kept too
+(``emitted``), for exact metrics when the request ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_FLOAT_COLUMNS = (
+    "weight",
+    "ttft",
+    "tds",
+    "arrival",
+    "queued_at",
+    "first_token_at",
+    "dig_sum",
+    "dig_last",
+    "held_sum",
+    "held_last",
+)
+_INT_COLUMNS = ("tenant", "prompt", "max_tokens", "output", "computed", "preemptions")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the engine can hold in the next iteration."""
+
+    kv_tokens: int  # M: KV-cache slots, in tokens
+    max_batch: int  # most requests in one iteration
+
+
+class RequestTable:
+    """Dense struct-of-arrays of an engine's live requests (waiting and running)."""
+
+    def __init__(self, initial_capacity: int = 256) -> None:
+        self._cap = initial_capacity
+        self.n = 0
+        self.keys: list[str] = []
+        self.emitted: list[list[float]] = []
+        self._row: dict[str, int] = {}
+        self.tenant_names: list[str] = []
+        self._tenant_index: dict[str, int] = {}
+        self._cols: dict[str, np.ndarray] = {}
+        for name in _FLOAT_COLUMNS:
+            self._cols[name] = np.zeros(self._cap, dtype=float)
+        for name in _INT_COLUMNS:
+            self._cols[name] = np.zeros(self._cap, dtype=np.int64)
+        self._cols["running"] = np.zeros(self._cap, dtype=bool)
+
+    # -- columns (views of the live rows) ------------------------------------------
+    def col(self, name: str) -> np.ndarray:
+        """Live rows of one column (a view: writes go to the table)."""
+        return self._cols[name][: self.n]
+
+    @property
+    def running(self) -> np.ndarray:
+        return self._cols["running"][: self.n]
+
+    @property
+    def context(self) -> np.ndarray:
+        """l_i: prompt plus generated tokens, the KV slots the request needs to run."""
+        return self._cols["prompt"][: self.n] + self._cols["output"][: self.n]
+
+    @property
+    def demand(self) -> np.ndarray:
+        """KV slots each request occupies after its next token: context + 1."""
+        return self.context + 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._row
+
+    def row(self, key: str) -> int:
+        try:
+            return self._row[key]
+        except KeyError:
+            raise KeyError(f"request {key!r} is not in the table") from None
+
+    def tenant_id(self, name: str) -> int:
+        """Stable small integer for a tenant name."""
+        idx = self._tenant_index.get(name)
+        if idx is None:
+            idx = self._tenant_index[name] = len(self.tenant_names)
+            self.tenant_names.append(name)
+        return idx
+
+    # -- lifecycle -------------------------------------------------------------------
+    def add(
+        self,
+        key: str,
+        *,
+        arrival: float,
+        prompt_tokens: int,
+        ttft: float,
+        tds: float,
+        tenant: str = "default",
+        weight: float = 1.0,
+        max_tokens: int | None = None,
+    ) -> int:
+        """Add a waiting request; return its row."""
+        if key in self._row:
+            raise ValueError(f"key: request {key!r} is already in the table")
+        if prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens: must be >= 0, got {prompt_tokens}")
+        if not tds > 0 or not ttft >= 0:
+            raise ValueError(f"ttft/tds: need ttft >= 0 and tds > 0, got {ttft}, {tds}")
+        if not weight > 0:
+            raise ValueError(f"weight: must be > 0, got {weight}")
+        if self.n == self._cap:
+            self._grow()
+        r = self.n
+        self.n += 1
+        self._row[key] = r
+        self.keys.append(key)
+        self.emitted.append([])
+        c = self._cols
+        for name, value in (
+            ("weight", weight),
+            ("ttft", ttft),
+            ("tds", tds),
+            ("arrival", arrival),
+            ("queued_at", arrival),
+            ("first_token_at", np.nan),
+            ("dig_sum", 0.0),
+            ("dig_last", -np.inf),
+            ("held_sum", 0.0),
+            ("held_last", -np.inf),
+            ("tenant", self.tenant_id(tenant)),
+            ("prompt", prompt_tokens),
+            ("max_tokens", -1 if max_tokens is None else max_tokens),
+            ("output", 0),
+            ("computed", 0),
+            ("preemptions", 0),
+            ("running", False),
+        ):
+            c[name][r] = value
+        return r
+
+    def remove(self, key: str) -> list[float]:
+        """Drop a request (finished or aborted); return its emission times."""
+        r = self._row.pop(key)
+        last = self.n - 1
+        times = self.emitted[r]
+        if r != last:
+            for arr in self._cols.values():
+                arr[r] = arr[last]
+            moved = self.keys[last]
+            self.keys[r] = moved
+            self.emitted[r] = self.emitted[last]
+            self._row[moved] = r
+        self.keys.pop()
+        self.emitted.pop()
+        self.n = last
+        return times
+
+    def admit(self, row: int) -> None:
+        """Mark running with its whole context (prompt + output so far) in the KV cache."""
+        c = self._cols
+        c["running"][row] = True
+        c["computed"][row] = c["prompt"][row] + c["output"][row]
+
+    def preempt(self, row: int, now: float) -> None:
+        """Back to waiting, KV freed (recompute on resume); counts one preemption."""
+        c = self._cols
+        c["running"][row] = False
+        c["computed"][row] = 0
+        c["preemptions"][row] += 1
+        c["queued_at"][row] = now
+
+    def record_tokens(self, row: int, now: float, n: int = 1) -> None:
+        """``n`` tokens of this request reached the user at ``now``.
+
+        Updates the digestion sums in O(1): the chunk's tokens are digested back to
+        back from max(now, previous digestion end) (recursion D of qos.timeline).
+        """
+        c = self._cols
+        tds = c["tds"][row]
+        step = 1.0 / tds
+        offsets = (n * (n - 1) / 2.0) * step
+        first = max(now, c["dig_last"][row] + step)
+        c["dig_sum"][row] += n * first + offsets
+        c["dig_last"][row] = first + (n - 1) * step
+        hold = c["arrival"][row] + c["ttft"][row]
+        held_first = max(now, hold, c["held_last"][row] + step)
+        c["held_sum"][row] += n * held_first + offsets
+        c["held_last"][row] = held_first + (n - 1) * step
+        if c["output"][row] == 0:
+            c["first_token_at"][row] = now
+        c["output"][row] += n
+        c["computed"][row] += n
+        self.emitted[row].extend([now] * n)
+
+    def _grow(self) -> None:
+        self._cap *= 2
+        for name, arr in self._cols.items():
+            grown = np.zeros(self._cap, dtype=arr.dtype)
+            grown[: arr.size] = arr
+            self._cols[name] = grown
