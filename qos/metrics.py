@@ -53,7 +53,7 @@ def andes_qoe(
     Faithful to Eq. 1, this can reward lateness (delaying the last token stretches
     both integrals); :func:`monotone_qoe` is the variant that never does.
     """
-    times = token_times(timeline)
+    times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
     ttlt = float(times[-1])
     s_expected = float(expected_area(ttlt, expected_ttft, expected_tds, float(times.size)))
@@ -79,7 +79,7 @@ def digestion_deficit(timeline: TimelineInput, expected_ttft: float, expected_td
     being digested with that hold, e_k = TTFT + (k-1)/TDS when it was expected to.
     Delaying any token can only move some d'_k later, so the deficit never decreases.
     """
-    times = token_times(timeline)
+    times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
     starts = digestion_starts(times, expected_tds, hold_until=expected_ttft)
     expected = expected_ttft + np.arange(times.size, dtype=float) / expected_tds
@@ -95,7 +95,7 @@ def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: fl
     much area as the whole expected reading. See docs/qoe.md for why it exists.
     """
     deficit = digestion_deficit(timeline, expected_ttft, expected_tds)
-    n = token_times(timeline).size
+    n = token_times(timeline, name="timeline").size
     area = n * n / (2.0 * expected_tds)
     return area / (area + deficit)
 
@@ -103,12 +103,14 @@ def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: fl
 def token_deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) -> np.ndarray:
     """Per-token deadlines d_i = TTFT + (i-1)/TDS (Wang et al. §3.1 Eq. 1 with §3.3's reading SLO)."""
     check_expectation(expected_ttft, expected_tds)
+    if n_tokens < 0:
+        raise ValueError(f"n_tokens: must be >= 0, got {n_tokens}")
     return expected_ttft + np.arange(n_tokens, dtype=float) / expected_tds
 
 
 def user_idle_latency(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
     """l_r = max_i (t_i - d_i)⁺, Wang et al. Eq. 9."""
-    times = token_times(timeline)
+    times = token_times(timeline, name="timeline")
     deadlines = token_deadlines(times.size, expected_ttft, expected_tds)
     return max(float(np.max(times - deadlines)), 0.0)
 
@@ -133,8 +135,12 @@ def request_benefit(
     penalty: IdlePenalty = "linear",
 ) -> float:
     """benefit(r) = n_r - α·f(l_r), Wang et al. Eq. 10 (α = 2.5 as in their §5)."""
-    n = token_times(timeline).size
+    n = token_times(timeline, name="timeline").size
     idle = user_idle_latency(timeline, expected_ttft, expected_tds)
+    if penalty not in ("linear", "quadratic", "exponential"):
+        raise ValueError(
+            f"penalty: unknown idle penalty {penalty!r}; use linear, quadratic or exponential"
+        )
     return n - alpha * idle_penalty(idle, penalty)
 
 

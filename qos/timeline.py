@@ -48,7 +48,9 @@ def token_times(timeline: TimelineInput, *, name: str = "token_times") -> np.nda
     if not np.all(np.isfinite(times)):
         raise ValueError(f"{name}: times must be finite numbers")
     if np.any(times < 0):
-        raise ValueError(f"{name}: negative time {times.min()}; times are seconds since the request")
+        raise ValueError(
+            f"{name}: negative time {times.min()}; times are seconds since the request"
+        )
     if np.any(np.diff(times) < 0):
         i = int(np.argmax(np.diff(times) < 0))
         raise ValueError(

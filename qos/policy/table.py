@@ -12,7 +12,8 @@ so a policy can predict QoE in closed form without re-reading every token time:
 
 - ``dig_sum``, ``dig_last``: Σ d_k and d_n, digestion without hold (Andes Eq. 1);
 - ``held_sum``, ``held_last``: the same with tokens held until the expected TTFT
-  (the monotone QoE, :func:`qos.metrics.monotone_qoe`).
+  (the monotone QoE, :func:`qos.metrics.monotone_qoe`); before the first token
+  ``held_last`` is TTFT - 1/TDS, so the hold falls out of the same recursion.
 
 All times are the engine's clock in seconds. Per-token emission times are kept too
 (``emitted``), for exact metrics when the request ends.
@@ -23,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+NO_TOKEN = -1e18  # d_n before any token: finite, so closed forms stay NaN-free
 
 _FLOAT_COLUMNS = (
     "weight",
@@ -142,9 +145,9 @@ class RequestTable:
             ("queued_at", arrival),
             ("first_token_at", np.nan),
             ("dig_sum", 0.0),
-            ("dig_last", -np.inf),
+            ("dig_last", NO_TOKEN),
             ("held_sum", 0.0),
-            ("held_last", -np.inf),
+            ("held_last", arrival + ttft - 1.0 / tds),  # first token held until TTFT
             ("tenant", self.tenant_id(tenant)),
             ("prompt", prompt_tokens),
             ("max_tokens", -1 if max_tokens is None else max_tokens),
@@ -200,8 +203,7 @@ class RequestTable:
         first = max(now, c["dig_last"][row] + step)
         c["dig_sum"][row] += n * first + offsets
         c["dig_last"][row] = first + (n - 1) * step
-        hold = c["arrival"][row] + c["ttft"][row]
-        held_first = max(now, hold, c["held_last"][row] + step)
+        held_first = max(now, c["held_last"][row] + step)
         c["held_sum"][row] += n * held_first + offsets
         c["held_last"][row] = held_first + (n - 1) * step
         if c["output"][row] == 0:

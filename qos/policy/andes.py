@@ -1,0 +1,225 @@
+"""Andes: QoE-aware preemptive scheduling (Liu et al. §4, Appendix A).
+
+Each iteration, when triggered, Andes picks the set of requests to run that maximises
+the QoE gain over a horizon Δt (Eq. 4: an exact-k-item knapsack per batch size B):
+
+- gain of request i: Q_serve,i(B) - Q_wait,i (Eq. 2) for average QoE; max(Q_min - Q_wait,i, 0)
+  for max-min QoE (Eq. 6); [1(Q_serve=1) - 1(Q_wait=1)]·1(Q_now=1) for the number of
+  perfect-QoE requests (Eq. 7);
+- priority gain / l_i and greedy packing (Eq. 5, Algorithm 1, skipping what does not
+  fit), for batch sizes B in [B_min, B_max] (§4.2 optimisation #2), keeping the best;
+- selective triggering (optimisation #1): solve only when serving everyone would push
+  the KV cache past the watermark (default 90 %) or decode slower than the most
+  stringent TDS; otherwise everyone runs;
+- preemption cap P (optimisation #4): preemptions stay at most P per request on average.
+
+Q_serve and Q_wait come from :mod:`qos.policy.forecast` and the latency model; the
+horizon Δt defaults to the running mean request completion time (§4.1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+
+from qos.latency import LatencyProfile
+from qos.policy.base import Policy, pack_in_order
+from qos.policy.forecast import Forecast, QoEKind
+from qos.policy.table import Capacity, RequestTable
+
+Objective = Literal["average", "max-min", "perfect"]
+Solver = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
+
+_PERFECT = 1.0 - 1e-9
+
+
+class Andes(Policy):
+    """The Andes scheduler over the engine-agnostic request table."""
+
+    name = "andes"
+
+    def __init__(
+        self,
+        profile: LatencyProfile,
+        *,
+        objective: Objective = "average",
+        qoe: QoEKind = "andes",
+        horizon_s: float | None = None,
+        initial_horizon_s: float = 10.0,
+        kv_watermark: float = 0.9,
+        preemption_cap: float = 1.0,
+        batch_candidates: int = 4,
+        solver: Solver | None = None,
+    ) -> None:
+        if objective not in ("average", "max-min", "perfect"):
+            raise ValueError(f"objective: unknown {objective!r}; use average, max-min or perfect")
+        if qoe not in ("andes", "monotone"):
+            raise ValueError(f"qoe: unknown {qoe!r}; use andes or monotone")
+        if not 0 < kv_watermark <= 1:
+            raise ValueError(f"kv_watermark: must be in (0, 1], got {kv_watermark}")
+        if preemption_cap < 0:
+            raise ValueError(f"preemption_cap: must be >= 0, got {preemption_cap}")
+        if batch_candidates < 1:
+            raise ValueError(f"batch_candidates: must be >= 1, got {batch_candidates}")
+        self.profile = profile
+        self.objective: Objective = objective
+        self.qoe: QoEKind = qoe
+        self.fixed_horizon = horizon_s
+        self.kv_watermark = kv_watermark
+        self.preemption_cap = preemption_cap
+        self.batch_candidates = batch_candidates
+        self.solver = solver
+        self._completions: deque[float] = deque([initial_horizon_s], maxlen=256)
+        self._completion_sum = initial_horizon_s
+        self.arrivals = 0
+        self.preemptions = 0
+        self.solves = 0
+        self._decode = np.zeros(0)
+
+    # -- hooks ------------------------------------------------------------------------
+    def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
+        self.arrivals += 1
+
+    def on_finish(self, table: RequestTable, row: int, now: float) -> None:
+        if len(self._completions) == self._completions.maxlen:
+            self._completion_sum -= self._completions[0]
+        took = now - float(table.col("arrival")[row])
+        self._completions.append(took)
+        self._completion_sum += took
+
+    @property
+    def horizon_s(self) -> float:
+        """Δt: fixed if given, else the mean completion time of recent requests."""
+        if self.fixed_horizon is not None:
+            return self.fixed_horizon
+        return max(self._completion_sum / len(self._completions), 1e-3)
+
+    # -- decision ---------------------------------------------------------------------
+    def triggered(self, table: RequestTable, capacity: Capacity) -> bool:
+        """Optimisation #1: is serving everyone impossible or too slow?"""
+        n = table.n
+        if n > capacity.max_batch:
+            return True
+        if int(table.demand.sum()) > self.kv_watermark * capacity.kv_tokens:
+            return True
+        slowest_allowed = 1.0 / float(table.col("tds").max())
+        return float(self.profile.decode_s(n)) > slowest_allowed
+
+    def schedule(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
+        n = table.n
+        if n == 0:
+            return np.zeros(0, dtype=bool)
+        if not self.triggered(table, capacity):
+            return np.ones(n, dtype=bool)
+        self.solves += 1
+        chosen = self._solve(table, capacity, now)
+        return self._cap_preemptions(table, capacity, chosen)
+
+    def forecast(self, table: RequestTable, now: float) -> Forecast:
+        """Q_wait / Q_serve forecaster for this decision (waiting requests pay a prefill first)."""
+        running = table.running
+        output = table.col("output")
+        max_tokens = table.col("max_tokens")
+        held = self.qoe == "monotone"
+        return Forecast.build(
+            kind=self.qoe,
+            n=output.astype(float),
+            dig_sum=table.col("held_sum" if held else "dig_sum"),
+            dig_last=table.col("held_last" if held else "dig_last"),
+            tds=table.col("tds"),
+            ttft=table.col("ttft"),
+            arrival=table.col("arrival"),
+            now=now,
+            horizon=now + self.horizon_s,
+            first_delay=np.where(running, 0.0, self.profile.prefill_per_token_s * table.context),
+            remaining=np.where(max_tokens >= 0, max_tokens - output, np.inf),
+        )
+
+    def gains(self, forecast: Forecast, now: float, tau: float) -> np.ndarray:
+        """QoE gain of serving each request at decode latency τ (Eq. 2, 6 or 7)."""
+        if self.objective == "max-min":
+            return np.maximum(float(forecast.q_now.min()) - forecast.q_wait, 0.0)
+        q_serve = forecast.q_serve(tau)
+        if self.objective == "average":
+            return q_serve - forecast.q_wait
+        now_perfect = forecast.q_now >= _PERFECT
+        return ((q_serve >= _PERFECT).astype(float) - (forecast.q_wait >= _PERFECT)) * now_perfect
+
+    def batch_range(self, table: RequestTable, capacity: Capacity) -> tuple[int, int]:
+        """[B_min, B_max] of §4.2 optimisation #2.
+
+        B_max: how many requests fit when the shortest contexts go first. B_min: the
+        largest batch still decoding faster than the most stringent TDS.
+        """
+        demand = table.demand
+        limit = min(capacity.max_batch, table.n)
+        smallest = np.partition(demand, limit - 1)[:limit] if limit < table.n else demand
+        if int(smallest.sum()) <= capacity.kv_tokens:
+            b_max = limit
+        else:
+            b_max = int(np.searchsorted(np.cumsum(np.sort(smallest)), capacity.kv_tokens, "right"))
+        b_max = max(b_max, 1)
+        speeds = 1.0 / self._decode_table(b_max)[1:]
+        fast = np.flatnonzero(speeds >= float(table.col("tds").max()))
+        b_min = int(fast[-1]) + 1 if fast.size else 1
+        return b_min, b_max
+
+    def _decode_table(self, b_max: int) -> np.ndarray:
+        """Decode latency by batch size 0..b_max (context term excluded), cached."""
+        if self._decode.size <= b_max:
+            self._decode = np.asarray(self.profile.decode_s(np.arange(2 * b_max + 1)), dtype=float)
+        return self._decode[: b_max + 1]
+
+    def _solve(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
+        forecast = self.forecast(table, now)
+        demand = table.demand
+        b_min, b_max = self.batch_range(table, capacity)
+        sizes = np.unique(np.linspace(b_min, b_max, self.batch_candidates).round().astype(int))
+        context_s = self.profile.per_context_token_s * float(demand.mean()) * sizes
+        taus = self._decode_table(b_max)[sizes] + context_s
+        best, best_value = None, -np.inf
+        for b, tau in zip(sizes.tolist(), taus.tolist(), strict=True):
+            gain = self.gains(forecast, now, tau)
+            if self.solver is not None:
+                chosen = self.solver(gain, demand, capacity.kv_tokens, b)
+            else:
+                order = self.packing_order(table, gain / demand)
+                chosen = pack_in_order(order, demand, capacity.kv_tokens, b, table.n)
+            value = float(gain[chosen].sum())
+            if value > best_value:
+                best, best_value = chosen, value
+        assert best is not None
+        return best
+
+    def packing_order(self, table: RequestTable, priority: np.ndarray) -> np.ndarray:
+        """Rows in the order greedy packing considers them: highest priority (Eq. 5) first."""
+        return np.argsort(-priority, kind="stable")
+
+    def _cap_preemptions(
+        self, table: RequestTable, capacity: Capacity, chosen: np.ndarray
+    ) -> np.ndarray:
+        """Optimisation #4: keep preemptions ≤ P per request on average."""
+        running = table.running
+        evicted = running & ~chosen
+        count = int(evicted.sum())
+        budget = int(self.preemption_cap * self.arrivals) - self.preemptions
+        if count <= budget:
+            self.preemptions += count
+            return chosen
+        # Over budget: of the evictions, keep running those costliest to preempt (the
+        # longest contexts, recomputed on resume), then pack the solution's admissions.
+        allowed = max(budget, 0)
+        victims = np.flatnonzero(evicted)
+        keep = victims[np.argsort(-table.context[victims], kind="stable")][: count - allowed]
+        keep = np.sort(keep)
+        forced = np.zeros(table.n, dtype=bool)
+        forced[keep] = True
+        order = np.concatenate(
+            [np.flatnonzero(forced | (chosen & running)), np.flatnonzero(chosen & ~running)]
+        )
+        packed = pack_in_order(order, table.demand, capacity.kv_tokens, capacity.max_batch, table.n)
+        self.preemptions += int((running & ~packed).sum())
+        return packed

@@ -1,0 +1,147 @@
+"""QoE of every request at a horizon, served or not: Q_serve,i(B) and Q_wait,i (Andes §4.1).
+
+Closed form over the digestion sums a :class:`~qos.policy.table.RequestTable` keeps
+(Σ d_k and d_n, recursion D of :mod:`qos.timeline`), vectorised over all requests.
+
+If served, request i receives tokens every τ = decode latency at batch size B, the
+first at t0 (one iteration from now if running; a (re)compute prefill first if
+waiting). Appended tokens j = 0..k-1 are digested from
+
+    d_{n+j} = max(d_n + (j+1)/TDS, t0 + j·max(τ, 1/TDS))
+
+(the recursion D solved for an arithmetic arrival sequence: a fast stream is read at
+TDS, a slow one as it arrives). Both arms are arithmetic, so Σ d over the new tokens
+splits at one crossing index. At the horizon h, with no arrival after h the reader
+drains the buffer back to back, so
+
+    ∫_0^h A(t) dt = n·h - Σ d_k - n/(2·TDS) + TDS·w²/2,   w = (d_n + 1/TDS - h)⁺.
+
+The expected area is :func:`qos.timeline.expected_area` with an unknown reply length
+(the scheduler does not know it). Two scores are offered: Andes Eq. 1 at the horizon
+(S_actual / S_expected) and the monotone score E / (E + deficit) of
+:func:`qos.metrics.monotone_qoe`, from the sums with arrivals held until the expected TTFT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+import numpy as np
+
+from qos.timeline import expected_area
+
+QoEKind = Literal["andes", "monotone"]
+
+
+@dataclass(frozen=True)
+class Digest:
+    """Per-request digestion state, arrays over the table's rows."""
+
+    n: np.ndarray  # tokens delivered
+    total: np.ndarray  # Σ d_k
+    last: np.ndarray  # d_n (table.NO_TOKEN when n = 0)
+    step: np.ndarray  # 1 / TDS
+    tds: np.ndarray
+
+
+def digested_area_at(state: Digest, horizon: float | np.ndarray) -> np.ndarray:
+    """∫_0^h A(t) dt for every request, no arrival after ``horizon``.
+
+    For the held schedule this holds once ``horizon`` is past the hold (the expected
+    TTFT); before it the expected area is 0 and :func:`score` gives 1 regardless.
+    """
+    drain = np.maximum(state.last + state.step - horizon, 0.0)
+    return (
+        state.n * horizon
+        - state.total
+        - 0.5 * state.n * state.step
+        + 0.5 * state.tds * drain * drain
+    )
+
+
+def append_stream(state: Digest, t0: np.ndarray, tau: float, k: np.ndarray) -> Digest:
+    """Digest state after ``k`` more tokens at t0, t0 + τ, ... (closed form, see module doc).
+
+    With A = d_n + 1/TDS (reader arm), s = 1/TDS, S = max(τ, s) (arrival arm spacing)
+    and c the first j where t0 + j·S ≥ A + j·s:
+    Σ_j max(A + j·s, t0 + j·S) = k·t0 + S·k(k-1)/2 + c·(A - t0) - (S - s)·c(c-1)/2.
+    """
+    step = state.step
+    slow = np.maximum(tau, step)
+    gap = slow - step
+    first = state.last + step
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = np.fmax(np.fmin(np.ceil((first - t0) / gap), k), 0.0)  # nan (0/0) -> k
+    total = (
+        k * t0
+        + slow * (k * (k - 1) * 0.5)
+        + cross * (first - t0)
+        - gap * (cross * (cross - 1) * 0.5)
+    )
+    last = np.where(k > 0, np.maximum(first + (k - 1) * step, t0 + (k - 1) * slow), state.last)
+    return Digest(n=state.n + k, total=state.total + total, last=last, step=step, tds=state.tds)
+
+
+def score(kind: QoEKind, actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """QoE from the actual and expected areas up to the horizon (1 where nothing was expected)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if kind == "andes":
+            q = np.minimum(actual / expected, 1.0)
+        else:
+            q = expected / (2.0 * expected - np.minimum(actual, expected))
+    return np.where(expected > 0, q, 1.0)
+
+
+@dataclass
+class Forecast:
+    """B-independent parts of the forecast for one scheduling decision."""
+
+    kind: QoEKind
+    state: Digest
+    expected: np.ndarray  # expected area up to the horizon
+    now: float
+    horizon: float
+    first_delay: np.ndarray  # seconds before a served request's first new token, beyond τ
+    remaining: np.ndarray  # most tokens it can still emit (inf when unknown)
+    arrival: np.ndarray
+    ttft: np.ndarray
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        kind: QoEKind,
+        n: np.ndarray,
+        dig_sum: np.ndarray,
+        dig_last: np.ndarray,
+        tds: np.ndarray,
+        ttft: np.ndarray,
+        arrival: np.ndarray,
+        now: float,
+        horizon: float,
+        first_delay: np.ndarray,
+        remaining: np.ndarray,
+    ) -> Forecast:
+        state = Digest(n=n, total=dig_sum, last=dig_last, step=1.0 / tds, tds=tds)
+        expected = expected_area(horizon - arrival, ttft, tds, np.inf)
+        return cls(kind, state, expected, now, horizon, first_delay, remaining, arrival, ttft)
+
+    @cached_property
+    def q_wait(self) -> np.ndarray:
+        """Q_wait,i: QoE at the horizon if the request gets no token before it."""
+        return score(self.kind, digested_area_at(self.state, self.horizon), self.expected)
+
+    @cached_property
+    def q_now(self) -> np.ndarray:
+        """Q_current,i: QoE so far."""
+        expected_now = expected_area(self.now - self.arrival, self.ttft, self.state.tds, np.inf)
+        return score(self.kind, digested_area_at(self.state, self.now), expected_now)
+
+    def q_serve(self, tau: float) -> np.ndarray:
+        """Q_serve,i when every token takes τ seconds (the decode latency at batch size B)."""
+        t0 = self.first_delay + (self.now + tau)
+        k = np.clip(np.floor((self.horizon - t0) / tau) + 1.0, 0.0, self.remaining)
+        served = append_stream(self.state, t0, tau, k)
+        return score(self.kind, digested_area_at(served, self.horizon), self.expected)
