@@ -101,7 +101,7 @@ def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: fl
 
 
 def token_deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) -> np.ndarray:
-    """Per-token deadlines d_i = TTFT + (i-1)/TDS (Wang et al. §3.1 Eq. 1 with §3.3's reading SLO)."""
+    """Per-token deadlines d_i = TTFT + (i-1)/TDS (Wang et al. §3.1 Eq. 1, §3.3 reading SLO)."""
     check_expectation(expected_ttft, expected_tds)
     if n_tokens < 0:
         raise ValueError(f"n_tokens: must be >= 0, got {n_tokens}")

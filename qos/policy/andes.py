@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -103,7 +104,7 @@ class Andes(Policy):
         n = table.n
         if n > capacity.max_batch:
             return True
-        if int(table.demand.sum()) > self.kv_watermark * capacity.kv_tokens:
+        if int(capacity.demand(table).sum()) > self.kv_watermark * capacity.kv_tokens:
             return True
         slowest_allowed = 1.0 / float(table.col("tds").max())
         return float(self.profile.decode_s(n)) > slowest_allowed
@@ -154,7 +155,7 @@ class Andes(Policy):
         B_max: how many requests fit when the shortest contexts go first. B_min: the
         largest batch still decoding faster than the most stringent TDS.
         """
-        demand = table.demand
+        demand = capacity.demand(table)
         limit = min(capacity.max_batch, table.n)
         smallest = np.partition(demand, limit - 1)[:limit] if limit < table.n else demand
         if int(smallest.sum()) <= capacity.kv_tokens:
@@ -175,7 +176,10 @@ class Andes(Policy):
 
     def _solve(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
         forecast = self.forecast(table, now)
-        demand = table.demand
+        demand = capacity.demand(table)
+        # Pack to the watermark: the headroom absorbs the batch's growth until the next
+        # solve instead of forcing the engine to preempt.
+        capacity = replace(capacity, kv_tokens=int(self.kv_watermark * capacity.kv_tokens))
         b_min, b_max = self.batch_range(table, capacity)
         sizes = np.unique(np.linspace(b_min, b_max, self.batch_candidates).round().astype(int))
         context_s = self.profile.per_context_token_s * float(demand.mean()) * sizes
@@ -214,12 +218,16 @@ class Andes(Policy):
         allowed = max(budget, 0)
         victims = np.flatnonzero(evicted)
         keep = victims[np.argsort(-table.context[victims], kind="stable")][: count - allowed]
-        keep = np.sort(keep)
-        forced = np.zeros(table.n, dtype=bool)
-        forced[keep] = True
-        order = np.concatenate(
-            [np.flatnonzero(forced | (chosen & running)), np.flatnonzero(chosen & ~running)]
+        kept = chosen & running
+        kept[keep] = True
+        demand = capacity.demand(table)
+        packed = pack_in_order(
+            np.flatnonzero(kept), demand, capacity.kv_tokens, capacity.max_batch, table.n
         )
-        packed = pack_in_order(order, table.demand, capacity.kv_tokens, capacity.max_batch, table.n)
+        # Admissions only into the room left under the watermark (see _solve).
+        room = int(self.kv_watermark * capacity.kv_tokens) - int(demand[packed].sum())
+        slots = capacity.max_batch - int(packed.sum())
+        if room > 0 and slots > 0:
+            packed |= pack_in_order(np.flatnonzero(chosen & ~running), demand, room, slots, table.n)
         self.preemptions += int((running & ~packed).sum())
         return packed

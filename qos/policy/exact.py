@@ -10,7 +10,7 @@ import numpy as np
 
 
 def exact_k_knapsack(values: np.ndarray, sizes: np.ndarray, capacity: int, k: int) -> np.ndarray:
-    """Choose exactly ``k`` items (or as many as fit, if fewer can) maximising Σ values, Σ sizes ≤ capacity.
+    """Exactly ``k`` items (or as many as fit) maximising Σ values with Σ sizes ≤ capacity.
 
     Algorithm 2 with the m dimension vectorised: dp[b, m] is the best value of b items
     of total size exactly m. If no set of exactly k items fits, the largest feasible

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qos.policy.base import Policy, pack_in_order
+from qos.policy.base import Policy
 from qos.policy.table import Capacity, RequestTable
 
 
@@ -27,7 +27,7 @@ def pack_fcfs(order: np.ndarray, table: RequestTable, capacity: Capacity) -> np.
     Head-of-line blocking is the point of FCFS: a long request at the head of the queue
     holds back the short ones behind it, exactly as vLLM's waiting queue does.
     """
-    demand = table.demand[order]
+    demand = capacity.demand(table)[order]
     fits = np.cumsum(demand) <= capacity.kv_tokens
     take = min(int(np.argmin(fits)) if not fits.all() else fits.size, capacity.max_batch)
     chosen = np.zeros(table.n, dtype=bool)

@@ -48,6 +48,14 @@ class Capacity:
 
     kv_tokens: int  # M: KV-cache slots, in tokens
     max_batch: int  # most requests in one iteration
+    block_size: int = 1  # KV is allocated in blocks of this many tokens (paged attention)
+
+    def demand(self, table: RequestTable) -> np.ndarray:
+        """KV tokens each request occupies after its next token, rounded up to whole blocks."""
+        need = table.context + 1
+        if self.block_size == 1:
+            return need
+        return -(-need // self.block_size) * self.block_size
 
 
 class RequestTable:
@@ -211,6 +219,25 @@ class RequestTable:
         c["output"][row] += n
         c["computed"][row] += n
         self.emitted[row].extend([now] * n)
+
+    def record_next_token(self, rows: np.ndarray, now: float) -> None:
+        """One token for each of ``rows`` (distinct) at ``now``: record_tokens(r, now) in bulk."""
+        col = self.col
+        step = 1.0 / col("tds")[rows]
+        dig_last = col("dig_last")
+        first = np.maximum(dig_last[rows] + step, now)
+        col("dig_sum")[rows] += first
+        dig_last[rows] = first
+        held_last = col("held_last")
+        held_first = np.maximum(held_last[rows] + step, now)
+        col("held_sum")[rows] += held_first
+        held_last[rows] = held_first
+        output = col("output")
+        col("first_token_at")[rows[output[rows] == 0]] = now
+        output[rows] += 1
+        col("computed")[rows] += 1
+        for r in rows.tolist():
+            self.emitted[r].append(now)
 
     def _grow(self) -> None:
         self._cap *= 2

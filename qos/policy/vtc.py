@@ -52,7 +52,7 @@ class VTC(FairShareHooks):
 
     def schedule(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
         running = table.running.copy()
-        demand = table.demand
+        demand = capacity.demand(table)
         used = int(demand[running].sum())
         slots = capacity.max_batch - int(running.sum())
         waiting = np.flatnonzero(~running)

@@ -1,0 +1,328 @@
+"""Workloads for the simulator: the Andes ShareGPT QoE trace, arrival processes, tiers.
+
+A workload is a list of :class:`SimRequest` sorted by arrival time. It is built from
+trace entries (prompt length, reply length and the user's expected TTFT/TDS), an
+arrival process (Poisson, or Gamma for bursty traffic, Andes §6.4) and optionally a
+mix of QoE tiers (e.g. chat at reading speed, voice at speaking speed) and tenants.
+
+Prompt tokens are *estimated* from the prompt text as ``max(1, round(len(prompt) / 4))``
+(about four characters per token for English; see :data:`PROMPT_TOKEN_ESTIMATE`). The
+trace stores text, not token ids, so every result built on it must say so.
+
+Everything here is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+PROMPT_TOKEN_ESTIMATE = "chars/4: max(1, round(len(prompt) / 4))"
+"""How :func:`load_andes_trace` counts prompt tokens; quote it next to any result."""
+
+TRACE_ENV = "TOKENPACE_TRACE"
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TRACE = _REPO_ROOT.parent / "shared" / "data" / "andes_sharegpt_qoe_trace.json"
+
+READING_TDS = 4.8
+"""Tokens/s of a chat tier at a brisk reading pace (~220 WPM at the trace's 1.3 tokens per
+word; the trace itself spans 3.8-5.1 tokens/s, 175-236 WPM of Andes Table 1, mean 4.5)."""
+SPEAKING_TDS = 3.3
+"""Tokens/s of speech: 150 WPM (Andes Table 2, English) at 1.3 tokens per word, the
+voice-chat QoE trace of §6.4."""
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    """One request as the simulator sees it. Times in seconds on the engine clock."""
+
+    id: str
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    ttft: float  # expected time to first token (s)
+    tds: float  # expected token delivery speed (tokens/s)
+    tenant: str = "default"
+    weight: float = 1.0
+    tier: str = "chat"
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.arrival) or self.arrival < 0:
+            raise ValueError(f"arrival: must be a finite time >= 0, got {self.arrival}")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens: must be >= 0, got {self.prompt_tokens}")
+        if self.output_tokens < 1:
+            raise ValueError(f"output_tokens: a reply needs >= 1 token, got {self.output_tokens}")
+        if not math.isfinite(self.ttft) or self.ttft < 0:
+            raise ValueError(f"ttft: must be a finite number >= 0, got {self.ttft}")
+        if not math.isfinite(self.tds) or self.tds <= 0:
+            raise ValueError(f"tds: must be a finite number > 0, got {self.tds}")
+        if not self.weight > 0:
+            raise ValueError(f"weight: must be > 0, got {self.weight}")
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    """One entry of the Andes QoE trace."""
+
+    id: str
+    prompt: str
+    prompt_tokens: int  # chars/4 estimate, see PROMPT_TOKEN_ESTIMATE
+    output_len: int
+    ttft: float  # expected TTFT (s)
+    latency: float  # expected seconds per token
+
+    @property
+    def tds(self) -> float:
+        """Expected token delivery speed, tokens/s (1 / latency)."""
+        return 1.0 / self.latency
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A QoE class: the expected TTFT (s) and TDS (tokens/s) its users get."""
+
+    name: str
+    ttft: float
+    tds: float
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.ttft) or self.ttft < 0:
+            raise ValueError(f"tier {self.name!r}: ttft must be finite and >= 0, got {self.ttft}")
+        if not math.isfinite(self.tds) or self.tds <= 0:
+            raise ValueError(f"tier {self.name!r}: tds must be finite and > 0, got {self.tds}")
+
+
+CHAT = Tier("chat", 1.0, READING_TDS)
+VOICE = Tier("voice", 1.0, SPEAKING_TDS)
+
+
+def estimate_prompt_tokens(prompt: str) -> int:
+    """Prompt tokens by the chars/4 estimate: ``max(1, round(len(prompt) / 4))``."""
+    return max(1, round(len(prompt) / 4))
+
+
+def default_trace_path() -> Path:
+    """``$TOKENPACE_TRACE`` if set, else ``../shared/data/andes_sharegpt_qoe_trace.json``
+    relative to the repository root."""
+    env = os.environ.get(TRACE_ENV)
+    return Path(env) if env else DEFAULT_TRACE
+
+
+def load_andes_trace(path: str | os.PathLike[str] | None = None) -> list[TraceEntry]:
+    """Read the Andes ShareGPT QoE trace (3000 entries; see shared/data/README.md).
+
+    Each JSON entry has ``prompt`` (text), ``output_len`` (tokens of the reply),
+    ``ttft`` (expected TTFT, s) and ``latency`` (expected seconds per token; the
+    expected TDS is ``1 / latency``). Prompt tokens are estimated from the text as
+    ``max(1, round(len(prompt) / 4))`` (chars/4, :data:`PROMPT_TOKEN_ESTIMATE`): the
+    trace has no token ids. ``path`` defaults to :func:`default_trace_path`.
+    """
+    p = Path(path) if path is not None else default_trace_path()
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"path: Andes trace not found at {p} (set ${TRACE_ENV} to its location)"
+        ) from None
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"path: {p} does not hold a non-empty JSON list of trace entries")
+    entries = []
+    for i, e in enumerate(raw):
+        try:
+            prompt = str(e["prompt"])
+            output_len, ttft, latency = int(e["output_len"]), float(e["ttft"]), float(e["latency"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"path: entry {i} of {p} is malformed ({exc!r})") from None
+        if output_len < 1 or not ttft >= 0 or not latency > 0:
+            raise ValueError(
+                f"path: entry {i} of {p} needs output_len >= 1, ttft >= 0, latency > 0; "
+                f"got {output_len}, {ttft}, {latency}"
+            )
+        entries.append(
+            TraceEntry(
+                id=str(e.get("id", i)),
+                prompt=prompt,
+                prompt_tokens=estimate_prompt_tokens(prompt),
+                output_len=output_len,
+                ttft=ttft,
+                latency=latency,
+            )
+        )
+    return entries
+
+
+# -- arrival processes -------------------------------------------------------------------
+def _check_n_rate(n: int, rate: float) -> None:
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        raise ValueError(f"n: must be an integer >= 0, got {n!r}")
+    if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate: must be a finite number of requests/s > 0, got {rate!r}")
+
+
+def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` arrival times (s) of a Poisson process of ``rate`` requests/s.
+
+    Inter-arrival gaps are exponential with mean ``1/rate``; the first arrival is one
+    gap after time 0.
+    """
+    _check_n_rate(n, rate)
+    return np.cumsum(rng.exponential(1.0 / rate, size=n))
+
+
+def gamma_arrivals(n: int, rate: float, cv: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` arrival times (s) with Gamma inter-arrival gaps: mean ``1/rate``, CV ``cv``.
+
+    Shape k = 1/cv², scale θ = cv²/rate (mean kθ = 1/rate, CV 1/√k = cv). ``cv = 1`` is
+    Poisson; ``cv = 3`` is the bursty process of Andes §6.4.
+    """
+    _check_n_rate(n, rate)
+    if not (isinstance(cv, int | float) and math.isfinite(cv) and cv > 0):
+        raise ValueError(f"cv: coefficient of variation must be a finite number > 0, got {cv!r}")
+    shape = 1.0 / (cv * cv)
+    return np.cumsum(rng.gamma(shape, 1.0 / (rate * shape), size=n))
+
+
+# -- building a workload -------------------------------------------------------------------
+TierMix = Mapping[str, tuple[float, float, float]] | Sequence[tuple[Tier, float]]
+TenantMix = Sequence[tuple[str, float, float]]
+
+
+def _shares(values: Sequence[float], what: str) -> np.ndarray:
+    p = np.asarray(values, dtype=float)
+    if p.size == 0:
+        raise ValueError(f"{what}: needs at least one entry")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError(f"{what}: shares must be finite and >= 0, got {p.tolist()}")
+    if not math.isclose(float(p.sum()), 1.0, abs_tol=1e-6):
+        raise ValueError(f"{what}: shares must sum to 1, got {float(p.sum()):g}")
+    return p / p.sum()
+
+
+def _parse_tier_mix(tier_mix: TierMix) -> tuple[list[Tier], np.ndarray]:
+    tiers, shares = [], []
+    try:
+        if isinstance(tier_mix, Mapping):
+            for name, (ttft, tds, share) in tier_mix.items():
+                tiers.append(Tier(str(name), float(ttft), float(tds)))
+                shares.append(share)
+        else:
+            for tier, share in tier_mix:
+                if not isinstance(tier, Tier):
+                    raise TypeError(f"expected a Tier, got {tier!r}")
+                tiers.append(tier)
+                shares.append(share)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"tier_mix: expected {{name: (ttft, tds, share)}} or [(Tier, share), ...]; {exc}"
+        ) from None
+    if len({t.name for t in tiers}) != len(tiers):
+        raise ValueError("tier_mix: tier names must be unique")
+    return tiers, _shares(shares, "tier_mix")
+
+
+def _parse_tenants(tenants: TenantMix) -> tuple[list[str], np.ndarray, np.ndarray]:
+    names, weights, shares = [], [], []
+    try:
+        for name, weight, share in tenants:
+            names.append(str(name))
+            weights.append(float(weight))
+            shares.append(share)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"tenants: expected [(name, weight, share), ...]; {exc}") from None
+    if len(set(names)) != len(names):
+        raise ValueError("tenants: tenant names must be unique")
+    w = np.asarray(weights, dtype=float)
+    if w.size and (not np.all(np.isfinite(w)) or np.any(w <= 0)):
+        raise ValueError(f"tenants: weights must be finite and > 0, got {w.tolist()}")
+    return names, w, _shares(shares, "tenants")
+
+
+def build_workload(
+    entries: Sequence[TraceEntry],
+    rate: float,
+    *,
+    arrivals: Literal["poisson", "gamma"] = "poisson",
+    cv: float = 3.0,
+    seed: int = 0,
+    n: int | None = None,
+    tier_mix: TierMix | None = None,
+    tenants: TenantMix | None = None,
+) -> list[SimRequest]:
+    """Requests from trace ``entries`` arriving at ``rate`` requests/s, sorted by arrival.
+
+    - ``n`` requests (default ``len(entries)``) take the entries in trace order,
+      cycling through them again when ``n > len(entries)``; ids are ``"r0"``, ``"r1"``...
+    - ``arrivals``: ``"poisson"`` or ``"gamma"`` (inter-arrival CV ``cv``; Andes §6.4
+      uses cv = 3 for bursts). ``cv`` is ignored for Poisson.
+    - ``tier_mix`` (``{"chat": (ttft, tds, share), "voice": (1.0, 3.3, 0.3)}`` or
+      ``[(Tier, share), ...]``) overrides each request's expected TTFT/TDS from a tier
+      drawn at random with those shares; without it, requests keep the trace's
+      expectations (tier ``"chat"``). A voice workload is ``{"voice": (1.0, 3.3, 1.0)}``.
+    - ``tenants`` (``[(name, weight, share), ...]``) draws each request's tenant.
+
+    Arrivals, tiers and tenants use independent streams spawned from ``seed``, so e.g.
+    changing the tier mix keeps the same arrival times. Raises ``ValueError`` naming
+    the argument on bad input.
+    """
+    if not entries:
+        raise ValueError("entries: the trace is empty")
+    if n is None:
+        n = len(entries)
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+        raise ValueError(f"n: must be an integer >= 1, got {n!r}")
+    _check_n_rate(n, rate)
+    if arrivals not in ("poisson", "gamma"):
+        raise ValueError(f"arrivals: must be 'poisson' or 'gamma', got {arrivals!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise ValueError(f"seed: must be an integer, got {seed!r}")
+    tiers = tier_shares = None
+    if tier_mix is not None:
+        tiers, tier_shares = _parse_tier_mix(tier_mix)
+    tenant_names = tenant_weights = tenant_shares = None
+    if tenants is not None:
+        tenant_names, tenant_weights, tenant_shares = _parse_tenants(tenants)
+
+    arr_rng, tier_rng, tenant_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(3)
+    )
+    if arrivals == "poisson":
+        times = poisson_arrivals(n, rate, arr_rng)
+    else:
+        times = gamma_arrivals(n, rate, cv, arr_rng)
+    tier_idx = tier_rng.choice(len(tiers), size=n, p=tier_shares) if tiers else None
+    tenant_idx = (
+        tenant_rng.choice(len(tenant_names), size=n, p=tenant_shares) if tenant_names else None
+    )
+
+    out = []
+    for i in range(n):
+        e = entries[i % len(entries)]
+        ttft, tds, tier = e.ttft, e.tds, "chat"
+        if tier_idx is not None:
+            t = tiers[tier_idx[i]]
+            ttft, tds, tier = t.ttft, t.tds, t.name
+        tenant, weight = "default", 1.0
+        if tenant_idx is not None:
+            tenant, weight = tenant_names[tenant_idx[i]], float(tenant_weights[tenant_idx[i]])
+        out.append(
+            SimRequest(
+                id=f"r{i}",
+                arrival=float(times[i]),
+                prompt_tokens=e.prompt_tokens,
+                output_tokens=e.output_len,
+                ttft=float(ttft),
+                tds=float(tds),
+                tenant=tenant,
+                weight=weight,
+                tier=tier,
+            )
+        )
+    return out

@@ -1,0 +1,257 @@
+"""`tokenpace bench qoe`: sweep request rates for several policies in the simulator.
+
+Reproduces the Andes evaluation (§6.2-§6.3) on the simulated engine of :mod:`qos.sim`
+(a simulation: no GPU runs here; the latency profile stands in for the hardware):
+average QoE vs request rate (Fig. 10), capacity at average QoE ≥ 0.9 (§6.2.2) against
+the theoretical bound TDS_actual / TDS_expected (§2.3), QoE/TTFT/TDS percentiles at one
+rate (Table 4), token throughput and preemptions per request vs rate (Fig. 12-13) and
+smooth goodput vs rate (Wang et al. Eq. 11). Writes ``results.json`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from qos.latency import LatencyProfile, get_profile
+from qos.policy.andes import Andes
+from qos.policy.base import Policy
+from qos.policy.fair import FairAndes
+from qos.policy.fcfs import FCFS
+from qos.policy.round_robin import RoundRobin
+from qos.policy.vtc import VTC
+from qos.sim import PROMPT_TOKEN_ESTIMATE, SPEAKING_TDS, build_workload, load_andes_trace, simulate
+
+QOE_THRESHOLD = 0.9  # Andes §6.1: minimum acceptable average QoE
+
+POLICIES: dict[str, Callable[[LatencyProfile], Policy]] = {
+    "fcfs": lambda profile: FCFS(),
+    "round-robin": lambda profile: RoundRobin(interval=50),
+    "andes": lambda profile: Andes(profile),
+    "andes-p0.3": lambda profile: Andes(profile, preemption_cap=0.3),
+    "andes-monotone": lambda profile: Andes(profile, qoe="monotone"),
+    "vtc": lambda profile: VTC(),
+    "fair-andes": lambda profile: FairAndes(profile),
+}
+WORKLOADS = ("chat", "voice")
+
+
+def run_one(args: tuple[str, float, dict]) -> dict:
+    """One simulation (in a worker process): policy at rate on the configured workload."""
+    policy_name, rate, cfg = args
+    profile = get_profile(cfg["profile"])
+    entries = load_andes_trace(cfg["trace"])
+    tier_mix = {"voice": (1.0, SPEAKING_TDS, 1.0)} if cfg["workload"] == "voice" else None
+    workload = build_workload(
+        entries,
+        rate,
+        arrivals=cfg["arrivals"],
+        cv=cfg["cv"],
+        seed=cfg["seed"],
+        n=cfg["n"],
+        tier_mix=tier_mix,
+    )
+    started = time.perf_counter()
+    result = simulate(workload, POLICIES[policy_name](profile), profile)
+    summary = result.summary()
+    summary.update(policy=policy_name, rate=rate, wall_s=time.perf_counter() - started)
+    summary["expected_tds_mean"] = float(np.mean([r.tds for r in workload]))
+    return summary
+
+
+def capacity_at(rates: list[float], qoe: list[float], threshold: float = QOE_THRESHOLD) -> float:
+    """Highest rate with average QoE ≥ threshold, interpolating linearly where it crosses."""
+    best = 0.0
+    for i, (rate, q) in enumerate(zip(rates, qoe, strict=True)):
+        if q < threshold:
+            if i > 0 and qoe[i - 1] >= threshold:
+                r0, q0 = rates[i - 1], qoe[i - 1]
+                best = r0 + (rate - r0) * (q0 - threshold) / (q0 - q)
+            return best
+        best = rate
+    return best
+
+
+def analyse(runs: list[dict], profile: LatencyProfile, table_rate: float | None) -> dict:
+    """Capacities, the §2.3 bound, the Fig. 10 ratio and Table 4 from the raw runs."""
+    by_policy: dict[str, list[dict]] = {}
+    for run in sorted(runs, key=lambda r: r["rate"]):
+        by_policy.setdefault(run["policy"], []).append(run)
+    capacity = {
+        name: capacity_at([r["rate"] for r in rs], [r["avg_qoe"] for r in rs])
+        for name, rs in by_policy.items()
+    }
+    out: dict = {"capacity_req_s": capacity}
+    fcfs = by_policy.get("fcfs")
+    if fcfs:
+        # TDS_actual: the profile's per-request speed at FCFS's capacity, i.e. at the mean
+        # batch of its first run past capacity (the engine saturated, as in §2.3 / Fig. 3b);
+        # TDS_expected: the workload's mean expected TDS.
+        past = [r for r in fcfs if r["rate"] > capacity["fcfs"]] or fcfs[-1:]
+        at_cap = past[0]
+        tds_actual = float(profile.tokens_per_s(max(at_cap["iterations"]["mean_batch"], 1.0)))
+        tds_expected = at_cap["expected_tds_mean"]
+        bound = tds_actual / tds_expected
+        out["bound"] = {
+            "tds_actual": tds_actual,
+            "tds_expected": tds_expected,
+            "ratio": bound,
+            "saturated_rate": at_cap["rate"],
+            "saturated_mean_batch": at_cap["iterations"]["mean_batch"],
+        }
+        for name, cap in capacity.items():
+            if name != "fcfs" and capacity["fcfs"] > 0:
+                ratio = cap / capacity["fcfs"]
+                out[f"{name}_capacity_ratio"] = ratio
+                out[f"{name}_share_of_bound"] = ratio / bound
+        # Fig. 10: the first rate where FCFS drops to 0.35 or below, and each policy there.
+        low = [r for r in fcfs if r["avg_qoe"] <= 0.35]
+        if low:
+            rate = low[0]["rate"]
+            out["fcfs_collapse_rate"] = rate
+            out["qoe_ratio_vs_fcfs_at_collapse"] = {
+                name: next(r["avg_qoe"] for r in rs if r["rate"] == rate) / low[0]["avg_qoe"]
+                for name, rs in by_policy.items()
+                if any(r["rate"] == rate for r in rs)
+            }
+    # At the highest rate where Andes keeps average QoE ≥ 0.9: preemptions, throughput vs FCFS.
+    for name, rs in by_policy.items():
+        good = [r for r in rs if r["avg_qoe"] >= QOE_THRESHOLD]
+        if name == "fcfs" or not good or not fcfs:
+            continue
+        top = good[-1]
+        same = next((r for r in fcfs if r["rate"] == top["rate"]), None)
+        out[f"{name}_at_highest_good_rate"] = {
+            "rate": top["rate"],
+            "preemptions_per_request": top["preemptions_per_request"],
+            "throughput_tok_s": top["throughput_tok_s"],
+            "fcfs_throughput_tok_s": same["throughput_tok_s"] if same else None,
+            "throughput_vs_fcfs": top["throughput_tok_s"] / same["throughput_tok_s"]
+            if same
+            else None,
+        }
+    if table_rate is not None:
+        out["table4"] = {
+            name: {k: r[k] for k in ("avg_qoe", "qoe", "ttft_s", "tds")}
+            for name, rs in by_policy.items()
+            for r in rs
+            if r["rate"] == table_rate
+        }
+    return out
+
+
+def plot(runs: list[dict], out_dir: Path, title: str) -> list[Path]:
+    """Fig. 10, 12, 13 and smooth goodput vs rate, one PNG each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = {
+        "avg_qoe.png": ("avg_qoe", "average QoE (Andes Eq. 1)"),
+        "throughput.png": ("throughput_tok_s", "token throughput (tokens/s)"),
+        "preemptions.png": ("preemptions_per_request", "preemptions per request"),
+        "smooth_goodput.png": ("smooth_goodput", "smooth goodput (benefit/s)"),
+        "avg_monotone_qoe.png": ("avg_monotone_qoe", "average monotone QoE"),
+    }
+    paths = []
+    for filename, (key, label) in figures.items():
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for name in dict.fromkeys(r["policy"] for r in runs):
+            rs = sorted((r for r in runs if r["policy"] == name), key=lambda r: r["rate"])
+            ax.plot([r["rate"] for r in rs], [r[key] for r in rs], marker="o", label=name)
+        if key == "avg_qoe":
+            ax.axhline(QOE_THRESHOLD, color="grey", linestyle=":", linewidth=1)
+            ax.set_ylim(0, 1.05)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(label)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / filename
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenpace bench qoe", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policies", default="fcfs,round-robin,andes", help=", ".join(POLICIES))
+    parser.add_argument("--rates", default="1.5,2,2.5,3,3.5,4", help="requests/s, comma-separated")
+    parser.add_argument("--profile", default="opt-66b-4xa100")
+    parser.add_argument("--workload", choices=WORKLOADS, default="chat")
+    parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson")
+    parser.add_argument(
+        "--cv", type=float, default=3.0, help="gamma arrivals' coefficient of variation"
+    )
+    parser.add_argument("--n", type=int, default=None, help="requests (default: the whole trace)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace", default=None, help="Andes trace JSON (default: shared/data)")
+    parser.add_argument(
+        "--table-rate", type=float, default=None, help="rate for Table 4 percentiles"
+    )
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default="results/qoe")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise SystemExit(f"--policies: unknown {unknown}; choose from {', '.join(POLICIES)}")
+    try:
+        rates = sorted(float(r) for r in args.rates.split(","))
+    except ValueError:
+        raise SystemExit(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
+    if not rates or min(rates) <= 0:
+        raise SystemExit("--rates: every rate must be > 0")
+    profile = get_profile(args.profile)
+    cfg = {
+        "profile": args.profile,
+        "workload": args.workload,
+        "arrivals": args.arrivals,
+        "cv": args.cv,
+        "n": args.n,
+        "seed": args.seed,
+        "trace": args.trace,
+    }
+    table_rate = args.table_rate if args.table_rate is not None else rates[len(rates) // 2]
+    jobs = [(p, r, cfg) for r in reversed(rates) for p in policies]  # slowest first
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        runs = list(tqdm(pool.map(run_one, jobs), total=len(jobs), desc="simulating", unit="run"))
+    elapsed = time.perf_counter() - started
+    title = f"{args.workload} · {args.profile} · {args.arrivals} (simulated)"
+    report = {
+        "simulation": "qos.sim discrete-event engine; latency from the named profile, no GPU",
+        "config": {**cfg, "rates": rates, "policies": policies},
+        "prompt_tokens": PROMPT_TOKEN_ESTIMATE,
+        "wall_s": elapsed,
+        "analysis": analyse(runs, profile, table_rate),
+        "runs": runs,
+    }
+    (out_dir / "results.json").write_text(json.dumps(report, indent=2))
+    plots = plot(runs, out_dir, title)
+    print(json.dumps(report["analysis"], indent=2))
+    print(
+        f"{len(runs)} runs in {elapsed:.1f} s; wrote {out_dir / 'results.json'}, {len(plots)} plots"
+    )
+    return 0
