@@ -32,6 +32,12 @@ class VirtualTokenCounter:
     queued: dict[str, int] = field(default_factory=dict)
     last_left: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.w_prompt >= 0:
+            raise ValueError(f"w_prompt: must be >= 0, got {self.w_prompt}")
+        if not self.w_output > 0:
+            raise ValueError(f"w_output: must be > 0, got {self.w_output}")
+
     def service(self, prompt_tokens: int, output_tokens: int) -> float:
         """W = w_p·prompt + w_q·output."""
         return self.w_prompt * prompt_tokens + self.w_output * output_tokens

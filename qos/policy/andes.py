@@ -63,6 +63,8 @@ class Andes(Policy):
             raise ValueError(f"kv_watermark: must be in (0, 1], got {kv_watermark}")
         if preemption_cap < 0:
             raise ValueError(f"preemption_cap: must be >= 0, got {preemption_cap}")
+        if horizon_s is not None and not horizon_s > 0:
+            raise ValueError(f"horizon_s: must be > 0 seconds, got {horizon_s}")
         if batch_candidates < 1:
             raise ValueError(f"batch_candidates: must be >= 1, got {batch_candidates}")
         self.profile = profile
@@ -79,6 +81,7 @@ class Andes(Policy):
         self.preemptions = 0
         self.solves = 0
         self._decode = np.zeros(0)
+        self._order = np.zeros(0, dtype=np.int64)  # packing order of the last solve
 
     # -- hooks ------------------------------------------------------------------------
     def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
@@ -187,14 +190,14 @@ class Andes(Policy):
         best, best_value = None, -np.inf
         for b, tau in zip(sizes.tolist(), taus.tolist(), strict=True):
             gain = self.gains(forecast, now, tau)
+            order = self.packing_order(table, gain / demand)
             if self.solver is not None:
                 chosen = self.solver(gain, demand, capacity.kv_tokens, b)
             else:
-                order = self.packing_order(table, gain / demand)
                 chosen = pack_in_order(order, demand, capacity.kv_tokens, b, table.n)
             value = float(gain[chosen].sum())
             if value > best_value:
-                best, best_value = chosen, value
+                best, best_value, self._order = chosen, value, order
         assert best is not None
         return best
 
@@ -228,6 +231,7 @@ class Andes(Policy):
         room = int(self.kv_watermark * capacity.kv_tokens) - int(demand[packed].sum())
         slots = capacity.max_batch - int(packed.sum())
         if room > 0 and slots > 0:
-            packed |= pack_in_order(np.flatnonzero(chosen & ~running), demand, room, slots, table.n)
+            order = self._order[(chosen & ~running)[self._order]]  # the solver's priority order
+            packed |= pack_in_order(order, demand, room, slots, table.n)
         self.preemptions += int((running & ~packed).sum())
         return packed

@@ -9,15 +9,15 @@ throttled tenant is packed after every request of the others. Nothing else diffe
   decisions are exactly Andes's (same forecast, same order, same packing).
 - Several backlogged tenants: a throttled tenant receives service only from capacity
   the others cannot use, so when the others are backlogged its counter stops while
-  theirs advance. A tenant's counter can therefore exceed the least-served one by at
-  most ``slack`` plus what it gains in the iteration in which it crosses the line,
-  which is at most (w_p·L_input + w_q·B_max) / w_min for prompts of at most L_input
-  tokens, batches of at most B_max requests and a smallest tenant weight w_min:
+  theirs advance. The throttle is decided once per iteration, so in the iteration in
+  which a tenant crosses the line it can still receive up to B_max first prefills and
+  B_max output tokens. For prompts of at most L_input tokens, batches of at most B_max
+  requests and a smallest tenant weight w_min:
 
-      |W_f/w_f - W_g/w_g| ≤ slack + (w_p·L_input + w_q·B_max) / w_min
+      |W_f/w_f - W_g/w_g| ≤ slack + B_max·(w_p·L_input + w_q) / w_min
 
   the same form as VTC's bound (2·max(w_p·L_input, w_q·M)), with ``slack`` set by the
-  operator to trade fairness for QoE (VTC's own bound is the natural default scale).
+  operator to trade fairness for QoE.
   The bound assumes the preemption cap P lets the throttled tenant's running requests
   be preempted; with a tight P it is reached more slowly.
 """
