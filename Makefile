@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint format run bench-qoe clean
+.PHONY: venv test lint format bench-qoe clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
