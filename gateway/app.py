@@ -1,0 +1,646 @@
+"""The FastAPI application: ``create_app(config)``.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /healthz``, ``GET /readyz``, ``GET /metrics``. A request goes through
+
+1. :class:`GatewayMiddleware` (pure ASGI): request id, receipt time, body size limit
+   (413 before the body is parsed), the ``X-Request-Id`` response header, the request
+   counter, the in-flight gauge and the access log line;
+2. authentication (``Authorization: Bearer KEY`` → tenant, else 401);
+3. validation of the body (the models in :mod:`gateway.schemas`, then the configured
+   caps) → 400;
+4. tier resolution (:mod:`gateway.tiers`) → 400/403; the model → 404;
+5. dispatch: streaming via :class:`gateway.streaming.StreamRelay` under sse-starlette,
+   non-streaming via :func:`gateway.dispatch.complete_with_failover`, both with
+   failover before the first byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, TypeVar
+
+from fastapi import FastAPI, Header, Request, Security
+from fastapi.openapi.utils import get_openapi
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.backends import (
+    Backend,
+    BackendError,
+    BackendRuntime,
+    Endpoint,
+    RequestContext,
+    Router,
+    build_backends,
+    build_http_client,
+)
+from gateway.config import GatewayConfig, TenantConfig, hash_key
+from gateway.dispatch import complete_with_failover, final_error, open_attempt
+from gateway.errors import (
+    GatewayError,
+    bad_request,
+    install_error_handlers,
+    model_not_found,
+    too_large,
+    unauthorized,
+)
+from gateway.logs import request_id_var
+from gateway.metrics import UNKNOWN, GatewayMetrics
+from gateway.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+    Health,
+    Model,
+    ModelList,
+)
+from gateway.state import GatewayState, RecentRequests, RequestRecord
+from gateway.streaming import StreamRelay
+from gateway.tiers import TIER_HEADER, resolve_tier
+
+T = TypeVar("T")
+log = logging.getLogger("tokenpace.gateway")
+access_log = logging.getLogger("tokenpace.gateway.access")
+
+INFO_KEY = "tokenpace"  # scope["state"][INFO_KEY]: the request's labels and timings
+_API_ENDPOINTS = {
+    "/v1/chat/completions": "chat.completions",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+}
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+# ---------------------------------------------------------------------------------
+# middleware
+
+
+class GatewayMiddleware:
+    """Request id, receipt time, body limit, X-Request-Id, request metrics, access log.
+
+    The body of a POST is read here, up to ``max_body_bytes`` (413 past it, before any
+    parsing), and replayed to the app; later ``receive()`` calls go to the server, so
+    the app still sees ``http.disconnect``.
+    """
+
+    def __init__(self, app: ASGIApp, gw: GatewayState) -> None:
+        self.app = app
+        self.gw = gw
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        received_at = time.monotonic()
+        request_id = uuid.uuid4().hex
+        token = request_id_var.set(request_id)
+        info: dict[str, Any] = {"request_id": request_id, "received_at": received_at}
+        scope.setdefault("state", {})[INFO_KEY] = info
+        path = scope.get("path", "")
+        endpoint = _API_ENDPOINTS.get(path)
+        status = {"code": 500}
+        rid_header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, rid_header]}
+            await send(message)
+
+        gauge = self.gw.metrics.in_flight.labels(endpoint) if endpoint else None
+        if gauge is not None:
+            gauge.inc()
+        try:
+            if scope.get("method", "GET") in _BODY_METHODS:
+                limit = self.gw.config.limits.max_body_bytes
+                body = await _read_body(scope, receive, limit)
+                if body is None:
+                    await too_large(limit).response()(scope, receive, send_with_id)
+                    return
+                receive = _replay(body, receive)
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if gauge is not None:
+                gauge.dec()
+            if endpoint is not None:
+                self._record(endpoint, status["code"], info, received_at)
+            request_id_var.reset(token)
+
+    def _record(self, endpoint: str, status: int, info: dict[str, Any], received_at: float) -> None:
+        outcome = info.get("outcome") or ("completed" if status < 400 else "error")
+        if status == 499:
+            outcome = "aborted"
+        labels = (
+            info.get("tenant", UNKNOWN),
+            info.get("tier", UNKNOWN),
+            info.get("backend", UNKNOWN),
+            endpoint,
+            str(status),
+            outcome,
+        )
+        self.gw.metrics.requests.labels(*labels).inc()
+        if endpoint == "models":
+            return
+        extra = {k: v for k, v in info.items() if k not in ("received_at",)}
+        extra.update(endpoint=endpoint, status=status, outcome=outcome)
+        extra["duration_s"] = round(time.monotonic() - received_at, 6)
+        access_log.info("request finished", extra=extra)
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None when it is (or announces being) larger than ``limit``."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            with contextlib.suppress(ValueError):
+                if int(value) > limit:
+                    return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            return None
+        chunks.append(part)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+# ---------------------------------------------------------------------------------
+# authentication
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="TenantKey",
+    description="The tenant's API key: `Authorization: Bearer KEY`.",
+)
+
+
+def _gw(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+def _info(request: Request) -> dict[str, Any]:
+    state = request.scope.setdefault("state", {})
+    return state.setdefault(INFO_KEY, {})
+
+
+def authenticate(gw: GatewayState, authorization: str | None) -> TenantConfig:
+    """The tenant owning the Bearer key in ``authorization``, else 401."""
+    if not authorization:
+        raise unauthorized(
+            "You didn't provide an API key. You need to provide your API key in an "
+            "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        )
+    scheme, _, key = authorization.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise unauthorized("The Authorization header must be 'Bearer YOUR_KEY'.")
+    tenant = gw.tenants_by_digest.get(hash_key(key))
+    if tenant is None:
+        raise unauthorized("Incorrect API key provided.")
+    return tenant
+
+
+async def _auth_for_validation(request: Request) -> None:
+    """Authentication before a validation error (FastAPI parses the body first)."""
+    if request.url.path in _API_ENDPOINTS:
+        tenant = authenticate(_gw(request), request.headers.get("authorization"))
+        _info(request)["tenant"] = tenant.name
+
+
+async def tenant_dependency(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+) -> TenantConfig:
+    tenant = authenticate(_gw(request), request.headers.get("authorization"))
+    _info(request)["tenant"] = tenant.name
+    return tenant
+
+
+# ---------------------------------------------------------------------------------
+# the API
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Malformed JSON, a bad field, an unknown tier"},
+    401: {"model": ErrorResponse, "description": "Missing or unknown API key"},
+    403: {"model": ErrorResponse, "description": "Tier (or custom tier) outside the plan"},
+    404: {"model": ErrorResponse, "description": "Unknown model (code model_not_found)"},
+    413: {"model": ErrorResponse, "description": "Body larger than limits.max_body_bytes"},
+    502: {"model": ErrorResponse, "description": "Every backend failed"},
+    503: {"model": ErrorResponse, "description": "No backend available for the model"},
+    504: {"model": ErrorResponse, "description": "The backend timed out"},
+}
+_TP_HEADERS = {
+    "X-Request-Id": {
+        "description": "the gateway's id for this request",
+        "schema": {"type": "string"},
+    },
+    "X-TokenPace-Tier": {
+        "description": "tier served ('custom' for explicit ttft/tds)",
+        "schema": {"type": "string"},
+    },
+    "X-TokenPace-TTFT": {
+        "description": "expected time to first token, s",
+        "schema": {"type": "number"},
+    },
+    "X-TokenPace-TDS": {
+        "description": "expected token delivery speed, tokens/s",
+        "schema": {"type": "number"},
+    },
+}
+_SSE_DOC = (
+    "With `stream: true`: `text/event-stream` of `data: {chunk}` events, `data: [DONE]` "
+    "last; `: ping` comments may come while waiting; an error after the first chunk "
+    'arrives as `data: {"error": {...}}` followed by `data: [DONE]`.'
+)
+
+TierHeader = Annotated[
+    str | None,
+    Header(
+        alias=TIER_HEADER,
+        description="QoE tier for this request (or use the body's `tokenpace.tier`)",
+    ),
+]
+
+
+def _completion_responses(model: type) -> dict[int | str, dict[str, Any]]:
+    return {
+        200: {
+            "model": model,
+            "description": "The completion; or, with `stream: true`, its chunks. " + _SSE_DOC,
+            "headers": _TP_HEADERS,
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **_ERROR_RESPONSES,
+    }
+
+
+def _expected_tokens(raw: dict[str, Any], gw: GatewayState) -> int:
+    default = gw.config.routing.expected_output_tokens
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = raw.get(key)
+        if isinstance(value, int) and value > 0:
+            default = min(default, value)
+    n = raw.get("n")
+    return default * (n if isinstance(n, int) and n > 1 else 1)
+
+
+def _check_limits(raw: dict[str, Any], gw: GatewayState) -> None:
+    limits = gw.config.limits
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = raw.get(key)
+        if isinstance(value, int) and value > limits.max_tokens:
+            raise bad_request(
+                f"Invalid value for '{key}': {value} is larger than this gateway's limit "
+                f"of {limits.max_tokens}.",
+                param=key,
+                code="invalid_value",
+            )
+    for key in ("n", "best_of"):
+        value = raw.get(key)
+        if isinstance(value, int) and value > limits.max_n:
+            raise bad_request(
+                f"Invalid value for '{key}': at most {limits.max_n}.",
+                param=key,
+                code="invalid_value",
+            )
+    if raw.get("stream_options") is not None and not raw.get("stream"):
+        raise bad_request(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+            code="invalid_value",
+        )
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+async def _unless_disconnected(request: Request, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro``, cancelling it if the client disconnects first (raise ClientGone).
+
+    Starlette does not cancel a handler whose client went away; this does, so the
+    backend request is closed (and a generation aborted) as soon as nobody waits for it.
+    """
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(_wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, watch):
+            task.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+    if work.cancelled():
+        raise ClientGone
+    return work.result()
+
+
+def _client_gone(info: dict[str, Any]) -> Response:
+    info["outcome"] = "aborted"
+    return Response(status_code=499)  # nginx's "client closed request": never seen by anyone
+
+
+async def _serve(
+    request: Request, endpoint: Endpoint, tenant: TenantConfig, header_tier: str | None
+) -> Response:
+    gw = _gw(request)
+    info = _info(request)
+    raw = await request.json()
+    _check_limits(raw, gw)
+    tier = resolve_tier(gw.config, tenant, header_tier, raw.get("tokenpace"))
+    info["tier"] = tier.name
+    headers = tier.headers()
+    model = raw["model"]
+    info["model"] = model
+    try:
+        if not gw.router.knows_model(model):
+            raise model_not_found(model)
+        stream = bool(raw.get("stream"))
+        ctx = RequestContext(
+            request_id=info.get("request_id") or uuid.uuid4().hex,
+            tenant=tenant.name,
+            weight=tenant.weight,
+            tier=tier,
+            endpoint=endpoint,
+            model=model,
+            stream=stream,
+            received_at=info.get("received_at") or time.monotonic(),
+            expected_tokens=_expected_tokens(raw, gw),
+        )
+        gw.recent.add(ctx.request_id, RequestRecord(tenant.name, tier, model))
+        if stream:
+            return await _serve_stream(request, gw, raw, ctx, info, headers)
+        return await _serve_complete(request, gw, raw, ctx, info, headers)
+    except GatewayError as exc:
+        exc.headers = {**headers, **exc.headers}
+        raise
+
+
+async def _serve_stream(
+    request: Request,
+    gw: GatewayState,
+    raw: dict[str, Any],
+    ctx: RequestContext,
+    info: dict[str, Any],
+    headers: dict[str, str],
+) -> Response:
+    tried: set[str] = set()
+    try:
+        attempt = await _unless_disconnected(request, open_attempt(gw, raw, ctx, tried, info))
+    except BackendError as exc:
+        raise final_error(exc) from None
+    except ClientGone:
+        return _client_gone(info)
+    relay = StreamRelay(gw, raw, ctx, attempt, tried, info)
+    try:
+        return EventSourceResponse(
+            relay.events(),
+            headers=headers,
+            ping=0,  # the relay sends its own pings, only while it waits
+            sep="\n",
+            background=BackgroundTask(relay.finish),
+        )
+    except BaseException:
+        await relay.finish()
+        raise
+
+
+async def _serve_complete(
+    request: Request,
+    gw: GatewayState,
+    raw: dict[str, Any],
+    ctx: RequestContext,
+    info: dict[str, Any],
+    headers: dict[str, str],
+) -> Response:
+    try:
+        result = await _unless_disconnected(request, complete_with_failover(gw, raw, ctx, info))
+    except ClientGone:
+        return _client_gone(info)
+    if info.get("tokens"):
+        labels = (ctx.tenant, ctx.tier.name, info.get("backend", UNKNOWN))
+        gw.metrics.tokens.labels(*labels).inc(info["tokens"])
+    return JSONResponse(result, headers=headers)
+
+
+def _add_routes(app: FastAPI) -> None:
+    @app.post(
+        "/v1/chat/completions",
+        tags=["openai"],
+        summary="Create a chat completion (OpenAI-compatible)",
+        response_model=None,
+        responses=_completion_responses(ChatCompletion),
+    )
+    async def chat_completions(
+        request: Request,
+        body: ChatCompletionRequest,
+        tenant: Annotated[TenantConfig, Security(tenant_dependency)],
+        x_tokenpace_tier: TierHeader = None,
+    ) -> Response:
+        return await _serve(request, "chat.completions", tenant, x_tokenpace_tier)
+
+    @app.post(
+        "/v1/completions",
+        tags=["openai"],
+        summary="Create a text completion (OpenAI-compatible)",
+        response_model=None,
+        responses=_completion_responses(Completion),
+    )
+    async def completions(
+        request: Request,
+        body: CompletionRequest,
+        tenant: Annotated[TenantConfig, Security(tenant_dependency)],
+        x_tokenpace_tier: TierHeader = None,
+    ) -> Response:
+        return await _serve(request, "completions", tenant, x_tokenpace_tier)
+
+    @app.get(
+        "/v1/models",
+        tags=["openai"],
+        summary="List the models the backends serve",
+        response_model=ModelList,
+        responses={401: _ERROR_RESPONSES[401]},
+    )
+    async def models(
+        request: Request, tenant: Annotated[TenantConfig, Security(tenant_dependency)]
+    ) -> ModelList:
+        return ModelList(data=[Model(id=m) for m in _gw(request).router.models()])
+
+    @app.get(
+        "/healthz", tags=["ops"], summary="Liveness: the process serves HTTP", response_model=Health
+    )
+    async def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get(
+        "/readyz",
+        tags=["ops"],
+        summary="Readiness: at least one backend is healthy",
+        response_model=Health,
+        responses={503: {"model": Health, "description": "No healthy backend"}},
+    )
+    async def readyz(request: Request) -> Response:
+        router = _gw(request).router
+        ready = router.any_healthy()
+        body = Health(
+            status="ready" if ready else "not ready",
+            backends={s.name: s.healthy for s in router.states},
+        )
+        return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
+    async def metrics(request: Request) -> Response:
+        payload, content_type = _gw(request).metrics.render()
+        return Response(payload, media_type=content_type)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, corrected to what the gateway does: 400 (not 422) on bad input."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    for path in schema.get("paths", {}).values():
+        for op in path.values():
+            op.get("responses", {}).pop("422", None)
+    components = schema.get("components", {}).get("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    app.openapi_schema = schema
+    return schema
+
+
+# ---------------------------------------------------------------------------------
+# the factory
+
+
+def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) -> FastAPI:
+    """The gateway for ``config``.
+
+    ``backends`` replaces the ones built from ``config.backends`` (to plug in-process
+    engines or test doubles without a configuration entry). The app's lifespan starts
+    the shared HTTP client, the backends and the health checks; serve it under an ASGI
+    server that runs lifespan events (uvicorn does).
+    """
+    backend_list = list(backends) if backends is not None else build_backends(config)
+    router = Router(backend_list, config)
+    gw = GatewayState(
+        config=config,
+        backends=backend_list,
+        router=router,
+        metrics=GatewayMetrics(router),
+        tenants_by_digest=config.tenant_by_digest(),
+        recent=RecentRequests(config.recent_requests),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = build_http_client(config)
+        gw.http = client
+        runtime = BackendRuntime(http=client, config=config)
+        started: list[Backend] = []
+        health_task: asyncio.Task[None] | None = None
+        try:
+            for b in backend_list:
+                await b.start(runtime)
+                started.append(b)
+            await router.check_all()
+            health_task = asyncio.create_task(router.health_loop(), name="tokenpace-health")
+            gw.started = True
+            log.info(
+                "gateway ready: %d backend(s), %d healthy",
+                len(backend_list),
+                sum(s.healthy for s in router.states),
+            )
+            yield
+        finally:
+            gw.started = False
+            if health_task is not None:
+                health_task.cancel()
+                await asyncio.gather(health_task, return_exceptions=True)
+            for b in reversed(started):
+                try:
+                    await b.aclose()
+                except Exception:
+                    log.warning("closing backend %s failed", b.name, exc_info=True)
+            await client.aclose()
+            gw.http = None
+
+    app = FastAPI(
+        title="tokenpace gateway",
+        version="0.1.0",
+        description=(
+            "OpenAI-compatible front door with QoE tiers. Choose a tier with the "
+            "`X-TokenPace-Tier` header or the body's `tokenpace` field; see "
+            "docs/protocol.md."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.gateway = gw
+    install_error_handlers(app, auth_first=_auth_for_validation)
+    _add_routes(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    if config.cors.allow_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=config.cors.allow_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", TIER_HEADER],
+            expose_headers=[
+                "X-Request-Id",
+                "X-TokenPace-Tier",
+                "X-TokenPace-TTFT",
+                "X-TokenPace-TDS",
+            ],
+        )
+    # Outermost, around Starlette's ServerErrorMiddleware too, so that even a 500 carries
+    # X-Request-Id and is counted.
+    build_stack = app.build_middleware_stack
+    app.build_middleware_stack = lambda: GatewayMiddleware(build_stack(), gw)  # type: ignore[method-assign]
+    return app

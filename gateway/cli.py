@@ -1,0 +1,230 @@
+"""``tokenpace serve``, ``tokenpace check-config`` and ``tokenpace hash-key``.
+
+The top-level ``tokenpace`` command (tokenpace/cli.py) mounts these with
+:func:`add_gateway_commands`; each sub-parser sets ``func`` to a callable taking the
+parsed ``argparse.Namespace`` and returning an exit code. :func:`serve` and
+:func:`check_config` take an argv list for direct use, and ``python -m gateway.cli``
+works on its own.
+
+Without ``--config`` (or ``$TOKENPACE_CONFIG``), ``serve`` starts the demo
+configuration: one tenant ``demo`` with a fresh key (or ``$TOKENPACE_DEMO_KEY``) and,
+when an engine registered the backend kind ``embedded``, that engine as the backend.
+It prints the key, the URL and ready-to-paste curl and openai examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.config import (
+    CONFIG_ENV,
+    DEMO_MODEL,
+    ConfigError,
+    GatewayConfig,
+    demo_config,
+    hash_key,
+    load_config,
+)
+
+DEMO_KEY_ENV = "TOKENPACE_DEMO_KEY"
+
+
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"YAML or TOML configuration (default: ${CONFIG_ENV}, else the demo configuration)",
+    )
+    p.add_argument("--host", help="interface to listen on (default: server.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default: server.port, 8080)")
+    p.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _add_check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="YAML or TOML configuration to validate")
+
+
+def _add_hash_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("key", nargs="?", help="the API key (default: read one line from stdin)")
+
+
+def add_gateway_commands(subparsers: Any) -> None:
+    """Add ``serve``, ``check-config`` and ``hash-key`` to an argparse sub-parser set."""
+    p = subparsers.add_parser(
+        "serve", help="run the gateway", description="Run the OpenAI-compatible gateway."
+    )
+    _add_serve_args(p)
+    p.set_defaults(func=_serve_ns)
+    p = subparsers.add_parser(
+        "check-config",
+        help="validate a gateway configuration",
+        description="Validate a configuration file; errors name the bad key.",
+    )
+    _add_check_args(p)
+    p.set_defaults(func=_check_ns)
+    p = subparsers.add_parser(
+        "hash-key",
+        help="print the key_sha256 of an API key",
+        description="Print the SHA-256 digest to store as api_keys[].key_sha256.",
+    )
+    _add_hash_args(p)
+    p.set_defaults(func=_hash_ns)
+
+
+# ---------------------------------------------------------------------------------
+# serve
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def banner(config: GatewayConfig, url: str, demo_key: str | None) -> str:
+    """What ``serve`` prints: where it listens and, for the demo, how to call it."""
+    models = [m for b in config.backends for m in b.models if m != "*"]
+    model = models[0] if models else DEMO_MODEL
+    lines = [f"tokenpace gateway listening on {url}"]
+    lines.append(
+        f"  {len(config.tenants)} tenant(s), {len(config.backends)} backend(s), "
+        f"tiers: {', '.join(config.tiers)}"
+    )
+    if not config.backends:
+        lines.append("  note: no backend configured; /readyz answers 503 and requests 404")
+    if demo_key is None:
+        return "\n".join(lines)
+    payload = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "stream": True}
+    )
+    lines += [
+        "",
+        "Demo configuration (no --config given):",
+        "  tenant: demo",
+        f"  API key: {demo_key}",
+        "",
+        "curl:",
+        f"  curl -N {url}/v1/chat/completions \\",
+        f'    -H "Authorization: Bearer {demo_key}" \\',
+        '    -H "Content-Type: application/json" -H "X-TokenPace-Tier: chat" \\',
+        f"    -d '{payload}'",
+        "",
+        "python (pip install openai):",
+        "  from openai import OpenAI",
+        f'  client = OpenAI(base_url="{url}/v1", api_key="{demo_key}")',
+        "  stream = client.chat.completions.create(",
+        f'      model="{model}",',
+        '      messages=[{"role": "user", "content": "Hello!"}],',
+        "      stream=True,",
+        '      extra_body={"tokenpace": {"tier": "voice"}},',
+        "  )",
+        "  for chunk in stream:",
+        "      if chunk.choices:",
+        '          print(chunk.choices[0].delta.content or "", end="", flush=True)',
+    ]
+    return "\n".join(lines)
+
+
+def load_serve_config(config_path: str | None) -> tuple[GatewayConfig, str | None]:
+    """The configuration ``serve`` runs: the file, else the demo (returns its key)."""
+    import gateway.backends  # noqa: F401 - registers the built-in backend kinds
+
+    path = config_path or os.environ.get(CONFIG_ENV) or None
+    if path:
+        return load_config(path), None
+    config, key = demo_config(os.environ.get(DEMO_KEY_ENV) or None)
+    return config, key
+
+
+def _serve_ns(ns: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.logs import setup_logging
+
+    try:
+        config, demo_key = load_serve_config(ns.config)
+    except ConfigError as exc:
+        print(f"tokenpace serve: {exc}", file=sys.stderr)
+        return 2
+    host = ns.host or config.server.host
+    port = ns.port if ns.port is not None else config.server.port
+    json_logs = config.logging.json_logs if ns.log_json is None else ns.log_json
+    level = ns.log_level or config.logging.level
+    setup_logging(json_logs=json_logs, level=level)
+    app = create_app(config)
+    print(banner(config, f"http://{_display_host(host)}:{port}", demo_key), flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=level.lower(),
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    server.run()
+    return 0
+
+
+def serve(argv: Sequence[str] | None = None) -> int:
+    """``tokenpace serve [--config FILE] [--host H] [--port P]``; returns the exit code."""
+    p = argparse.ArgumentParser(prog="tokenpace serve", description="Run the gateway.")
+    _add_serve_args(p)
+    return _serve_ns(p.parse_args(argv))
+
+
+# ---------------------------------------------------------------------------------
+# check-config / hash-key
+
+
+def _check_ns(ns: argparse.Namespace) -> int:
+    import gateway.backends  # noqa: F401 - registers the built-in backend kinds
+
+    try:
+        config = load_config(ns.file)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    tiers = ", ".join(f"{n} ({t.ttft:g} s, {t.tds:g} tok/s)" for n, t in config.tiers.items())
+    print(
+        f"{ns.file}: OK: {len(config.tenants)} tenant(s), {len(config.backends)} backend(s), "
+        f"tiers: {tiers}"
+    )
+    if not config.backends:
+        print(f"{ns.file}: warning: no backends; every request would get 404", file=sys.stderr)
+    return 0
+
+
+def check_config(argv: Sequence[str] | None = None) -> int:
+    """``tokenpace check-config FILE``: 0 when valid, 1 (problems on stderr) otherwise."""
+    p = argparse.ArgumentParser(prog="tokenpace check-config")
+    _add_check_args(p)
+    return _check_ns(p.parse_args(argv))
+
+
+def _hash_ns(ns: argparse.Namespace) -> int:
+    key = ns.key if ns.key is not None else sys.stdin.readline().strip()
+    if not key:
+        print("tokenpace hash-key: no key given", file=sys.stderr)
+        return 1
+    print(hash_key(key))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gateway.cli")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_gateway_commands(sub)
+    ns = p.parse_args(argv)
+    return int(ns.func(ns))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""Gateway configuration: pydantic models, the YAML/TOML loader and the demo default.
+
+The file is validated once at start-up; every error names the key that is wrong
+(``tenants[1].default_tier: ...``). API keys are kept only as SHA-256 digests: a
+tenant's ``api_keys`` entries may be the plain key (``key``, hashed at load and then
+forgotten) or its digest (``key_sha256``, what production files should hold; make
+one with ``tokenpace hash-key`` or ``printf %s KEY | sha256sum``).
+
+Tier defaults are the contract's (docs/protocol.md, "QoE tiers"); an operator's
+``tiers`` table is merged over them, so a file may retune one tier or add new ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import tomllib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+CONFIG_ENV = "TOKENPACE_CONFIG"
+DEMO_MODEL = "tokenpace-sim"
+CUSTOM_TIER = "custom"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; ``problems`` lists ``key: reason`` lines."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        where = f" in {source}" if source else ""
+        super().__init__(f"invalid configuration{where}:\n  " + "\n  ".join(problems))
+
+
+def hash_key(key: str) -> str:
+    """SHA-256 hex digest of an API key (how keys are stored and looked up)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class TierSpec(_Strict):
+    """One QoE tier: the expected token delivery timeline."""
+
+    ttft: float = Field(ge=0, description="expected time to first token, seconds")
+    tds: float = Field(gt=0, description="expected token delivery speed, tokens per second")
+    priority: int = Field(
+        0, description="vLLM priority for engines running its priority policy (lower is sooner)"
+    )
+
+
+DEFAULT_TIERS: dict[str, TierSpec] = {
+    "chat": TierSpec(ttft=1.0, tds=4.8, priority=1),
+    "voice": TierSpec(ttft=1.0, tds=3.3, priority=1),
+    "fast": TierSpec(ttft=0.5, tds=25.0, priority=0),
+    "batch": TierSpec(ttft=60.0, tds=50.0, priority=2),
+}
+
+
+class CustomTierLimits(_Strict):
+    """Accepted range of explicit ``tokenpace.ttft`` / ``tokenpace.tds`` values."""
+
+    ttft_min: float = Field(0.0, ge=0)
+    ttft_max: float = Field(600.0, gt=0)
+    tds_min: float = Field(0.1, gt=0)
+    tds_max: float = Field(1000.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CustomTierLimits:
+        if self.ttft_min > self.ttft_max:
+            raise ValueError("ttft_min must be <= ttft_max")
+        if self.tds_min > self.tds_max:
+            raise ValueError("tds_min must be <= tds_max")
+        return self
+
+
+class ApiKey(_Strict):
+    """Exactly one of ``key`` (plain, hashed at load) or ``key_sha256`` (hex digest)."""
+
+    key: str | None = Field(None, min_length=8, repr=False)
+    key_sha256: str | None = None
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None:
+            v = v.strip().lower()
+            if not _HEX64.match(v):
+                raise ValueError("must be 64 hexadecimal characters (a SHA-256 digest)")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ApiKey:
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError("give exactly one of 'key' or 'key_sha256'")
+        if self.key is not None:  # hash and forget the plain key
+            self.key_sha256 = hash_key(self.key)
+            self.key = None
+        return self
+
+    @property
+    def digest(self) -> str:
+        assert self.key_sha256 is not None
+        return self.key_sha256
+
+
+class TenantConfig(_Strict):
+    """A tenant: who may call, with what weight, in which tiers."""
+
+    name: str
+    api_keys: list[ApiKey] = Field(min_length=1)
+    weight: float = Field(1.0, gt=0, description="fair-share weight (VTC)")
+    tiers: list[str] | None = Field(None, description="allowed tiers; omitted = every tier")
+    default_tier: str = "chat"
+    allow_custom: bool = Field(False, description="may send explicit tokenpace.ttft / tds")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-64 characters: letters, digits, '.', '_', ':', '-'")
+        return v
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _plain_strings(cls, v: Any) -> Any:
+        # A bare string in the list is shorthand for {key: "..."}.
+        if isinstance(v, list):
+            return [{"key": item} if isinstance(item, str) else item for item in v]
+        return v
+
+
+class BackendConfig(_Strict):
+    """An upstream that serves OpenAI-compatible requests."""
+
+    name: str
+    kind: str = Field("http", description="'http', or a kind registered by an embedded engine")
+    url: str | None = Field(None, description="base URL including /v1, e.g. http://vllm:8000/v1")
+    models: list[str] = Field(min_length=1, description="model names served; '*' = any")
+    tokenpace: bool = Field(False, description="runs the tokenpace scheduler: tag with vllm_xargs")
+    supports_priority: bool = Field(False, description="accepts vLLM's 'priority' field")
+    api_key: str | None = Field(None, repr=False, description="sent upstream as Bearer")
+    api_key_env: str | None = Field(None, description="environment variable holding api_key")
+    health_path: str = Field(
+        "models", description="GET target for health checks, relative to url or absolute ('/x')"
+    )
+    max_connections: int = Field(256, ge=1)
+    max_keepalive_connections: int = Field(64, ge=0)
+    throughput_tps: float | None = Field(
+        None, gt=0, description="token throughput for the waiting-time estimate"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="settings for non-http kinds (passed through)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-64 characters: letters, digits, '.', '_', ':', '-'")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> BackendConfig:
+        if self.kind == "http" and not self.url:
+            raise ValueError("an http backend needs 'url'")
+        return self
+
+    def resolved_api_key(self) -> str | None:
+        if self.api_key is not None:
+            return self.api_key
+        if self.api_key_env:
+            return os.environ.get(self.api_key_env)
+        return None
+
+
+class TimeoutsConfig(_Strict):
+    connect_s: float = Field(5.0, gt=0, description="TCP/TLS connect to a backend")
+    first_byte_s: float = Field(
+        120.0, gt=0, description="a stream's first chunk (or a backend's response headers)"
+    )
+    idle_s: float = Field(60.0, gt=0, description="longest gap between two chunks of a stream")
+    request_s: float = Field(600.0, gt=0, description="a whole non-streaming request")
+    ping_interval_s: float = Field(
+        5.0, ge=0, description="SSE ': ping' comment while waiting for a chunk; 0 = off"
+    )
+
+
+class HealthConfig(_Strict):
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+
+
+class LimitsConfig(_Strict):
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    max_tokens: int = Field(65536, ge=1, description="cap on max_tokens/max_completion_tokens")
+    max_n: int = Field(16, ge=1, description="cap on n")
+
+
+class RoutingConfig(_Strict):
+    expected_output_tokens: int = Field(
+        256, ge=1, description="output length assumed for a request without max_tokens"
+    )
+    throughput_tps: float = Field(
+        1000.0, gt=0, description="default backend token throughput (QLM's Θ)"
+    )
+
+
+class LoggingConfig(_Strict):
+    json_logs: bool = Field(False, alias="json")
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class CorsConfig(_Strict):
+    allow_origins: list[str] = Field(default_factory=list)
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class GatewayConfig(_Strict):
+    """The whole configuration file."""
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    tiers: dict[str, TierSpec] = Field(default_factory=dict)
+    custom_tier_limits: CustomTierLimits = Field(default_factory=CustomTierLimits)
+    tenants: list[TenantConfig] = Field(min_length=1)
+    backends: list[BackendConfig] = Field(default_factory=list)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    cors: CorsConfig = Field(default_factory=CorsConfig)
+    recent_requests: int = Field(
+        100_000, ge=0, description="request ids remembered per tenant (for telemetry)"
+    )
+
+    @field_validator("tiers")
+    @classmethod
+    def _merge_default_tiers(cls, v: dict[str, TierSpec]) -> dict[str, TierSpec]:
+        for name in v:
+            if name == CUSTOM_TIER:
+                raise ValueError(f"'{CUSTOM_TIER}' is reserved for explicit ttft/tds")
+            if not _NAME.match(name):
+                raise ValueError(f"tier name {name!r}: letters, digits, '.', '_', ':', '-'")
+        return {**DEFAULT_TIERS, **v}
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> GatewayConfig:
+        if not self.tiers:
+            self.tiers = dict(DEFAULT_TIERS)
+        problems: list[tuple[str, str]] = []
+        seen_names: set[str] = set()
+        seen_keys: dict[str, str] = {}
+        for i, t in enumerate(self.tenants):
+            where = f"tenants[{i}]"
+            if t.name in seen_names:
+                problems.append((f"{where}.name", f"duplicate tenant name {t.name!r}"))
+            seen_names.add(t.name)
+            for j, k in enumerate(t.api_keys):
+                other = seen_keys.get(k.digest)
+                if other is not None:
+                    problems.append(
+                        (f"{where}.api_keys[{j}]", f"the same key is already used by {other!r}")
+                    )
+                seen_keys[k.digest] = t.name
+            allowed = t.tiers if t.tiers is not None else list(self.tiers)
+            for j, tier in enumerate(t.tiers or []):
+                if tier not in self.tiers:
+                    problems.append(
+                        (
+                            f"{where}.tiers[{j}]",
+                            f"unknown tier {tier!r}; known: {_names(self.tiers)}",
+                        )
+                    )
+            if t.default_tier not in self.tiers:
+                problems.append(
+                    (
+                        f"{where}.default_tier",
+                        f"unknown tier {t.default_tier!r}; known: {_names(self.tiers)}",
+                    )
+                )
+            elif t.default_tier not in allowed:
+                problems.append(
+                    (f"{where}.default_tier", f"{t.default_tier!r} is not in this tenant's tiers")
+                )
+        seen_backends: set[str] = set()
+        known_kinds = backend_kinds()
+        for i, b in enumerate(self.backends):
+            if b.name in seen_backends:
+                problems.append((f"backends[{i}].name", f"duplicate backend name {b.name!r}"))
+            seen_backends.add(b.name)
+            if known_kinds is not None and b.kind not in known_kinds:
+                problems.append(
+                    (
+                        f"backends[{i}].kind",
+                        f"unknown backend kind {b.kind!r}; known: {', '.join(sorted(known_kinds))}",
+                    )
+                )
+        if problems:
+            # One line per problem; validation_problems() turns them back into lines.
+            raise ValueError("\n".join(f"{k}: {msg}" for k, msg in problems))
+        return self
+
+    def tenant_by_digest(self) -> dict[str, TenantConfig]:
+        return {k.digest: t for t in self.tenants for k in t.api_keys}
+
+
+def _names(tiers: Iterable[str]) -> str:
+    return ", ".join(sorted(tiers))
+
+
+# The backend kinds config validation accepts. gateway.backends fills this in (http)
+# and embedded engines add theirs with gateway.backends.register_backend_kind.
+_KIND_PROVIDER: Callable[[], set[str]] | None = None
+
+
+def set_backend_kind_provider(provider: Callable[[], set[str]]) -> None:
+    global _KIND_PROVIDER
+    _KIND_PROVIDER = provider
+
+
+def backend_kinds() -> set[str] | None:
+    return _KIND_PROVIDER() if _KIND_PROVIDER is not None else None
+
+
+# ---------------------------------------------------------------------------------
+# loading
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _is_type_tag(str(part)):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _is_type_tag(part: str) -> bool:
+    # pydantic adds the union branch or validator kind to ``loc``: not a key.
+    return (
+        "[" in part
+        or "-" in part
+        or part in {"str", "int", "float", "bool", "list", "dict", "none", "None"}
+    )
+
+
+def validation_problems(exc: ValidationError) -> list[str]:
+    """``key: reason`` lines naming the bad key of every error in ``exc``."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        key = _format_loc(tuple(err["loc"]))
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (typo?)"
+        if not err["loc"] and msg.startswith(("tenants[", "backends[")):
+            lines.extend(msg.split("\n"))  # cross-field checks name their own keys
+        else:
+            lines.append(f"{key}: {msg}")
+    return lines
+
+
+def parse_config(data: Any, source: str | None = None) -> GatewayConfig:
+    """Validate an already-parsed mapping; raise :class:`ConfigError` naming bad keys."""
+    if not isinstance(data, dict):
+        raise ConfigError(["(top level): the configuration must be a mapping"], source)
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_problems(exc), source) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
+    """Read a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file and validate it."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"(file): cannot read {p}: {exc.strerror or exc}"], str(p)) from None
+    try:
+        data = tomllib.loads(text) if p.suffix.lower() == ".toml" else yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError([f"(syntax): {exc}"], str(p)) from None
+    return parse_config(data if data is not None else {}, str(p))
+
+
+def config_path_from_env() -> str | None:
+    return os.environ.get(CONFIG_ENV) or None
+
+
+def new_api_key(prefix: str = "tp-") -> str:
+    return prefix + secrets.token_urlsafe(24)
+
+
+def demo_config(
+    key: str | None = None, backends: list[dict[str, Any]] | None = None
+) -> tuple[GatewayConfig, str]:
+    """The configuration ``tokenpace serve`` uses without a file.
+
+    One tenant ``demo`` (every tier, custom tiers allowed) whose key is ``key`` or a new
+    random one; ``backends`` defaults to the embedded engine when one is registered
+    (kind ``embedded``, model ``tokenpace-sim``), else none. Returns (config, plain key).
+    """
+    key = key or new_api_key("tp-demo-")
+    if backends is None:
+        kinds = backend_kinds() or set()
+        backends = (
+            [{"name": "embedded", "kind": "embedded", "models": [DEMO_MODEL]}]
+            if "embedded" in kinds
+            else []
+        )
+    data = {
+        "tenants": [
+            {"name": "demo", "api_keys": [{"key": key}], "allow_custom": True, "weight": 1.0}
+        ],
+        "backends": backends,
+    }
+    return parse_config(data, "built-in demo configuration"), key
