@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qos.policy.forecast import Digest, append_stream, digested_area_at, score
+from qos.policy.forecast import Digest, Forecast, append_stream, digested_area_at, score
 from qos.policy.table import RequestTable
 from qos.timeline import digested_area, digestion_starts, expected_area
 
@@ -74,3 +74,43 @@ def test_score_kinds():
 
 def test_expected_area_unknown_length_is_the_ramp():
     assert float(expected_area(3.0, 1.0, 2.0, np.inf)) == 0.5 * 2.0 * 2.0**2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    tau=st.floats(0.005, 2.0),
+    horizon=st.floats(0.0, 30.0),
+    kind=st.sampled_from(["andes", "monotone"]),
+)
+def test_fused_q_serve_matches_the_reference_composition(seed, tau, horizon, kind):
+    """Forecast.q_serve (fused) = score(digested_area_at(append_stream(...))) row by row."""
+    rng = np.random.default_rng(seed)
+    rows, now = 64, 50.0
+    n = rng.integers(0, 40, rows).astype(float)
+    tds = rng.uniform(0.5, 30.0, rows)
+    last = np.where(n > 0, now + rng.uniform(-20.0, 10.0, rows), -1e18)
+    total = np.where(n > 0, n * (last - 0.5 * (n - 1) / tds), 0.0)
+    forecast = Forecast.build(
+        kind=kind,
+        n=n,
+        dig_sum=total,
+        dig_last=last,
+        tds=tds,
+        ttft=rng.uniform(0.0, 3.0, rows),
+        arrival=now - rng.uniform(0.0, 40.0, rows),
+        now=now,
+        horizon=now + horizon,
+        first_delay=np.where(rng.random(rows) < 0.5, 0.0, rng.uniform(0.0, 2.0, rows)),
+        remaining=np.where(rng.random(rows) < 0.5, np.inf, rng.integers(0, 30, rows)),
+    )
+    h = now + horizon
+    t0 = forecast.first_delay + now + tau
+    # tokens at t0, t0 + τ, ... ≤ h: ⌊(h - t0)/τ⌋ + 1 = ⌊(h - t0 + τ)/τ⌋ (written so, to
+    # round exactly as q_serve does)
+    k = np.clip(np.floor(np.maximum(h - (t0 - tau), 0.0) / tau), 0.0, forecast.remaining)
+    served = append_stream(forecast.state, t0, tau, k)
+    reference = score(kind, digested_area_at(served, h), forecast.expected)
+    np.testing.assert_allclose(forecast.q_serve(tau), reference, rtol=1e-9, atol=1e-9)
+    waiting = score(kind, digested_area_at(forecast.state, h), forecast.expected)
+    np.testing.assert_allclose(forecast.q_wait, waiting, rtol=1e-9, atol=1e-9)

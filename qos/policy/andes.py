@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -102,12 +101,16 @@ class Andes(Policy):
         return max(self._completion_sum / len(self._completions), 1e-3)
 
     # -- decision ---------------------------------------------------------------------
-    def triggered(self, table: RequestTable, capacity: Capacity) -> bool:
+    def triggered(
+        self, table: RequestTable, capacity: Capacity, demand: np.ndarray | None = None
+    ) -> bool:
         """Optimisation #1: is serving everyone impossible or too slow?"""
         n = table.n
         if n > capacity.max_batch:
             return True
-        if int(capacity.demand(table).sum()) > self.kv_watermark * capacity.kv_tokens:
+        if demand is None:
+            demand = capacity.demand(table)
+        if int(demand.sum()) > self.kv_watermark * capacity.kv_tokens:
             return True
         slowest_allowed = 1.0 / float(table.col("tds").max())
         return float(self.profile.decode_s(n)) > slowest_allowed
@@ -116,11 +119,12 @@ class Andes(Policy):
         n = table.n
         if n == 0:
             return np.zeros(0, dtype=bool)
-        if not self.triggered(table, capacity):
+        demand = capacity.demand(table)
+        if not self.triggered(table, capacity, demand):
             return np.ones(n, dtype=bool)
         self.solves += 1
-        chosen = self._solve(table, capacity, now)
-        return self._cap_preemptions(table, capacity, chosen)
+        chosen = self._solve(table, capacity, demand, now)
+        return self._cap_preemptions(table, capacity, demand, chosen)
 
     def forecast(self, table: RequestTable, now: float) -> Forecast:
         """Q_wait / Q_serve forecaster for this decision (waiting requests pay a prefill first)."""
@@ -152,13 +156,16 @@ class Andes(Policy):
         now_perfect = forecast.q_now >= _PERFECT
         return ((q_serve >= _PERFECT).astype(float) - (forecast.q_wait >= _PERFECT)) * now_perfect
 
-    def batch_range(self, table: RequestTable, capacity: Capacity) -> tuple[int, int]:
+    def batch_range(
+        self, table: RequestTable, capacity: Capacity, demand: np.ndarray | None = None
+    ) -> tuple[int, int]:
         """[B_min, B_max] of §4.2 optimisation #2.
 
         B_max: how many requests fit when the shortest contexts go first. B_min: the
         largest batch still decoding faster than the most stringent TDS.
         """
-        demand = capacity.demand(table)
+        if demand is None:
+            demand = capacity.demand(table)
         limit = min(capacity.max_batch, table.n)
         smallest = np.partition(demand, limit - 1)[:limit] if limit < table.n else demand
         if int(smallest.sum()) <= capacity.kv_tokens:
@@ -177,19 +184,25 @@ class Andes(Policy):
             self._decode = np.asarray(self.profile.decode_s(np.arange(2 * b_max + 1)), dtype=float)
         return self._decode[: b_max + 1]
 
-    def _solve(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
+    def _solve(
+        self, table: RequestTable, capacity: Capacity, demand: np.ndarray, now: float
+    ) -> np.ndarray:
         forecast = self.forecast(table, now)
-        demand = capacity.demand(table)
         # Pack to the watermark: the headroom absorbs the batch's growth until the next
         # solve instead of forcing the engine to preempt.
-        capacity = replace(capacity, kv_tokens=int(self.kv_watermark * capacity.kv_tokens))
-        b_min, b_max = self.batch_range(table, capacity)
-        sizes = np.unique(np.linspace(b_min, b_max, self.batch_candidates).round().astype(int))
-        context_s = self.profile.per_context_token_s * float(demand.mean()) * sizes
-        taus = self._decode_table(b_max)[sizes] + context_s
+        capacity = Capacity(
+            int(self.kv_watermark * capacity.kv_tokens), capacity.max_batch, capacity.block_size
+        )
+        b_min, b_max = self.batch_range(table, capacity, demand)
+        count = min(self.batch_candidates, b_max - b_min + 1)
+        sizes = sorted(
+            {round(b_min + (b_max - b_min) * i / max(count - 1, 1)) for i in range(count)}
+        )
+        decode = self._decode_table(b_max)
+        context_s = self.profile.per_context_token_s * float(demand.mean())
         best, best_value = None, -np.inf
-        for b, tau in zip(sizes.tolist(), taus.tolist(), strict=True):
-            gain = self.gains(forecast, now, tau)
+        for b in sizes:
+            gain = self.gains(forecast, now, float(decode[b]) + context_s * b)
             order = self.packing_order(table, gain / demand)
             if self.solver is not None:
                 chosen = self.solver(gain, demand, capacity.kv_tokens, b)
@@ -206,7 +219,7 @@ class Andes(Policy):
         return np.argsort(-priority, kind="stable")
 
     def _cap_preemptions(
-        self, table: RequestTable, capacity: Capacity, chosen: np.ndarray
+        self, table: RequestTable, capacity: Capacity, demand: np.ndarray, chosen: np.ndarray
     ) -> np.ndarray:
         """Optimisation #4: keep preemptions ≤ P per request on average."""
         running = table.running
@@ -223,13 +236,16 @@ class Andes(Policy):
         keep = victims[np.argsort(-table.context[victims], kind="stable")][: count - allowed]
         kept = chosen & running
         kept[keep] = True
-        demand = capacity.demand(table)
-        packed = pack_in_order(
-            np.flatnonzero(kept), demand, capacity.kv_tokens, capacity.max_batch, table.n
-        )
+        used, slots = int(demand[kept].sum()), capacity.max_batch - int(kept.sum())
+        if used <= capacity.kv_tokens and slots >= 0:
+            packed = kept  # the usual case: what was running still fits
+        else:
+            packed = pack_in_order(
+                np.flatnonzero(kept), demand, capacity.kv_tokens, capacity.max_batch, table.n
+            )
+            used, slots = int(demand[packed].sum()), capacity.max_batch - int(packed.sum())
         # Admissions only into the room left under the watermark (see _solve).
-        room = int(self.kv_watermark * capacity.kv_tokens) - int(demand[packed].sum())
-        slots = capacity.max_batch - int(packed.sum())
+        room = int(self.kv_watermark * capacity.kv_tokens) - used
         if room > 0 and slots > 0:
             order = self._order[(chosen & ~running)[self._order]]  # the solver's priority order
             packed |= pack_in_order(order, demand, room, slots, table.n)

@@ -86,17 +86,41 @@ def append_stream(state: Digest, t0: np.ndarray, tau: float, k: np.ndarray) -> D
 
 def score(kind: QoEKind, actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
     """QoE from the actual and expected areas up to the horizon (1 where nothing was expected)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    return _Scorer(kind, expected)(actual)
+
+
+class _Scorer:
+    """:func:`score` against fixed expected areas, with the per-row constants precomputed.
+
+    Andes: min(actual / E, 1). Monotone: E / (E + deficit), deficit = (E - actual)⁺.
+    Rows with E = 0 score 1 (nothing was expected yet) without a division by zero.
+    """
+
+    def __init__(self, kind: QoEKind, expected: np.ndarray) -> None:
+        self.kind = kind
+        self.expected = expected
+        positive = expected > 0
         if kind == "andes":
-            q = np.minimum(actual / expected, 1.0)
+            self.inv = np.divide(1.0, expected, out=np.zeros_like(expected), where=positive)
+            self.floor = 1.0 - positive  # lifts E = 0 rows to 1
         else:
-            q = expected / (2.0 * expected - np.minimum(actual, expected))
-    return np.where(expected > 0, q, 1.0)
+            self.safe = np.where(positive, expected, 1.0)  # E, or 1 where E = 0
+
+    def __call__(self, actual: np.ndarray) -> np.ndarray:
+        if self.kind == "andes":
+            return np.minimum(actual * self.inv + self.floor, 1.0)
+        deficit = np.maximum(self.expected - actual, 0.0)  # 0 where E = 0: scores 1
+        return self.safe / (self.safe + deficit)
 
 
 @dataclass
 class Forecast:
-    """B-independent parts of the forecast for one scheduling decision."""
+    """The forecast for one scheduling decision: B-independent parts computed once.
+
+    :meth:`q_serve` is :func:`append_stream` followed by :func:`digested_area_at` and
+    :func:`score`, fused on these precomputed columns (one decision evaluates it for
+    several batch sizes; ``tests/test_forecast.py`` checks the two agree).
+    """
 
     kind: QoEKind
     state: Digest
@@ -128,10 +152,23 @@ class Forecast:
         expected = expected_area(horizon - arrival, ttft, tds, np.inf)
         return cls(kind, state, expected, now, horizon, first_delay, remaining, arrival, ttft)
 
+    def __post_init__(self) -> None:
+        s, h = self.state, self.horizon
+        self._scorer = _Scorer(self.kind, self.expected)
+        # ∫_0^h A dt = lin + k·(h - s/2) - Σ new d + (TDS/2)·drain², lin = n·h - Σ d - n·s/2
+        self._lin = s.n * (h - 0.5 * s.step) - s.total
+        self._first = s.last + s.step  # the reader's next free slot, d_n + 1/TDS
+        self._start = self.first_delay + self.now  # t0 - τ
+        self._reach = np.maximum(h - self._start, 0.0)  # k = ⌊reach / τ⌋, capped
+        self._h_mid = h - 0.5 * s.step
+        self._step_h = s.step - h
+        self._half_tds = 0.5 * s.tds
+
     @cached_property
     def q_wait(self) -> np.ndarray:
         """Q_wait,i: QoE at the horizon if the request gets no token before it."""
-        return score(self.kind, digested_area_at(self.state, self.horizon), self.expected)
+        drain = np.maximum(self._first - self.horizon, 0.0)
+        return self._scorer(self._lin + self._half_tds * drain * drain)
 
     @cached_property
     def q_now(self) -> np.ndarray:
@@ -140,8 +177,22 @@ class Forecast:
         return score(self.kind, digested_area_at(self.state, self.now), expected_now)
 
     def q_serve(self, tau: float) -> np.ndarray:
-        """Q_serve,i when every token takes τ seconds (the decode latency at batch size B)."""
-        t0 = self.first_delay + (self.now + tau)
-        k = np.clip(np.floor((self.horizon - t0) / tau) + 1.0, 0.0, self.remaining)
-        served = append_stream(self.state, t0, tau, k)
-        return score(self.kind, digested_area_at(served, self.horizon), self.expected)
+        """Q_serve,i when every token takes τ seconds (the decode latency at batch size B).
+
+        Tokens arrive at t0 = start + τ, t0 + τ, ... up to the horizon: k = ⌊(h - start)/τ⌋
+        of them, at most ``remaining``; the sums are those of :func:`append_stream`.
+        """
+        step = self.state.step
+        k = np.minimum(np.floor(self._reach * (1.0 / tau)), self.remaining)
+        km1 = k - 1.0
+        slow = np.maximum(step, tau)
+        gap = slow - step
+        t0 = self._start + tau
+        lead = self._first - t0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cross = np.fmax(np.fmin(np.ceil(lead / gap), k), 0.0)  # nan (0/0) -> k
+        added = k * t0 + cross * lead + 0.5 * (slow * k * km1 - gap * cross * (cross - 1.0))
+        last = np.maximum(self._first + km1 * step, t0 + km1 * slow)
+        drain = np.maximum(np.where(k > 0, last + self._step_h, self._first - self.horizon), 0.0)
+        area = self._lin + k * self._h_mid - added + self._half_tds * drain * drain
+        return self._scorer(area)
