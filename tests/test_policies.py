@@ -1055,3 +1055,53 @@ def test_unvalidated_constructor_arguments(make, argument):
     every gain 0; a non-positive VTC weight makes service lower a counter)."""
     with pytest.raises(ValueError, match=argument):
         make()
+
+
+# -- the stall charge (tokenpace extension, off by default) -----------------------------
+def stall_scenario(k: float) -> tuple[Andes, RequestTable, np.ndarray]:
+    """One running request, one waiting with a 0.5 s prefill; room for only one of them."""
+    slow_prefill = LatencyProfile(
+        name="slow-prefill",
+        source="test",
+        batch_sizes=(1, 64),
+        decode_s_at=(0.02, 0.04),
+        kv_capacity_tokens=100_000,
+        max_batch=64,
+        prefill_per_token_s=5e-3,
+    )
+    andes = Andes(slow_prefill, horizon_s=10.0, kv_watermark=1.0, preemption_cost=k)
+    table = RequestTable()
+    add(
+        table,
+        "run",
+        arrival=8.0,
+        prompt=100,
+        running=True,
+        tokens_at=[9.0 + 0.2 * i for i in range(5)],
+    )
+    add(table, "wait", arrival=9.0, prompt=100)
+    for r in range(table.n):
+        andes.on_arrival(table, r, 9.0)
+    return andes, table, andes.schedule(table, Capacity(kv_tokens=150, max_batch=8), now=10.0)
+
+
+def test_stall_charge_is_k_times_prefill_share_of_the_batch_gain():
+    andes, table, _ = stall_scenario(4.0)
+    forecast = andes.forecast(table, 10.0)
+    gain = andes.gains(forecast, 10.0, 0.02)
+    charge = andes.stall_charge(forecast, gain, table.running)
+    run, wait = table.row("run"), table.row("wait")
+    assert charge[run] == 0.0  # running: no prefill before its next token
+    assert charge[wait] == pytest.approx(4.0 * gain[run] * 0.5 / 10.0)  # k·G·p/Δt
+
+
+def test_stall_charge_keeps_a_running_request_the_paper_would_preempt():
+    _, _, paper = stall_scenario(0.0)
+    np.testing.assert_array_equal(paper, [False, True])  # Eq. 5 alone swaps them
+    _, _, charged = stall_scenario(4.0)
+    np.testing.assert_array_equal(charged, [True, False])  # 0.5 s of stall is not worth it
+
+
+def test_preemption_cost_must_not_be_negative():
+    with pytest.raises(ValueError, match="preemption_cost"):
+        Andes(FAST, preemption_cost=-1.0)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from qos.latency import LatencyProfile, get_profile
-from qos.policy.andes import Andes
+from qos.policy.andes import Andes, tokenpace_andes
 from qos.policy.base import Policy
 from qos.policy.fair import FairAndes
 from qos.policy.fcfs import FCFS
@@ -36,6 +36,7 @@ POLICIES: dict[str, Callable[[LatencyProfile], Policy]] = {
     "round-robin": lambda profile: RoundRobin(interval=50),
     "andes": lambda profile: Andes(profile),
     "andes-p0.3": lambda profile: Andes(profile, preemption_cap=0.3),
+    "andes-tp": lambda profile: tokenpace_andes(profile),
     "andes-monotone": lambda profile: Andes(profile, qoe="monotone"),
     "vtc": lambda profile: VTC(),
     "fair-andes": lambda profile: FairAndes(profile),

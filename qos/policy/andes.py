@@ -13,6 +13,15 @@ the QoE gain over a horizon Δt (Eq. 4: an exact-k-item knapsack per batch size 
   stringent TDS; otherwise everyone runs;
 - preemption cap P (optimisation #4): preemptions stay at most P per request on average.
 
+tokenpace extension, off by default (``preemption_cost = 0`` is the paper's Andes): the
+gain of a request that must be (re)computed before it decodes is charged for the stall
+its prefill p_i imposes on the running batch. Over the horizon the batch then loses
+about (p_i / Δt)·G of its gain, G = Σ of the running requests' positive gains; the
+charge is k·(p_i / Δt)·G with k = ``preemption_cost``. k > 1 because the stall is paid
+twice when an admission displaces a running request (that one recomputes on resume) and
+outlives the horizon. :func:`tokenpace_andes` is the configuration tokenpace ships
+(k = 4, P = 0.3: docs/benchmarks.md measures it against the paper's settings).
+
 Q_serve and Q_wait come from :mod:`qos.policy.forecast` and the latency model; the
 horizon Δt defaults to the running mean request completion time (§4.1).
 """
@@ -21,7 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -51,6 +60,7 @@ class Andes(Policy):
         initial_horizon_s: float = 10.0,
         kv_watermark: float = 0.9,
         preemption_cap: float = 1.0,
+        preemption_cost: float = 0.0,
         batch_candidates: int = 4,
         solver: Solver | None = None,
     ) -> None:
@@ -62,6 +72,8 @@ class Andes(Policy):
             raise ValueError(f"kv_watermark: must be in (0, 1], got {kv_watermark}")
         if preemption_cap < 0:
             raise ValueError(f"preemption_cap: must be >= 0, got {preemption_cap}")
+        if not preemption_cost >= 0:
+            raise ValueError(f"preemption_cost: must be >= 0, got {preemption_cost}")
         if horizon_s is not None and not horizon_s > 0:
             raise ValueError(f"horizon_s: must be > 0 seconds, got {horizon_s}")
         if batch_candidates < 1:
@@ -72,6 +84,7 @@ class Andes(Policy):
         self.fixed_horizon = horizon_s
         self.kv_watermark = kv_watermark
         self.preemption_cap = preemption_cap
+        self.preemption_cost = preemption_cost
         self.batch_candidates = batch_candidates
         self.solver = solver
         self._completions: deque[float] = deque([initial_horizon_s], maxlen=256)
@@ -201,8 +214,11 @@ class Andes(Policy):
         decode = self._decode_table(b_max)
         context_s = self.profile.per_context_token_s * float(demand.mean())
         best, best_value = None, -np.inf
+        running = table.running
         for b in sizes:
             gain = self.gains(forecast, now, float(decode[b]) + context_s * b)
+            if self.preemption_cost:
+                gain = gain - self.stall_charge(forecast, gain, running)
             order = self.packing_order(table, gain / demand)
             if self.solver is not None:
                 chosen = self.solver(gain, demand, capacity.kv_tokens, b)
@@ -213,6 +229,12 @@ class Andes(Policy):
                 best, best_value, self._order = chosen, value, order
         assert best is not None
         return best
+
+    def stall_charge(self, forecast: Forecast, gain: np.ndarray, running: np.ndarray) -> np.ndarray:
+        """k·(p_i / Δt)·G: what request i's prefill costs the running batch (module doc)."""
+        batch_gain = float(np.maximum(gain[running], 0.0).sum())
+        scale = self.preemption_cost * batch_gain / (forecast.horizon - forecast.now)
+        return scale * forecast.first_delay
 
     def packing_order(self, table: RequestTable, priority: np.ndarray) -> np.ndarray:
         """Rows in the order greedy packing considers them: highest priority (Eq. 5) first."""
@@ -251,3 +273,14 @@ class Andes(Policy):
             packed |= pack_in_order(order, demand, room, slots, table.n)
         self.preemptions += int((running & ~packed).sum())
         return packed
+
+
+def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
+    """Andes as tokenpace ships it: preemption cap 0.3 and stall charge k = 4.
+
+    The paper's defaults (P = 1, no stall charge) lose a quarter of the engine's token
+    throughput to recompute prefills on a KV-bound engine; docs/benchmarks.md compares
+    the two side by side. ``overrides`` are :class:`Andes` keyword arguments.
+    """
+    options: dict[str, Any] = {"preemption_cap": 0.3, "preemption_cost": 4.0, **overrides}
+    return Andes(profile, **options)
