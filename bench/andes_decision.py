@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from qos.latency import get_profile
-from qos.policy.andes import Andes
+from qos.policy.andes import Andes, tokenpace_andes
 from qos.policy.fair import FairAndes
 from qos.policy.fcfs import FCFS
 from qos.policy.table import Capacity, RequestTable
@@ -73,9 +73,15 @@ def main() -> None:
     profile = get_profile(args.profile)
     table, capacity = overloaded_table(args.running, args.waiting, args.seed)
     results = {}
-    for policy in (FCFS(), Andes(profile), Andes(profile, qoe="monotone"), FairAndes(profile)):
+    policies = {
+        "fcfs": FCFS(),
+        "andes": Andes(profile),
+        "andes-monotone": Andes(profile, qoe="monotone"),
+        "andes-tp": tokenpace_andes(profile),
+        "fair-andes": FairAndes(profile),
+    }
+    for label, policy in policies.items():
         policy.arrivals = table.n  # a preemption budget as after table.n arrivals
-        label = policy.name + ("-monotone" if getattr(policy, "qoe", "") == "monotone" else "")
         results[label] = time_policy(policy, table, capacity, args.repeat)
     print(json.dumps({"running": args.running, "waiting": args.waiting, **results}, indent=2))
 
