@@ -1,16 +1,22 @@
 """The FastAPI application: ``create_app(config)``.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /healthz``, ``GET /readyz``, ``GET /metrics``. A request goes through
+``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``POST /v1/tokenpace/telemetry``
+and ``GET /v1/tokenpace/qoe`` (:mod:`gateway.telemetry`), ``/v1/tokenpace/admin/*``
+(:mod:`gateway.admin`). A completion request goes through
 
 1. :class:`GatewayMiddleware` (pure ASGI): request id, receipt time, body size limit
    (413 before the body is parsed), the ``X-Request-Id`` response header, the request
    counter, the in-flight gauge and the access log line;
-2. authentication (``Authorization: Bearer KEY`` → tenant, else 401);
+2. authentication (``Authorization: Bearer KEY`` → tenant via the store's key digests,
+   cached per replica, else 401);
 3. validation of the body (the models in :mod:`gateway.schemas`, then the configured
    caps) → 400;
 4. tier resolution (:mod:`gateway.tiers`) → 400/403; the model → 404;
-5. dispatch: streaming via :class:`gateway.streaming.StreamRelay` under sse-starlette,
+5. admission (:mod:`gateway.admission`): rate limits and budget → 429, then a wait in
+   the fair-share (VTC) queue until a backend slot is free; the slot is held until the
+   response ends, and streamed tokens are charged to the tenant as they go;
+6. dispatch: streaming via :class:`gateway.streaming.StreamRelay` under sse-starlette,
    non-streaming via :func:`gateway.dispatch.complete_with_failover`, both with
    failover before the first byte.
 """
@@ -26,7 +32,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Header, Request, Security
+from fastapi import FastAPI, Header, Query, Request, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sse_starlette.sse import EventSourceResponse
@@ -35,6 +41,14 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import gateway.embedded  # noqa: F401 - registers the backend kind "embedded" (the demo)
+from gateway.admin import add_admin_routes, is_admin
+from gateway.admission import (
+    AdmissionController,
+    Ticket,
+    estimate_prompt_tokens,
+    store_unavailable,
+)
 from gateway.backends import (
     Backend,
     BackendError,
@@ -50,11 +64,13 @@ from gateway.dispatch import complete_with_failover, final_error, open_attempt
 from gateway.errors import (
     GatewayError,
     bad_request,
+    forbidden,
     install_error_handlers,
     model_not_found,
     too_large,
     unauthorized,
 )
+from gateway.keys import KeyCache
 from gateway.logs import request_id_var
 from gateway.metrics import UNKNOWN, GatewayMetrics
 from gateway.schemas import (
@@ -67,8 +83,10 @@ from gateway.schemas import (
     Model,
     ModelList,
 )
-from gateway.state import GatewayState, RecentRequests, RequestRecord
+from gateway.state import GatewayState
+from gateway.store import ResilientStore, StoreUnavailable, build_store
 from gateway.streaming import StreamRelay
+from gateway.telemetry import Telemetry, TelemetryReport
 from gateway.tiers import TIER_HEADER, resolve_tier
 
 T = TypeVar("T")
@@ -80,6 +98,7 @@ _API_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
     "/v1/models": "models",
+    "/v1/tokenpace/telemetry": "telemetry",
 }
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
@@ -216,8 +235,8 @@ def _info(request: Request) -> dict[str, Any]:
     return state.setdefault(INFO_KEY, {})
 
 
-def authenticate(gw: GatewayState, authorization: str | None) -> TenantConfig:
-    """The tenant owning the Bearer key in ``authorization``, else 401."""
+async def authenticate(gw: GatewayState, authorization: str | None) -> TenantConfig:
+    """The tenant owning the Bearer key in ``authorization``, else 401 (503: no store)."""
     if not authorization:
         raise unauthorized(
             "You didn't provide an API key. You need to provide your API key in an "
@@ -227,7 +246,11 @@ def authenticate(gw: GatewayState, authorization: str | None) -> TenantConfig:
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
         raise unauthorized("The Authorization header must be 'Bearer YOUR_KEY'.")
-    tenant = gw.tenants_by_digest.get(hash_key(key))
+    try:
+        name = await gw.keys.tenant(hash_key(key))
+    except StoreUnavailable:
+        raise store_unavailable() from None
+    tenant = gw.tenants.get(name) if name is not None else None
     if tenant is None:
         raise unauthorized("Incorrect API key provided.")
     return tenant
@@ -236,7 +259,7 @@ def authenticate(gw: GatewayState, authorization: str | None) -> TenantConfig:
 async def _auth_for_validation(request: Request) -> None:
     """Authentication before a validation error (FastAPI parses the body first)."""
     if request.url.path in _API_ENDPOINTS:
-        tenant = authenticate(_gw(request), request.headers.get("authorization"))
+        tenant = await authenticate(_gw(request), request.headers.get("authorization"))
         _info(request)["tenant"] = tenant.name
 
 
@@ -244,7 +267,7 @@ async def tenant_dependency(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> TenantConfig:
-    tenant = authenticate(_gw(request), request.headers.get("authorization"))
+    tenant = await authenticate(_gw(request), request.headers.get("authorization"))
     _info(request)["tenant"] = tenant.name
     return tenant
 
@@ -293,6 +316,12 @@ TierHeader = Annotated[
         description="QoE tier for this request (or use the body's `tokenpace.tier`)",
     ),
 ]
+
+
+# The telemetry body is read raw (size limit and authentication before parsing), so its
+# schema is given to the OpenAPI document by hand.
+_TELEMETRY_SCHEMA = TelemetryReport.model_json_schema(ref_template="#/components/schemas/{model}")
+_TELEMETRY_DEFS = _TELEMETRY_SCHEMA.pop("$defs", {})
 
 
 def _completion_responses(model: type) -> dict[int | str, dict[str, Any]]:
@@ -406,10 +435,16 @@ async def _serve(
             received_at=info.get("received_at") or time.monotonic(),
             expected_tokens=_expected_tokens(raw, gw),
         )
-        gw.recent.add(ctx.request_id, RequestRecord(tenant.name, tier, model))
+        admit = gw.admission.admit(ctx, tenant, estimate_prompt_tokens(raw))
+        try:
+            ticket = await _unless_disconnected(request, admit)
+        except ClientGone:
+            return _client_gone(info)
+        ctx.backend = gw.admission.preferred(ticket.backend)
+        headers = {**headers, **ticket.rate.headers()}
         if stream:
-            return await _serve_stream(request, gw, raw, ctx, info, headers)
-        return await _serve_complete(request, gw, raw, ctx, info, headers)
+            return await _serve_stream(request, gw, raw, ctx, info, headers, ticket)
+        return await _serve_complete(request, gw, raw, ctx, info, headers, ticket)
     except GatewayError as exc:
         exc.headers = {**headers, **exc.headers}
         raise
@@ -422,25 +457,46 @@ async def _serve_stream(
     ctx: RequestContext,
     info: dict[str, Any],
     headers: dict[str, str],
+    ticket: Ticket,
 ) -> Response:
     tried: set[str] = set()
     try:
         attempt = await _unless_disconnected(request, open_attempt(gw, raw, ctx, tried, info))
     except BackendError as exc:
+        await ticket.close()
         raise final_error(exc) from None
     except ClientGone:
+        await ticket.close()
         return _client_gone(info)
-    relay = StreamRelay(gw, raw, ctx, attempt, tried, info)
+    except BaseException:
+        await ticket.close()
+        raise
+    relay = StreamRelay(gw, raw, ctx, attempt, tried, info, on_tokens=ticket.tokens)
+
+    async def finish() -> None:
+        """Once: the relay's teardown, its QoE record, the slot back (idempotent)."""
+        await relay.finish()
+        if not ticket.closed:
+            gw.telemetry.record_stream(ctx, info)
+            await ticket.close()
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for part in relay.events():
+                yield part
+        finally:
+            await finish()
+
     try:
         return EventSourceResponse(
-            relay.events(),
+            body(),
             headers=headers,
             ping=0,  # the relay sends its own pings, only while it waits
             sep="\n",
-            background=BackgroundTask(relay.finish),
+            background=BackgroundTask(finish),
         )
     except BaseException:
-        await relay.finish()
+        await finish()
         raise
 
 
@@ -451,11 +507,15 @@ async def _serve_complete(
     ctx: RequestContext,
     info: dict[str, Any],
     headers: dict[str, str],
+    ticket: Ticket,
 ) -> Response:
     try:
         result = await _unless_disconnected(request, complete_with_failover(gw, raw, ctx, info))
     except ClientGone:
         return _client_gone(info)
+    finally:
+        ticket.tokens(int(info.get("tokens") or 0))
+        await ticket.close()
     if info.get("tokens"):
         labels = (ctx.tenant, ctx.tier.name, info.get("backend", UNKNOWN))
         gw.metrics.tokens.labels(*labels).inc(info["tokens"])
@@ -503,7 +563,7 @@ def _add_routes(app: FastAPI) -> None:
     async def models(
         request: Request, tenant: Annotated[TenantConfig, Security(tenant_dependency)]
     ) -> ModelList:
-        return ModelList(data=[Model(id=m) for m in _gw(request).router.models()])
+        return ModelList(data=[Model(**card) for card in _gw(request).router.model_cards()])
 
     @app.get(
         "/healthz", tags=["ops"], summary="Liveness: the process serves HTTP", response_model=Health
@@ -535,8 +595,63 @@ def _add_routes(app: FastAPI) -> None:
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
     )
     async def metrics(request: Request) -> Response:
-        payload, content_type = _gw(request).metrics.render()
+        gw = _gw(request)
+        await gw.telemetry.refresh_metrics()
+        payload, content_type = gw.metrics.render()
         return Response(payload, media_type=content_type)
+
+    @app.post(
+        "/v1/tokenpace/telemetry",
+        tags=["tokenpace"],
+        summary="Report the QoE timelines of one request (SDKs)",
+        responses={
+            **{k: _ERROR_RESPONSES[k] for k in (400, 401, 413)},
+            404: {"model": ErrorResponse, "description": "Not a request id of this tenant"},
+            409: {"model": ErrorResponse, "description": "The request was already reported"},
+            429: {"model": ErrorResponse, "description": "Too many reports (Retry-After)"},
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _TELEMETRY_SCHEMA}},
+            }
+        },
+    )
+    async def telemetry(
+        request: Request, tenant: Annotated[TenantConfig, Security(tenant_dependency)]
+    ) -> dict[str, Any]:
+        body = await request.body()
+        try:
+            return await _gw(request).telemetry.report(tenant.name, body)
+        except StoreUnavailable:
+            raise store_unavailable() from None
+
+    @app.get(
+        "/v1/tokenpace/qoe",
+        tags=["tokenpace"],
+        summary="QoE summary: client-side and gateway-side, per tier, over a window",
+        responses={401: _ERROR_RESPONSES[401], 403: _ERROR_RESPONSES[403]},
+    )
+    async def qoe(
+        request: Request,
+        window: Annotated[
+            int | None, Query(ge=1, description="seconds (default telemetry.window_s)")
+        ] = None,
+        tenant: Annotated[str | None, Query(description="one tenant (admin key only)")] = None,
+    ) -> dict[str, Any]:
+        gw = _gw(request)
+        cfg = gw.config.telemetry
+        window_s = min(window or cfg.window_s, cfg.retention_s)
+        auth = request.headers.get("authorization")
+        if not is_admin(gw, auth):
+            caller = await authenticate(gw, auth)
+            if tenant is not None and tenant != caller.name:
+                raise forbidden("Only the admin key may read another tenant's QoE.", "tenant")
+            tenant = caller.name
+        try:
+            return await gw.telemetry.summary(tenant, window_s)
+        except StoreUnavailable:
+            raise store_unavailable() from None
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -549,7 +664,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     for path in schema.get("paths", {}).values():
         for op in path.values():
             op.get("responses", {}).pop("422", None)
-    components = schema.get("components", {}).get("schemas", {})
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(_TELEMETRY_DEFS)
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     app.openapi_schema = schema
@@ -570,14 +686,20 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     """
     backend_list = list(backends) if backends is not None else build_backends(config)
     router = Router(backend_list, config)
+    store = build_store(config)
     gw = GatewayState(
         config=config,
         backends=backend_list,
         router=router,
         metrics=GatewayMetrics(router),
-        tenants_by_digest=config.tenant_by_digest(),
-        recent=RecentRequests(config.recent_requests),
+        tenants={t.name: t for t in config.tenants},
+        store=store,
+        keys=KeyCache(store, config.store.key_cache_s),
     )
+    gw.admission = AdmissionController(gw, store)
+    gw.telemetry = Telemetry(gw)
+    if isinstance(store, ResilientStore):
+        store.on_reconnect = gw.admission.renew
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -587,6 +709,13 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
         started: list[Backend] = []
         health_task: asyncio.Task[None] | None = None
         try:
+            await store.start()
+            await store.seed_keys(
+                {digest: t.name for digest, t in config.tenant_by_digest().items()},
+                {t.name: t.model_dump_json(exclude={"api_keys"}) for t in config.tenants},
+            )
+            gw.admission.start()
+            gw.telemetry.start()
             for b in backend_list:
                 await b.start(runtime)
                 started.append(b)
@@ -609,6 +738,9 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
                     await b.aclose()
                 except Exception:
                     log.warning("closing backend %s failed", b.name, exc_info=True)
+            await gw.admission.aclose()
+            await gw.telemetry.aclose()
+            await store.aclose()
             await client.aclose()
             gw.http = None
 
@@ -625,6 +757,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     app.state.gateway = gw
     install_error_handlers(app, auth_first=_auth_for_validation)
     _add_routes(app)
+    add_admin_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     if config.cors.allow_origins:
         app.add_middleware(
@@ -637,6 +770,13 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
                 "X-TokenPace-Tier",
                 "X-TokenPace-TTFT",
                 "X-TokenPace-TDS",
+                "Retry-After",
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
             ],
         )
     # Outermost, around Starlette's ServerErrorMiddleware too, so that even a 500 carries

@@ -26,12 +26,13 @@ configuration register a factory with :func:`register_backend_kind`.
 Routing
 -------
 :class:`Router` sends each request to the healthy backend with the least outstanding
-work, measured as QLM's request waiting time estimate (Patke et al., §6, Eq. 2): the
-output tokens still expected from the requests already on that backend, divided by its
-token throughput Θ. A request's expected output is its ``max_tokens`` capped by
-``routing.expected_output_tokens`` (QLM uses the mean output length for the queue),
-and shrinks as its tokens stream back. Ties go to the backend with fewer requests in
-flight, then round robin in configuration order.
+work, measured as QLM's request waiting time estimate (Patke et al., §6, Eq. 2;
+:func:`qos.queueing.request_waiting_time`): the output tokens still expected from the
+requests already on that backend, divided by its token throughput Θ. A request's
+expected output is its ``max_tokens`` capped by ``routing.expected_output_tokens``
+(QLM uses the mean output length for the queue), and shrinks as its tokens stream back.
+Ties go to the backend with fewer requests in flight, then round robin in configuration
+order.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import json
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,6 +55,7 @@ from gateway import config as config_mod
 from gateway.config import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.errors import TIMEOUT, UPSTREAM_ERROR, error_body
 from gateway.tiers import ResolvedTier
+from qos.queueing import request_waiting_time
 
 log = logging.getLogger("tokenpace.gateway")
 
@@ -62,6 +65,8 @@ ENDPOINT_PATHS: dict[str, str] = {
     "completions": "completions",
 }
 _MAX_ERROR_BODY = 64 * 1024
+_DRAIN_S = 0.25  # longest wait for the end of a stream's body after [DONE]
+POOL_SHARD_SIZE = 16  # connections per pool of a ShardedTransport
 
 
 @dataclass(slots=True)
@@ -77,6 +82,7 @@ class RequestContext:
     stream: bool
     received_at: float  # time.monotonic() when the gateway received the request
     expected_tokens: int  # output tokens expected, for the waiting-time estimate
+    backend: str | None = None  # the backend admission reserved a slot on: tried first
 
 
 class BackendError(Exception):
@@ -172,6 +178,10 @@ class Backend(ABC):
 
     def serves(self, model: str) -> bool:
         return "*" in self.models or model in self.models
+
+    def model_card(self, model: str) -> dict[str, Any]:
+        """Extra fields of ``model``'s ``/v1/models`` entry (e.g. ``owned_by``); none here."""
+        return {}
 
     async def start(self, runtime: BackendRuntime) -> None:
         """Called once when the gateway starts (the app's lifespan)."""
@@ -323,6 +333,69 @@ def _origin(url: str) -> str:
     return f"{u.scheme}://{u.host}" + (f":{u.port}" if u.port else "")
 
 
+class _CountedStream(httpx.AsyncByteStream):
+    """A response body that tells its pool shard when it is closed."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, on_close: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_close: Callable[[], None] | None = on_close
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self._stream:
+            yield part
+
+    async def aclose(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
+        await self._stream.aclose()
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """One origin's connections in several small pools; a request goes to the least busy.
+
+    httpcore's pool walks all of its connections on every request and every response
+    close, and for each idle connection counts all of them again: quadratic in the pool
+    size. With hundreds of streams to one backend that walk took about a third of the
+    gateway's CPU (bench/gateway_load.py, 256 streams). Pools of at most
+    :data:`POOL_SHARD_SIZE` connections keep each walk short; the limits are split
+    evenly between them, and a request goes to the pool with the fewest requests in
+    flight, so none waits for a connection while another pool has one free.
+    """
+
+    def __init__(self, limits: httpx.Limits) -> None:
+        max_conn = limits.max_connections or POOL_SHARD_SIZE
+        keepalive = limits.max_keepalive_connections or 0
+        n = -(-max_conn // POOL_SHARD_SIZE)
+        shard_limits = httpx.Limits(
+            max_connections=-(-max_conn // n),
+            max_keepalive_connections=-(-keepalive // n),
+            keepalive_expiry=limits.keepalive_expiry,
+        )
+        self._shards = [httpx.AsyncHTTPTransport(limits=shard_limits, retries=0) for _ in range(n)]
+        self._in_flight = [0] * n
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        i = min(range(len(self._shards)), key=self._in_flight.__getitem__)
+        self._in_flight[i] += 1
+
+        def done() -> None:
+            self._in_flight[i] -= 1
+
+        try:
+            resp = await self._shards[i].handle_async_request(request)
+        except BaseException:
+            done()
+            raise
+        assert isinstance(resp.stream, httpx.AsyncByteStream)
+        resp.stream = _CountedStream(resp.stream, done)
+        return resp
+
+    async def aclose(self) -> None:
+        for shard in self._shards:
+            await shard.aclose()
+
+
 def build_http_client(config: GatewayConfig) -> httpx.AsyncClient:
     """The one shared client, with a connection pool per backend origin."""
     t = config.timeouts
@@ -343,8 +416,7 @@ def build_http_client(config: GatewayConfig) -> httpx.AsyncClient:
             max_connections=max_conn, max_keepalive_connections=keepalive, keepalive_expiry=30.0
         )
     mounts: dict[str, httpx.AsyncBaseTransport | None] = {
-        origin: httpx.AsyncHTTPTransport(limits=limits, retries=0)
-        for origin, limits in limits_by_origin.items()
+        origin: ShardedTransport(limits) for origin, limits in limits_by_origin.items()
     }
     return httpx.AsyncClient(
         timeout=timeout, mounts=mounts, follow_redirects=False, trust_env=False
@@ -532,30 +604,42 @@ class HttpBackend(Backend):
 
 
 class HttpChunkStream(ChunkStream):
-    """Server-sent events from an upstream response, parsed into chunk dicts."""
+    """Server-sent events from an upstream response, parsed into chunk dicts.
+
+    The body is split into events as bytes (SSE is UTF-8 by definition, and
+    ``json.loads`` takes bytes): one pass over each read instead of httpx's per-line
+    text decoding, which was a large share of the relay's CPU per chunk. After
+    ``data: [DONE]``, :meth:`aclose` reads the end of the body (normally just the
+    chunked-encoding terminator, already received) so that the connection goes back to
+    the pool; closing it half-read made every stream open a new TCP connection.
+    """
 
     def __init__(self, backend: str, resp: httpx.Response) -> None:
         self._backend = backend
         self._resp = resp
-        self._lines = resp.aiter_lines()
+        self._parts = resp.aiter_bytes()
+        self._buf = b""  # an incomplete line
+        self._data: list[bytes] = []  # the data lines of the event being read
+        self._events: deque[bytes] = deque()  # complete event payloads, not yet returned
         self._done = False
+        self._clean_end = False  # [DONE] arrived
         self._closed = False
 
     async def __anext__(self) -> dict[str, Any]:
         if self._done:
             raise StopAsyncIteration
-        data: list[str] = []
-        while True:
+        while not self._events:
             try:
-                line = await self._lines.__anext__()
+                part = await self._parts.__anext__()
             except StopAsyncIteration:
-                if not data:
-                    self._done = True
-                    raise BackendError(
-                        f"Backend {self._backend!r} closed the stream before [DONE].",
-                        code="upstream_truncated",
-                    ) from None
-                line = ""  # a last event without its blank line
+                self._feed(b"\n\n")  # a last event without its blank line
+                if self._events:
+                    break
+                self._done = True
+                raise BackendError(
+                    f"Backend {self._backend!r} closed the stream before [DONE].",
+                    code="upstream_truncated",
+                ) from None
             except httpx.HTTPError as exc:
                 self._done = True
                 raise BackendError(
@@ -563,20 +647,37 @@ class HttpChunkStream(ChunkStream):
                     code="upstream_truncated",
                     unhealthy=not isinstance(exc, httpx.TimeoutException),
                 ) from exc
-            if line == "":
-                if not data:
-                    continue
-                return self._event("\n".join(data))
-            if line.startswith(":"):
-                continue  # comment / keep-alive
-            name, _, value = line.partition(":")
-            if name == "data":
-                data.append(value[1:] if value.startswith(" ") else value)
-            # "event:", "id:", "retry:" carry nothing for OpenAI streams
+            self._feed(part)
+        return self._event(self._events.popleft())
 
-    def _event(self, payload: str) -> dict[str, Any]:
-        if payload.strip() == "[DONE]":
-            self._done = True
+    def _feed(self, part: bytes) -> None:
+        """Split ``part`` into lines (LF, CRLF or CR) and complete events."""
+        buf = self._buf + part
+        if b"\r" in buf:
+            held = b"\r" if buf.endswith(b"\r") else b""  # may be the first half of CRLF
+            if held:
+                buf = buf[:-1]
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            *lines, rest = buf.split(b"\n")
+            self._buf = rest + held
+        else:
+            *lines, self._buf = buf.split(b"\n")
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    self._events.append(b"\n".join(data))
+                    data.clear()
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+            elif line == b"data":
+                data.append(b"")
+            # comments (":"), "event:", "id:", "retry:" carry nothing for OpenAI streams
+
+    def _event(self, payload: bytes) -> dict[str, Any]:
+        if payload.strip() == b"[DONE]":
+            self._done = self._clean_end = True
             raise StopAsyncIteration
         try:
             chunk = json.loads(payload)
@@ -606,8 +707,15 @@ class HttpChunkStream(ChunkStream):
         if self._closed:
             return
         self._closed = True
+        if self._clean_end:  # read the rest of the body, so the connection can be reused
+            with contextlib.suppress(Exception), anyio.move_on_after(_DRAIN_S):
+                left = _MAX_ERROR_BODY
+                async for part in self._parts:
+                    left -= len(part)
+                    if left < 0:
+                        break
         with contextlib.suppress(Exception):
-            await self._lines.aclose()
+            await self._parts.aclose()
         await self._resp.aclose()
 
 
@@ -636,11 +744,6 @@ def build_backends(config: GatewayConfig) -> list[Backend]:
 
 # ---------------------------------------------------------------------------------
 # routing
-
-
-def request_waiting_time(tokens_ahead: float, throughput_tps: float) -> float:
-    """QLM's request waiting time estimate (Patke et al. §6, Eq. 2): ΣO_i / Θ."""
-    return tokens_ahead / throughput_tps
 
 
 @dataclass(eq=False)
@@ -699,12 +802,16 @@ class Router:
         self._health = config.health
 
     def models(self) -> list[str]:
-        seen: dict[str, None] = {}
+        return [card["id"] for card in self.model_cards()]
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """``/v1/models`` entries: each named model once, described by its first backend."""
+        seen: dict[str, dict[str, Any]] = {}
         for s in self.states:
             for m in s.backend.models:
-                if m != "*":
-                    seen.setdefault(m, None)
-        return list(seen)
+                if m != "*" and m not in seen:
+                    seen[m] = {**s.backend.model_card(m), "id": m}
+        return list(seen.values())
 
     def knows_model(self, model: str) -> bool:
         return any(s.backend.serves(model) for s in self.states)
@@ -712,11 +819,14 @@ class Router:
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self.states)
 
-    def pick(self, model: str, exclude: Iterable[str] = ()) -> BackendState | None:
+    def pick(
+        self, model: str, exclude: Iterable[str] = (), prefer: str | None = None
+    ) -> BackendState | None:
         """The backend for the next attempt, or None when every candidate was tried.
 
         Healthy backends first, by least waiting time, then fewest in flight, then round
         robin; backends marked unhealthy are tried only when no healthy one is left.
+        ``prefer`` (the backend admission reserved a slot on) goes first when untried.
         """
         excluded = set(exclude)
         cands = [s for s in self.states if s.name not in excluded and s.backend.serves(model)]
@@ -725,7 +835,9 @@ class Router:
         pool = [s for s in cands if s.healthy] or cands
         n = len(self.states)
         rr = self._rr
-        best = min(pool, key=lambda s: (s.waiting_time(), s.in_flight, (s.index - rr) % n))
+        best = next((s for s in cands if s.name == prefer), None) or min(
+            pool, key=lambda s: (s.waiting_time(), s.in_flight, (s.index - rr) % n)
+        )
         self._rr = (best.index + 1) % n
         return best
 

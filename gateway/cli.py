@@ -7,9 +7,9 @@ parsed ``argparse.Namespace`` and returning an exit code. :func:`serve` and
 works on its own.
 
 Without ``--config`` (or ``$TOKENPACE_CONFIG``), ``serve`` starts the demo
-configuration: one tenant ``demo`` with a fresh key (or ``$TOKENPACE_DEMO_KEY``) and,
-when an engine registered the backend kind ``embedded``, that engine as the backend.
-It prints the key, the URL and ready-to-paste curl and openai examples.
+configuration: one tenant ``demo`` with a fresh key (or ``$TOKENPACE_DEMO_KEY``) and the
+embedded simulated engine (:mod:`gateway.embedded`, model ``tokenpace-sim``) as the
+backend. It prints the key, the URL and ready-to-paste curl and openai examples.
 """
 
 from __future__ import annotations
@@ -96,6 +96,11 @@ def banner(config: GatewayConfig, url: str, demo_key: str | None) -> str:
     )
     if not config.backends:
         lines.append("  note: no backend configured; /readyz answers 503 and requests 404")
+    if any(b.kind == "embedded" for b in config.backends):
+        lines.append(
+            "  backend: the embedded SIMULATED engine (qos.sim, Andes): placeholder text, "
+            "no model runs"
+        )
     if demo_key is None:
         return "\n".join(lines)
     payload = json.dumps(
@@ -131,7 +136,7 @@ def banner(config: GatewayConfig, url: str, demo_key: str | None) -> str:
 
 def load_serve_config(config_path: str | None) -> tuple[GatewayConfig, str | None]:
     """The configuration ``serve`` runs: the file, else the demo (returns its key)."""
-    import gateway.backends  # noqa: F401 - registers the built-in backend kinds
+    import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
 
     path = config_path or os.environ.get(CONFIG_ENV) or None
     if path:
@@ -156,7 +161,11 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     json_logs = config.logging.json_logs if ns.log_json is None else ns.log_json
     level = ns.log_level or config.logging.level
     setup_logging(json_logs=json_logs, level=level)
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except ConfigError as exc:  # backend options are checked when the backend is built
+        print(f"tokenpace serve: {exc}", file=sys.stderr)
+        return 2
     print(banner(config, f"http://{_display_host(host)}:{port}", demo_key), flush=True)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -185,10 +194,12 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 
 def _check_ns(ns: argparse.Namespace) -> int:
-    import gateway.backends  # noqa: F401 - registers the built-in backend kinds
+    import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
+    from gateway.backends import build_backends
 
     try:
         config = load_config(ns.file)
+        build_backends(config)  # also checks options that only a backend kind knows
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -131,6 +131,19 @@ class TenantConfig(_Strict):
     tiers: list[str] | None = Field(None, description="allowed tiers; omitted = every tier")
     default_tier: str = "chat"
     allow_custom: bool = Field(False, description="may send explicit tokenpace.ttft / tds")
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="requests admitted per sliding minute, all replicas together"
+    )
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="prompt + output tokens per sliding minute, all replicas"
+    )
+    token_budget: int | None = Field(
+        None, ge=1, description="prompt + output tokens per budget period (a quota)"
+    )
+    budget_period_s: int = Field(86400, ge=60, description="length of a token_budget period")
+    max_queued: int = Field(
+        64, ge=0, description="requests waiting in the gateway's queue; past it 429; 0 = none"
+    )
 
     @field_validator("name")
     @classmethod
@@ -161,6 +174,16 @@ class BackendConfig(_Strict):
     api_key_env: str | None = Field(None, description="environment variable holding api_key")
     health_path: str = Field(
         "models", description="GET target for health checks, relative to url or absolute ('/x')"
+    )
+    max_concurrent: int | None = Field(
+        None, ge=1, description="requests in flight on it, all replicas together; None = no cap"
+    )
+    vllm_metrics: bool = Field(
+        False, description="read the backend's vLLM /metrics (KV-cache usage, waiting requests)"
+    )
+    max_kv_usage: float = Field(0.95, gt=0, le=1, description="no admission at or above this")
+    max_waiting: int | None = Field(
+        None, ge=0, description="no admission while vLLM has more requests waiting than this"
     )
     max_connections: int = Field(256, ge=1)
     max_keepalive_connections: int = Field(64, ge=0)
@@ -240,6 +263,82 @@ class LoggingConfig(_Strict):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class StoreConfig(_Strict):
+    """Where the state shared by gateway replicas lives (docs/architecture.md)."""
+
+    redis_url: str | None = Field(
+        None, description="redis://host:port/db; None = in-memory (one replica only)"
+    )
+    key_prefix: str = Field("tokenpace", min_length=1, description="prefix of every Redis key")
+    fail_mode: Literal["open", "closed"] = Field(
+        "open", description="Redis unreachable: 'open' serves on local state, 'closed' 503s"
+    )
+    timeout_s: float = Field(0.5, gt=0, description="one Redis command, connect included")
+    reconnect_interval_s: float = Field(1.0, gt=0, description="probe period while Redis is down")
+    key_cache_s: float = Field(5.0, ge=0, description="API key lookups cached this long")
+    request_ttl_s: int = Field(
+        7 * 86400, ge=60, description="request ids remembered this long (telemetry ownership)"
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(redis|rediss|unix)://", v):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+
+class AdmissionConfig(_Strict):
+    """The gateway's queue in front of the backends (weighted VTC order)."""
+
+    poll_interval_s: float = Field(
+        0.05, gt=0, description="queued requests re-check the shared queue at least this often"
+    )
+    lease_s: float = Field(
+        10.0, gt=0, description="a replica's hold on a slot or queue place lapses unless renewed"
+    )
+    max_wait_s: float = Field(120.0, gt=0, description="longest wait in the queue, then 503")
+    metrics_interval_s: float = Field(1.0, gt=0, description="vLLM /metrics polling period")
+    charge_interval_s: float = Field(
+        0.05, gt=0, description="streamed output tokens are charged in batches this often"
+    )
+
+
+class TelemetryConfig(_Strict):
+    """``POST /v1/tokenpace/telemetry`` and ``GET /v1/tokenpace/qoe``."""
+
+    max_body_bytes: int = Field(256 * 1024, ge=1024, description="larger reports get 413")
+    max_points: int = Field(20000, ge=1, description="entries in arrivals or displayed")
+    requests_per_minute: int = Field(600, ge=1, description="reports per tenant per minute")
+    retention_s: int = Field(7 * 86400, ge=60, description="records older than this are trimmed")
+    max_records: int = Field(1_000_000, ge=100, description="records kept at most")
+    buffer_max: int = Field(10000, ge=0, description="records held while Redis is down")
+    window_s: int = Field(3600, ge=1, description="default window of GET /v1/tokenpace/qoe")
+
+
+class AdminConfig(_Strict):
+    """The operator's key for ``/v1/tokenpace/admin/*`` and every tenant's QoE."""
+
+    key: str | None = Field(None, repr=False, description="plain key (hashed at load)")
+    key_sha256: str | None = Field(None, description="SHA-256 hex digest of the admin key")
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None and not _HEX64.match(v.lower()):
+            raise ValueError("must be 64 hexadecimal characters (a SHA-256 digest)")
+        return v.lower() if v else v
+
+    @model_validator(mode="after")
+    def _hash(self) -> AdminConfig:
+        if self.key is not None and self.key_sha256 is not None:
+            raise ValueError("give at most one of 'key' or 'key_sha256'")
+        if self.key is not None:
+            self.key_sha256 = hash_key(self.key)
+            self.key = None
+        return self
+
+
 class CorsConfig(_Strict):
     allow_origins: list[str] = Field(default_factory=list)
 
@@ -263,8 +362,12 @@ class GatewayConfig(_Strict):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cors: CorsConfig = Field(default_factory=CorsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
     recent_requests: int = Field(
-        100_000, ge=0, description="request ids remembered per tenant (for telemetry)"
+        100_000, ge=0, description="request ids remembered in memory (in-memory store, mirror)"
     )
 
     @field_validator("tiers")

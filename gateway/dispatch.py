@@ -86,7 +86,7 @@ async def open_attempt(
     router = gw.router
     t = gw.config.timeouts
     last: BackendError | None = previous
-    while (state := router.pick(ctx.model, tried)) is not None:
+    while (state := router.pick(ctx.model, tried, ctx.backend)) is not None:
         tried.add(state.name)
         if info is not None:
             info["backend"] = state.name
@@ -135,7 +135,7 @@ async def complete_with_failover(
     router = gw.router
     tried: set[str] = set()
     last: BackendError | None = None
-    while (state := router.pick(ctx.model, tried)) is not None:
+    while (state := router.pick(ctx.model, tried, ctx.backend)) is not None:
         tried.add(state.name)
         info["backend"] = state.name
         lease = router.acquire(state, ctx.expected_tokens)

@@ -146,6 +146,10 @@ class Completion(BaseModel):
 
 
 class Model(BaseModel):
+    """OpenAI's model object; a backend may add fields (``Backend.model_card``)."""
+
+    model_config = _RESPONSE
+
     id: str
     object: Literal["model"] = "model"
     created: int = 0

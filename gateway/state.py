@@ -1,47 +1,26 @@
-"""Per-app state: configuration, tenants, router, metrics, recent requests."""
+"""Per-app state: configuration, tenants, router, metrics, the shared store.
+
+Request ids and their tenant (for telemetry ownership) live in the store
+(:mod:`gateway.store`): in Redis they are shared by every replica and outlive a
+restart; in memory the last ``recent_requests`` are kept.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
 from gateway.backends import Backend, Router
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.metrics import GatewayMetrics
-from gateway.tiers import ResolvedTier
 
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    tenant: str
-    tier: ResolvedTier
-    model: str
-
-
-class RecentRequests:
-    """The last ``maxlen`` request ids and whose they were (bounded, O(1)).
-
-    For the telemetry endpoint: a tenant may report only on its own request ids.
-    """
-
-    def __init__(self, maxlen: int) -> None:
-        self.maxlen = maxlen
-        self._items: OrderedDict[str, RequestRecord] = OrderedDict()
-
-    def add(self, request_id: str, record: RequestRecord) -> None:
-        if self.maxlen <= 0:
-            return
-        self._items[request_id] = record
-        if len(self._items) > self.maxlen:
-            self._items.popitem(last=False)
-
-    def get(self, request_id: str) -> RequestRecord | None:
-        return self._items.get(request_id)
-
-    def __len__(self) -> int:
-        return len(self._items)
+if TYPE_CHECKING:
+    from gateway.admission import AdmissionController
+    from gateway.keys import KeyCache
+    from gateway.store import Store
+    from gateway.telemetry import Telemetry
 
 
 @dataclass(eq=False)
@@ -50,7 +29,10 @@ class GatewayState:
     backends: list[Backend]
     router: Router
     metrics: GatewayMetrics
-    tenants_by_digest: dict[str, TenantConfig]
-    recent: RecentRequests
+    tenants: dict[str, TenantConfig]
+    store: Store
+    keys: KeyCache
+    admission: AdmissionController = field(init=False)
+    telemetry: Telemetry = field(init=False)
     http: httpx.AsyncClient | None = None
     started: bool = field(default=False)

@@ -1,0 +1,523 @@
+"""Admission: weighted fair share (VTC) at the gateway, a queue, backend capacity.
+
+Each backend has a capacity: ``max_concurrent`` requests in flight, counted over every
+replica (slots in the store), and, for vLLM backends with ``vllm_metrics``, room in its
+KV cache and waiting queue as its ``/metrics`` says (polled by each replica). A request
+is admitted when it is the head of its model's queue and a backend serving the model
+has room; otherwise it waits in the gateway's queue. The head is the request of the
+tenant with the least virtual token counter, and within a tenant the one with the
+earliest TTFT deadline (arrival + its tier's TTFT); Sheng et al.'s VTC as in the slides
+(../shared/papers/001): prompt tokens are charged at admission (``w_p``), output tokens
+as they stream (``w_q``), divided by the tenant's weight, and an idle tenant's counter
+is lifted when it queues again.
+
+Across replicas (docs/architecture.md, "Fair share across replicas"): the queue itself
+is in the store. Every queued request has an entry there (tenant, deadline), the
+counters are shared, and one atomic script decides "head of the queue and a slot is
+free": a replica can admit only the global head, whichever replica holds it. Each
+replica keeps its own waiters locally and *pumps* them: on every local release and every
+``admission.poll_interval_s`` it asks the store for its best local waiter; the answer
+names the global head, which it tries next if it holds it, and it stops when the head
+is elsewhere (that replica's pump admits it) or nothing has room.
+
+Round trips: an admitted request costs one store call to arrive (limits, request
+record, enqueue with lift, admission and prompt charge in one script) and one to
+release its slot. Output tokens are charged in batches: one call per replica every
+``admission.charge_interval_s`` for all its streams. A queued request adds one call per
+pump attempt. A heartbeat renews this replica's slot and queue leases (and re-creates
+them after a Redis restart); a replica that dies loses its holds after ``lease_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+from prometheus_client import Counter, Gauge
+
+from gateway.backends import BackendState, HttpBackend, RequestContext
+from gateway.config import TenantConfig
+from gateway.errors import SERVER_ERROR, GatewayError
+from gateway.ratelimit import RateState, retry_after_header
+from gateway.state import GatewayState
+from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
+
+log = logging.getLogger("tokenpace.gateway.admission")
+
+_STORE_TIMEOUT_S = 2.0  # a store call that takes longer is abandoned (never hangs a request)
+_CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb for English text
+
+
+def estimate_prompt_tokens(raw: dict[str, Any]) -> int:
+    """Prompt tokens, estimated from the text (the gateway has no tokenizer): chars / 4."""
+    chars = 0
+
+    def text(value: Any) -> int:
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, list):
+            return sum(text(v) for v in value)
+        if isinstance(value, dict):
+            return text(value.get("text")) + text(value.get("content"))
+        return 0
+
+    for msg in raw.get("messages") or ():
+        if isinstance(msg, dict):
+            chars += text(msg.get("content")) + 4 * _CHARS_PER_TOKEN  # role and framing
+    chars += text(raw.get("prompt"))
+    return max(1, math.ceil(chars / _CHARS_PER_TOKEN))
+
+
+def tenant_limits(t: TenantConfig) -> Limits:
+    return Limits(
+        requests_per_minute=t.requests_per_minute or 0,
+        tokens_per_minute=t.tokens_per_minute or 0,
+        token_budget=t.token_budget or 0,
+        budget_period_s=t.budget_period_s,
+        max_queued=t.max_queued,
+    )
+
+
+def store_unavailable() -> GatewayError:
+    return GatewayError(
+        503,
+        "The gateway's shared state is unavailable; try again shortly.",
+        type=SERVER_ERROR,
+        code="store_unavailable",
+        headers={"Retry-After": "1"},
+    )
+
+
+@dataclass(eq=False)
+class Ticket:
+    """An admitted request's hold on a backend slot; :meth:`close` releases it once."""
+
+    controller: AdmissionController
+    request_id: str
+    tenant: str
+    weight: float
+    model: str
+    backend: str
+    budget_period_s: int
+    rate: RateState
+    closed: bool = field(default=False)
+
+    def tokens(self, n: int) -> None:
+        """``n`` output tokens reached the client: charged in the next batch."""
+        if n > 0 and not self.closed:
+            self.controller.add_usage(self.tenant, self.weight, n, self.budget_period_s)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.controller.release(self)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    arrival: Arrival
+    deadline: float  # time.monotonic()
+    counter: float
+    future: asyncio.Future[Admission]
+
+
+def _vllm_gauge(text: str, *names: str) -> float | None:
+    """The sum of the series of the first metric in ``names`` found in Prometheus text."""
+    for name in names:
+        values = [
+            float(m.group(1))
+            for m in re.finditer(
+                rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([-+0-9.eEnaNifI]+)", text, re.M
+            )
+        ]
+        if values:
+            return sum(values)
+    return None
+
+
+class AdmissionController:
+    """The queue, the slots and the charges of one replica (see the module docstring)."""
+
+    def __init__(self, gw: GatewayState, store: Store) -> None:
+        self.gw = gw
+        self.store = store
+        self.cfg = gw.config.admission
+        self._caps = {b.name: b.max_concurrent or 0 for b in gw.config.backends}
+        self._vllm = {b.name: b for b in gw.config.backends if b.vllm_metrics}
+        self._saturated: set[str] = set()
+        self._rr = 0
+        self._waiters: dict[str, dict[str, _Waiter]] = {}  # model -> request id -> waiter
+        self._pump_locks: dict[str, asyncio.Lock] = {}
+        self._held: dict[str, Ticket] = {}
+        self._usage: dict[str, list[Any]] = {}  # tenant -> [weight, tokens, budget period]
+        self._counters: dict[str, float] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._releases: set[asyncio.Task[None]] = set()
+        r = gw.metrics.registry
+        self.m_admissions = Counter(
+            "tokenpace_admissions",
+            "admission decisions (admitted, queued, limited, queue_full, timeout, gone_away)",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.m_waiting = Gauge(
+            "tokenpace_queue_waiting", "requests waiting in this replica's queue", registry=r
+        )
+        self.m_counter = Gauge(
+            "tokenpace_vtc_counter",
+            "virtual token counter (VTC) per tenant, as this replica last saw it",
+            ["tenant"],
+            registry=r,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        specs: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("poll", self._poll_loop),
+            ("charge", self._charge_loop),
+            ("heartbeat", self._heartbeat_loop),
+        ]
+        if self._vllm:
+            specs.append(("vllm-metrics", self._vllm_loop))
+        for name, fn in specs:
+            self._tasks.append(loop.create_task(fn(), name=f"tokenpace-admission-{name}"))
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._releases, return_exceptions=True)
+        self._tasks.clear()
+        with contextlib.suppress(Exception):
+            await self._flush_usage()
+
+    async def _call(self, coro: Awaitable[Any]) -> Any:
+        try:
+            with anyio.fail_after(_STORE_TIMEOUT_S):
+                return await coro
+        except (StoreUnavailable, TimeoutError) as exc:
+            raise store_unavailable() from exc
+
+    # -- backends -------------------------------------------------------------------------
+    def slots_for(self, model: str) -> list[Slot]:
+        """Backends serving ``model`` with room by their own report, in routing order."""
+        router = self.gw.router
+        states: list[BackendState] = [
+            s for s in router.states if s.backend.serves(model) and s.name not in self._saturated
+        ]
+        n, rr = len(router.states), self._rr
+        self._rr += 1  # ties rotate, so that concurrent arrivals spread over equals
+        states.sort(
+            key=lambda s: (not s.healthy, s.waiting_time(), s.in_flight, (s.index - rr) % n)
+        )
+        return [Slot(s.name, self._caps.get(s.name, 0)) for s in states]
+
+    def preferred(self, backend: str) -> str | None:
+        """The backend the router should try first: the slot's, unless no backend is capped
+        (then the router's own least-work choice is as good and fresher)."""
+        return backend if any(self._caps.values()) else None
+
+    async def _vllm_loop(self) -> None:
+        while True:
+            for state in self.gw.router.states:
+                cfg = self._vllm.get(state.name)
+                if cfg is None or not isinstance(state.backend, HttpBackend):
+                    continue
+                full = await self._vllm_full(state.backend, cfg.max_kv_usage, cfg.max_waiting)
+                if full:
+                    self._saturated.add(state.name)
+                else:
+                    self._saturated.discard(state.name)
+            await asyncio.sleep(self.cfg.metrics_interval_s)
+
+    async def _vllm_full(
+        self, backend: HttpBackend, max_kv: float, max_waiting: int | None
+    ) -> bool:
+        url = httpx.URL(backend.base_url).copy_with(path="/metrics")
+        try:
+            resp = await backend.client.get(url, timeout=self.gw.config.health.timeout_s)
+            resp.raise_for_status()
+        except httpx.HTTPError:
+            return False  # no report: the health checks and max_concurrent still apply
+        text = resp.text
+        kv = _vllm_gauge(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+        waiting = _vllm_gauge(text, "vllm:num_requests_waiting")
+        return (kv is not None and kv >= max_kv) or (
+            max_waiting is not None and waiting is not None and waiting > max_waiting
+        )
+
+    # -- admission ------------------------------------------------------------------------
+    async def admit(self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int) -> Ticket:
+        """Wait for a slot in fair-share order; raise 429 (limits, queue bound) or 503."""
+        arrival = Arrival(
+            request_id=ctx.request_id,
+            tenant=tenant.name,
+            weight=tenant.weight,
+            model=ctx.model,
+            tier=ctx.tier.name,
+            ttft_s=ctx.tier.ttft,
+            tds=ctx.tier.tds,
+            prompt_tokens=prompt_tokens,
+            expected_tokens=ctx.expected_tokens,
+            limits=tenant_limits(tenant),
+        )
+        slots = self.slots_for(ctx.model)
+        result = await self._call(self.store.arrive(arrival, slots, self.cfg.lease_s))
+        rate = result.rate
+        self._note(tenant.name, result)
+        if result.status == "limited":
+            self.m_admissions.labels(tenant.name, "limited").inc()
+            raise _limited(result, rate)
+        if result.status == "queue_full":
+            self.m_admissions.labels(tenant.name, "queue_full").inc()
+            raise GatewayError(
+                429,
+                f"Too many requests of yours are waiting (at most {tenant.max_queued}); "
+                "retry shortly.",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={**rate.headers(), **retry_after_header(result.retry_after_ms)},
+            )
+        if result.status != "admitted":
+            self.m_admissions.labels(tenant.name, "queued").inc()
+            result = await self._wait(arrival, ctx, result)
+        self.m_admissions.labels(tenant.name, "admitted").inc()
+        assert result.backend is not None
+        ticket = Ticket(
+            self,
+            ctx.request_id,
+            tenant.name,
+            tenant.weight,
+            ctx.model,
+            result.backend,
+            tenant.budget_period_s,
+            rate,
+        )
+        self._held[ctx.request_id] = ticket
+        return ticket
+
+    async def _wait(self, arrival: Arrival, ctx: RequestContext, first: Admission) -> Admission:
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(
+            arrival, ctx.received_at + ctx.tier.ttft, first.counter, loop.create_future()
+        )
+        queue = self._waiters.setdefault(arrival.model, {})
+        queue[arrival.request_id] = waiter
+        self.m_waiting.inc()
+        admitted = False
+        try:
+            with anyio.fail_after(self.cfg.max_wait_s):
+                result = await asyncio.shield(waiter.future)
+            admitted = True
+            return result
+        except TimeoutError:
+            self.m_admissions.labels(arrival.tenant, "timeout").inc()
+            raise GatewayError(
+                503,
+                f"The request waited {self.cfg.max_wait_s:g} s in the gateway's queue; "
+                "try again later.",
+                type=SERVER_ERROR,
+                code="queue_timeout",
+                headers={"Retry-After": "1"},
+            ) from None
+        finally:
+            self.m_waiting.dec()
+            queue.pop(arrival.request_id, None)
+            if not admitted:  # timed out, or the client went away (cancelled)
+                self.m_admissions.labels(arrival.tenant, "gone_away").inc()
+                if waiter.future.done() and not waiter.future.cancelled():
+                    # admitted at that very moment: give the slot back
+                    backend = waiter.future.result().backend or ""
+                    self._spawn_release(arrival.request_id, backend, arrival.model)
+                else:
+                    waiter.future.cancel()  # the pump leaves it to us now
+                    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                        with anyio.fail_after(_STORE_TIMEOUT_S):
+                            await self.store.leave(arrival.request_id)
+                    self._kick(arrival.model)
+
+    def _note(self, tenant: str, result: Admission) -> None:
+        if result.status in ("admitted", "queued", "full"):
+            self._counters[tenant] = result.counter
+            self.m_counter.labels(tenant).set(result.counter)
+
+    def _kick(self, model: str) -> None:
+        if self._waiters.get(model):
+            self._spawn(self.pump(model))
+
+    async def pump(self, model: str) -> None:
+        """Admit this replica's waiters for ``model`` while they are the global head."""
+        lock = self._pump_locks.setdefault(model, asyncio.Lock())
+        async with lock:
+            queue = self._waiters.get(model)
+            tried: set[str] = set()
+            head: str | None = None
+            while queue:
+                if head is not None and head in queue and head not in tried:
+                    waiter = queue[head]
+                else:
+                    pending = [w for rid, w in queue.items() if rid not in tried]
+                    if not pending or (head is not None and tried):
+                        return  # the head is on another replica
+                    waiter = min(
+                        pending,
+                        key=lambda w: (self._counters.get(w.arrival.tenant, w.counter), w.deadline),
+                    )
+                rid = waiter.arrival.request_id
+                tried.add(rid)
+                if waiter.future.done():
+                    queue.pop(rid, None)
+                    continue
+                try:
+                    result = await self._call(
+                        self.store.retry(rid, self.slots_for(model), self.cfg.lease_s)
+                    )
+                    if result.status == "gone" and not waiter.future.done():
+                        # lost (its lease lapsed, or the store restarted empty): queue again
+                        again = Arrival(**{**_fields(waiter.arrival), "limits": Limits()})
+                        result = await self._call(
+                            self.store.arrive(again, self.slots_for(model), self.cfg.lease_s)
+                        )
+                except GatewayError:
+                    return  # the store is down (fail closed); the next poll tries again
+                if waiter.future.done():  # the client left during the call: undo it
+                    if result.status == "admitted":
+                        self._spawn_release(rid, result.backend or "", model)
+                    elif result.status in ("queued", "full"):
+                        self._spawn_leave(rid)
+                    queue.pop(rid, None)
+                    continue
+                self._note(waiter.arrival.tenant, result)
+                waiter.counter = result.counter
+                if result.status == "admitted":
+                    queue.pop(rid, None)
+                    waiter.future.set_result(result)
+                    tried.clear()
+                    head = None
+                    continue
+                if result.status == "full":
+                    return  # the head has no room: nobody else would
+                head = result.head
+
+    # -- release and charges --------------------------------------------------------------
+    async def release(self, ticket: Ticket) -> None:
+        self._held.pop(ticket.request_id, None)
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            with anyio.fail_after(_STORE_TIMEOUT_S):
+                await self.store.release(ticket.request_id, ticket.backend)
+        self._kick(ticket.model)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                with anyio.fail_after(_STORE_TIMEOUT_S):
+                    await coro
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    def _spawn_release(self, rid: str, backend: str, model: str) -> None:
+        async def release() -> None:
+            await self.store.release(rid, backend)
+            self._kick(model)
+
+        self._spawn(release())
+
+    def _spawn_leave(self, rid: str) -> None:
+        self._spawn(self.store.leave(rid))
+
+    def add_usage(self, tenant: str, weight: float, tokens: int, period_s: int) -> None:
+        entry = self._usage.get(tenant)
+        if entry is None:
+            self._usage[tenant] = [weight, tokens, period_s]
+        else:
+            entry[1] += tokens
+
+    async def _flush_usage(self) -> None:
+        if not self._usage:
+            return
+        usage, self._usage = self._usage, {}
+        batch = {t: (float(w), int(n), int(p)) for t, (w, n, p) in usage.items()}
+        try:
+            with anyio.fail_after(_STORE_TIMEOUT_S):
+                counters = await self.store.charge(batch)
+        except (StoreUnavailable, TimeoutError):
+            for tenant, (w, n, p) in batch.items():  # keep them for the next batch
+                self.add_usage(tenant, w, n, p)
+            return
+        for tenant, value in counters.items():
+            self._counters[tenant] = value
+            self.m_counter.labels(tenant).set(value)
+
+    async def _charge_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.charge_interval_s)
+            try:
+                await self._flush_usage()
+            except Exception:
+                log.warning("charging output tokens failed", exc_info=True)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.poll_interval_s)
+            for model in [m for m, q in self._waiters.items() if q]:
+                try:
+                    await self.pump(model)
+                except Exception:
+                    log.warning("admission pump failed", exc_info=True)
+
+    async def renew(self) -> None:
+        """Renew (or re-create) this replica's slots and queue places in the store."""
+        slots = [(t.backend, rid) for rid, t in self._held.items()]
+        waiting = [rid for q in self._waiters.values() for rid in q]
+        if slots or waiting:
+            await self.store.renew(slots, waiting, self.cfg.lease_s)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.lease_s / 3)
+            try:
+                with anyio.fail_after(_STORE_TIMEOUT_S):
+                    await self.renew()
+            except (StoreUnavailable, TimeoutError):
+                pass
+            except Exception:
+                log.warning("lease renewal failed", exc_info=True)
+
+
+def _fields(a: Arrival) -> dict[str, Any]:
+    return {f: getattr(a, f) for f in Arrival.__slots__}  # type: ignore[attr-defined]
+
+
+def _limited(result: Admission, rate: RateState) -> GatewayError:
+    by = result.limited_by or "requests"
+    headers = rate.headers()
+    if result.retry_after_ms >= 0:
+        headers.update(retry_after_header(result.retry_after_ms))
+    if by == "budget":
+        return GatewayError(
+            429,
+            "You exceeded your token budget for this period; see Retry-After.",
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers=headers,
+        )
+    what = "requests" if by == "requests" else "tokens"
+    never = " (this request alone is larger than the limit)" if result.retry_after_ms < 0 else ""
+    return GatewayError(
+        429,
+        f"Rate limit reached for {what} per minute{never}; see Retry-After.",
+        type="rate_limit_error",
+        code=f"rate_limit_{what}",
+        headers=headers,
+    )

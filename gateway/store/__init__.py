@@ -1,0 +1,61 @@
+"""The gateway's shared state: :func:`build_store` picks the implementation.
+
+Without ``store.redis_url``: :class:`MemoryStore` (one replica). With it: Redis, with
+the local fallback of :class:`ResilientStore`. See ``gateway/store/base.py``.
+"""
+
+from __future__ import annotations
+
+from gateway.config import GatewayConfig
+from gateway.store.base import (
+    Admission,
+    Arrival,
+    Limits,
+    QoERecord,
+    RequestInfo,
+    Slot,
+    Store,
+    StoreUnavailable,
+)
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+from gateway.store.resilient import ResilientStore
+
+__all__ = [
+    "Admission",
+    "Arrival",
+    "Limits",
+    "MemoryStore",
+    "QoERecord",
+    "RedisStore",
+    "RequestInfo",
+    "ResilientStore",
+    "Slot",
+    "Store",
+    "StoreUnavailable",
+    "build_store",
+]
+
+
+def build_store(config: GatewayConfig) -> Store:
+    s, t = config.store, config.telemetry
+    local = MemoryStore(
+        max_requests=config.recent_requests, max_records=t.max_records, retention_s=t.retention_s
+    )
+    if s.redis_url is None:
+        return local
+    redis = RedisStore(
+        s.redis_url,
+        s.key_prefix,
+        timeout_s=s.timeout_s,
+        request_ttl_s=s.request_ttl_s,
+        retention_s=t.retention_s,
+        max_records=t.max_records,
+    )
+    return ResilientStore(
+        redis,
+        local,
+        fail_open=s.fail_mode == "open",
+        reconnect_interval_s=s.reconnect_interval_s,
+        buffer_max=t.buffer_max,
+    )

@@ -1,0 +1,240 @@
+"""The interface of the gateway's shared state, and the values it passes around.
+
+Two implementations with the same behaviour: :class:`gateway.store.memory.MemoryStore`
+(one process; also the local fallback while Redis is down) and
+:class:`gateway.store.redis.RedisStore` (shared by every replica; each operation is one
+Lua script, so every read-modify-write is atomic). ``tests/test_store.py`` runs one
+suite against both. Operations are coarse on purpose: one call is one round trip.
+
+Fair share is the Virtual Token Counter of the VTC slides (../shared/papers/001):
+:meth:`Store.arrive` is VTC's *enqueue* (counter lift when the tenant had nothing
+queued) and, when the request is the head of the queue and a backend has a free slot,
+its *dequeue* with the prompt charge ``w_p·prompt/weight``; :meth:`Store.charge` adds
+``w_q·output/weight`` as tokens stream. The rules are :class:`qos.fairness.
+VirtualTokenCounter`'s (the memory store uses that class; the Lua is its atomic form).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gateway.ratelimit import RateState
+
+Status = Literal["admitted", "queued", "full", "limited", "queue_full", "gone"]
+
+
+class StoreUnavailable(Exception):
+    """The shared store cannot be reached (and the gateway fails closed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A tenant's limits; 0 means none."""
+
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    token_budget: int = 0
+    budget_period_s: int = 86400
+    max_queued: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A backend that may take the request, and its cap on requests in flight (0: none)."""
+
+    backend: str
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request asking for admission."""
+
+    request_id: str
+    tenant: str
+    weight: float
+    model: str
+    tier: str
+    ttft_s: float  # the tier's expected TTFT: the queue deadline is arrival + ttft
+    tds: float
+    prompt_tokens: int
+    expected_tokens: int  # output tokens expected (max_tokens or the routing default)
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The store's answer to :meth:`Store.arrive` / :meth:`Store.retry`.
+
+    ``admitted``: ``backend`` holds a slot for the request; ``queued``: someone else
+    (``head``) goes first; ``full``: the request is the head but no backend has room;
+    ``limited``: a rate limit or budget (``limited_by``) refused it, retry after
+    ``retry_after_ms`` (-1: never fits); ``queue_full``: the tenant's queue is at its
+    bound; ``gone``: the queue no longer knows the request (its lease lapsed, or the
+    store restarted empty): arrive again.
+    """
+
+    status: Status
+    backend: str | None = None
+    head: str | None = None
+    counter: float = 0.0
+    retry_after_ms: float = 0.0
+    limited_by: str | None = None
+    rate: RateState = field(default_factory=RateState)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What the store remembers about a request (telemetry ownership, the tier served)."""
+
+    tenant: str
+    tier: str
+    ttft: float
+    tds: float
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class QoERecord:
+    """One QoE measurement of a request: ``side`` is ``gateway`` or ``client``."""
+
+    request_id: str
+    tenant: str
+    tier: str
+    side: Literal["gateway", "client"]
+    andes: float
+    monotone: float
+    outcome: str
+    displayed_andes: float | None = None  # client side: QoE of what the user was shown
+    displayed_monotone: float | None = None
+    ts: float = 0.0  # unix seconds, set by the store
+
+    def fields(self) -> dict[str, str]:
+        out = {
+            "rid": self.request_id,
+            "tenant": self.tenant,
+            "tier": self.tier,
+            "side": self.side,
+            "andes": repr(self.andes),
+            "monotone": repr(self.monotone),
+            "outcome": self.outcome,
+        }
+        if self.displayed_andes is not None:
+            out["dandes"] = repr(self.displayed_andes)
+        if self.displayed_monotone is not None:
+            out["dmono"] = repr(self.displayed_monotone)
+        return out
+
+    @classmethod
+    def from_fields(cls, f: Mapping[str, Any], ts: float) -> QoERecord:
+        return cls(
+            request_id=f["rid"],
+            tenant=f["tenant"],
+            tier=f["tier"],
+            side=f["side"],
+            andes=float(f["andes"]),
+            monotone=float(f["monotone"]),
+            outcome=f["outcome"],
+            displayed_andes=float(f["dandes"]) if "dandes" in f else None,
+            displayed_monotone=float(f["dmono"]) if "dmono" in f else None,
+            ts=ts,
+        )
+
+
+ReportResult = Literal["ok", "duplicate", "unknown"]
+
+
+class Store(ABC):
+    """The gateway's shared state (see the module docstring)."""
+
+    async def start(self) -> None:
+        """Connect (called by the app's lifespan)."""
+
+    async def aclose(self) -> None:
+        """Disconnect."""
+
+    # -- API keys --------------------------------------------------------------------
+    @abstractmethod
+    async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
+        """Register ``digest -> tenant`` (from the configuration) unless revoked, and the
+        tenants' descriptions (``name -> JSON``)."""
+
+    @abstractmethod
+    async def tenant_for_key(self, digest: str) -> str | None: ...
+
+    @abstractmethod
+    async def add_key(self, tenant: str, digest: str) -> None: ...
+
+    @abstractmethod
+    async def revoke_key(self, tenant: str, digest: str) -> bool:
+        """Revoke one of ``tenant``'s keys for good (also a configured one); False if not its."""
+
+    @abstractmethod
+    async def tenant_keys(self, tenant: str) -> list[str]:
+        """The digests of ``tenant``'s live keys, sorted."""
+
+    # -- admission (VTC queue, slots, limits) -----------------------------------------
+    @abstractmethod
+    async def arrive(self, req: Arrival, slots: Sequence[Slot], lease_s: float) -> Admission:
+        """Limits, remember the request, enqueue (counter lift), admit if head and room."""
+
+    @abstractmethod
+    async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
+        """Admit a queued request if it is now the head and a slot is free; renew its place."""
+
+    @abstractmethod
+    async def leave(self, request_id: str) -> None:
+        """A queued request goes away (its client disconnected, or it waited too long)."""
+
+    @abstractmethod
+    async def release(self, request_id: str, backend: str) -> None:
+        """An admitted request ended: free its slot."""
+
+    @abstractmethod
+    async def renew(
+        self, slots: Iterable[tuple[str, str]], waiting: Iterable[str], lease_s: float
+    ) -> None:
+        """Extend the leases of held ``(backend, request_id)`` slots (re-creating lost ones)
+        and of queue places."""
+
+    @abstractmethod
+    async def charge(self, usage: Mapping[str, tuple[float, int, int]]) -> dict[str, float]:
+        """``tenant -> (weight, output tokens, budget period)``: the output charge, the token
+        windows and budgets; returns the tenants' counters."""
+
+    @abstractmethod
+    async def counters(self) -> dict[str, float]: ...
+
+    @abstractmethod
+    async def merge_counters(self, counters: Mapping[str, float]) -> None:
+        """Raise counters to at least the given values (reconciliation after an outage)."""
+
+    @abstractmethod
+    async def in_flight(self, backend: str) -> int: ...
+
+    @abstractmethod
+    async def hit(self, tenant: str, name: str, limit: int) -> tuple[bool, float]:
+        """Count one event against ``limit`` per sliding minute: (allowed, retry-after ms)."""
+
+    # -- requests and telemetry -----------------------------------------------------------
+    @abstractmethod
+    async def remember(self, request_id: str, info: RequestInfo) -> None:
+        """Remember a request without admission (requests served while the store was down)."""
+
+    @abstractmethod
+    async def request_info(self, request_id: str) -> RequestInfo | None: ...
+
+    @abstractmethod
+    async def add_qoe(self, records: Sequence[QoERecord]) -> list[ReportResult]:
+        """Store records; a client record must be its request's first and only report."""
+
+    @abstractmethod
+    async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
+        """Records since unix time ``since`` (every tenant's when ``tenant`` is None)."""
+
+    @abstractmethod
+    async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
+        """All-time ``(tenant, tier, side) -> (count, Σ andes, Σ monotone)``."""

@@ -1,0 +1,319 @@
+"""In-process store: the default without Redis, and the local fallback while it is down.
+
+Fair share uses :class:`qos.fairness.VirtualTokenCounter` itself; the queue, slots and
+windows follow the same rules as the Lua scripts of :mod:`gateway.store.redis`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gateway.ratelimit import RateState, estimate, reset_ms, wait_ms, window_position
+from gateway.store.base import (
+    Admission,
+    Arrival,
+    QoERecord,
+    ReportResult,
+    RequestInfo,
+    Slot,
+    Store,
+)
+from qos.fairness import VirtualTokenCounter
+
+
+@dataclass(slots=True)
+class _Waiter:
+    request_id: str
+    tenant: str
+    model: str
+    deadline_ms: float
+    weight: float
+    prompt: int
+    lease_ms: float
+
+
+def _now_ms() -> float:
+    return time.time() * 1000.0
+
+
+class MemoryStore(Store):
+    """One process's state (see the module docstring); bounded by ``max_requests``."""
+
+    def __init__(
+        self, max_requests: int = 100_000, max_records: int = 1_000_000, retention_s: float = 0
+    ) -> None:
+        self.vtc = VirtualTokenCounter()
+        self._keys: dict[str, str] = {}
+        self._revoked: set[str] = set()
+        self.tenants: dict[str, str] = {}
+        self._waiters: dict[str, _Waiter] = {}
+        self._slots: dict[str, dict[str, float]] = {}
+        self._windows: dict[str, float] = {}  # "kind:tenant:index" -> count
+        self._requests: OrderedDict[str, RequestInfo] = OrderedDict()
+        self._reported: set[str] = set()
+        self._max_requests = max_requests
+        self._records: deque[QoERecord] = deque(maxlen=max_records)
+        self._retention_s = retention_s
+        self._totals: dict[tuple[str, str, str], tuple[int, float, float]] = {}
+
+    # -- keys -----------------------------------------------------------------------------
+    async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
+        for digest, tenant in keys.items():
+            if digest not in self._revoked:
+                self._keys[digest] = tenant
+        self.tenants.update(tenants)
+
+    async def tenant_for_key(self, digest: str) -> str | None:
+        return self._keys.get(digest)
+
+    async def add_key(self, tenant: str, digest: str) -> None:
+        self._revoked.discard(digest)
+        self._keys[digest] = tenant
+
+    async def revoke_key(self, tenant: str, digest: str) -> bool:
+        if self._keys.get(digest) != tenant:
+            return False
+        del self._keys[digest]
+        self._revoked.add(digest)
+        return True
+
+    async def tenant_keys(self, tenant: str) -> list[str]:
+        return sorted(d for d, t in self._keys.items() if t == tenant)
+
+    # -- windows --------------------------------------------------------------------------
+    def _window(self, kind: str, tenant: str, idx: int) -> tuple[float, float]:
+        w = self._windows
+        return w.get(f"{kind}:{tenant}:{idx - 1}", 0.0), w.get(f"{kind}:{tenant}:{idx}", 0.0)
+
+    def _add(self, kind: str, tenant: str, idx: int, n: float) -> None:
+        key = f"{kind}:{tenant}:{idx}"
+        self._windows[key] = self._windows.get(key, 0.0) + n
+
+    def _gc_windows(self, idx: int, now_ms: float) -> None:
+        def live(key: str) -> bool:
+            kind, _, rest = key.partition(":")
+            index = int(rest.rpartition(":")[2])
+            if kind == "b":  # budget periods: index is the period end in ms
+                return index > now_ms
+            return index >= idx - 1
+
+        if len(self._windows) > 4096:
+            self._windows = {k: v for k, v in self._windows.items() if live(k)}
+
+    # -- admission ------------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        for rid in [r for r, w in self._waiters.items() if w.lease_ms <= now]:
+            self._drop(rid)
+        for held in self._slots.values():
+            for rid in [r for r, t in held.items() if t <= now]:
+                del held[rid]
+
+    def _drop(self, rid: str) -> _Waiter | None:
+        w = self._waiters.pop(rid, None)
+        if w is not None:
+            self.vtc.dequeue(w.tenant)
+        return w
+
+    def _head(self, model: str) -> str | None:
+        best: tuple[float, float, str] | None = None
+        for w in self._waiters.values():
+            if w.model == model:
+                key = (self.vtc.counter(w.tenant), w.deadline_ms, w.request_id)
+                if best is None or key < best:
+                    best = key
+        return best[2] if best else None
+
+    def _try(self, rid: str, slots: Sequence[Slot], lease_s: float, now: float) -> Admission:
+        w = self._waiters.get(rid)
+        if w is None:
+            return Admission("gone")
+        head = self._head(w.model)
+        if head != rid:
+            return Admission("queued", head=head, counter=self.vtc.counter(w.tenant))
+        for slot in slots:
+            held = self._slots.setdefault(slot.backend, {})
+            if slot.capacity <= 0 or len(held) < slot.capacity:
+                held[rid] = now + lease_s * 1000
+                self._drop(rid)
+                self.vtc.charge(w.tenant, w.weight, prompt_tokens=w.prompt)
+                counter = self.vtc.counter(w.tenant)
+                return Admission("admitted", backend=slot.backend, counter=counter)
+        return Admission("full", head=rid, counter=self.vtc.counter(w.tenant))
+
+    async def arrive(self, req: Arrival, slots: Sequence[Slot], lease_s: float) -> Admission:
+        now = _now_ms()
+        self._expire(now)
+        lim = req.limits
+        idx, frac = window_position(now)
+        self._gc_windows(idx, now)
+        rate = RateState()
+        cost = req.prompt_tokens + req.expected_tokens
+        if lim.requests_per_minute or lim.tokens_per_minute:
+            rp, rc = self._window("r", req.tenant, idx)
+            tp, tc = self._window("t", req.tenant, idx)
+            rate = RateState(
+                lim.requests_per_minute,
+                math.floor(lim.requests_per_minute - estimate(rp, rc, frac) - 1),
+                reset_ms(rp, rc + 1, frac),
+                lim.tokens_per_minute,
+                math.floor(lim.tokens_per_minute - estimate(tp, tc, frac) - req.prompt_tokens),
+                reset_ms(tp, tc + req.prompt_tokens, frac),
+            )
+            if lim.requests_per_minute:
+                wait = wait_ms(lim.requests_per_minute, 1, rp, rc, frac)
+                if wait != 0:
+                    return Admission("limited", None, None, 0.0, wait, "requests", rate)
+            if lim.tokens_per_minute:
+                wait = wait_ms(lim.tokens_per_minute, cost, tp, tc, frac)
+                if wait != 0:
+                    return Admission("limited", None, None, 0.0, wait, "tokens", rate)
+        period_end = 0
+        if lim.token_budget:
+            period_ms = lim.budget_period_s * 1000
+            period_end = int((now // period_ms + 1) * period_ms)
+            used = self._windows.get(f"b:{req.tenant}:{period_end}", 0.0)
+            if used + req.prompt_tokens > lim.token_budget:
+                return Admission(
+                    "limited", retry_after_ms=period_end - now, limited_by="budget", rate=rate
+                )
+        if lim.max_queued and self.vtc.queued.get(req.tenant, 0) >= lim.max_queued:
+            return Admission("queue_full", retry_after_ms=1000, rate=rate)
+        self._add("r", req.tenant, idx, 1)
+        self._add("t", req.tenant, idx, req.prompt_tokens)
+        if period_end:
+            self._add("b", req.tenant, period_end, req.prompt_tokens)
+        await self.remember(
+            req.request_id, RequestInfo(req.tenant, req.tier, req.ttft_s, req.tds, req.model)
+        )
+        self.vtc.enqueue(req.tenant)
+        self._waiters[req.request_id] = _Waiter(
+            req.request_id,
+            req.tenant,
+            req.model,
+            now + req.ttft_s * 1000,
+            req.weight,
+            req.prompt_tokens,
+            now + lease_s * 1000,
+        )
+        result = self._try(req.request_id, slots, lease_s, now)
+        return Admission(result.status, result.backend, result.head, result.counter, rate=rate)
+
+    async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
+        now = _now_ms()
+        self._expire(now)
+        w = self._waiters.get(request_id)
+        if w is not None:
+            w.lease_ms = now + lease_s * 1000
+        return self._try(request_id, slots, lease_s, now)
+
+    async def leave(self, request_id: str) -> None:
+        self._drop(request_id)
+
+    async def release(self, request_id: str, backend: str) -> None:
+        self._slots.get(backend, {}).pop(request_id, None)
+
+    async def renew(
+        self, slots: Iterable[tuple[str, str]], waiting: Iterable[str], lease_s: float
+    ) -> None:
+        until = _now_ms() + lease_s * 1000
+        for backend, rid in slots:
+            self._slots.setdefault(backend, {})[rid] = until
+        for rid in waiting:
+            w = self._waiters.get(rid)
+            if w is not None:
+                w.lease_ms = until
+
+    async def charge(self, usage: Mapping[str, tuple[float, int, int]]) -> dict[str, float]:
+        now = _now_ms()
+        idx, _ = window_position(now)
+        out: dict[str, float] = {}
+        for tenant, (weight, tokens, period_s) in usage.items():
+            self.vtc.charge(tenant, weight, output_tokens=tokens)
+            self._add("t", tenant, idx, tokens)
+            period_ms = period_s * 1000
+            self._add("b", tenant, int((now // period_ms + 1) * period_ms), tokens)
+            out[tenant] = self.vtc.counter(tenant)
+        return out
+
+    async def counters(self) -> dict[str, float]:
+        return dict(self.vtc.counters)
+
+    async def merge_counters(self, counters: Mapping[str, float]) -> None:
+        for tenant, value in counters.items():
+            self.vtc.counters[tenant] = max(self.vtc.counter(tenant), value)
+
+    async def in_flight(self, backend: str) -> int:
+        self._expire(_now_ms())
+        return len(self._slots.get(backend, {}))
+
+    async def hit(self, tenant: str, name: str, limit: int) -> tuple[bool, float]:
+        idx, frac = window_position(_now_ms())
+        kind = "x" + name
+        prev, cur = self._window(kind, tenant, idx)
+        wait = wait_ms(limit, 1, prev, cur, frac)
+        if wait != 0:
+            return False, wait
+        self._add(kind, tenant, idx, 1)
+        return True, 0.0
+
+    # -- requests and telemetry -----------------------------------------------------------
+    async def remember(self, request_id: str, info: RequestInfo) -> None:
+        if self._max_requests <= 0:
+            return
+        self._requests[request_id] = info
+        if len(self._requests) > self._max_requests:
+            old, _ = self._requests.popitem(last=False)
+            self._reported.discard(old)
+
+    async def request_info(self, request_id: str) -> RequestInfo | None:
+        return self._requests.get(request_id)
+
+    async def add_qoe(self, records: Sequence[QoERecord]) -> list[ReportResult]:
+        out: list[ReportResult] = []
+        now = time.time()
+        for rec in records:
+            if rec.side == "client":
+                info = self._requests.get(rec.request_id)
+                if info is None or info.tenant != rec.tenant:
+                    out.append("unknown")
+                    continue
+                if rec.request_id in self._reported:
+                    out.append("duplicate")
+                    continue
+                self._reported.add(rec.request_id)
+            self._records.append(_stamped(rec, rec.ts or now))
+            key = (rec.tenant, rec.tier, rec.side)
+            n, a, m = self._totals.get(key, (0, 0.0, 0.0))
+            self._totals[key] = (n + 1, a + rec.andes, m + rec.monotone)
+            out.append("ok")
+        if self._retention_s:
+            while self._records and self._records[0].ts < now - self._retention_s:
+                self._records.popleft()
+        return out
+
+    async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
+        return [
+            r for r in self._records if r.ts >= since and (tenant is None or r.tenant == tenant)
+        ]
+
+    async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
+        return dict(self._totals)
+
+
+def _stamped(rec: QoERecord, ts: float) -> QoERecord:
+    return QoERecord(
+        rec.request_id,
+        rec.tenant,
+        rec.tier,
+        rec.side,
+        rec.andes,
+        rec.monotone,
+        rec.outcome,
+        rec.displayed_andes,
+        rec.displayed_monotone,
+        ts,
+    )

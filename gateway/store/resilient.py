@@ -1,0 +1,278 @@
+"""Redis with a local fallback: what the gateway uses when ``store.redis_url`` is set.
+
+While Redis answers, every operation goes to it, and the local
+:class:`~gateway.store.memory.MemoryStore` mirrors what this replica learns (the
+counters Redis returns, the requests it served), so that it can carry on alone.
+
+When a command fails (connection refused or reset, timeout), Redis is marked down and
+logged once. ``fail_mode: open`` (default) serves from the local store from then on:
+fair share, queue and limits hold per replica only. ``fail_mode: closed`` raises
+:class:`~gateway.store.base.StoreUnavailable` (the API answers 503). Nothing waits on a
+dead Redis: commands time out after ``store.timeout_s``, and while down none is sent.
+
+A probe task pings Redis every ``store.reconnect_interval_s``. When it answers, the
+store reconciles before taking traffic again: the configured keys are seeded again,
+requests served meanwhile are remembered in Redis (so their telemetry is accepted),
+counters are raised to at least this replica's view (``max``, so a Redis that
+restarted empty never resets a tenant to zero, and none goes backwards), the slots
+this replica holds are re-registered (the admission heartbeat, ``on_reconnect``), and
+the telemetry buffered meanwhile (bounded, oldest dropped first) is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from gateway.store.base import (
+    Admission,
+    Arrival,
+    QoERecord,
+    ReportResult,
+    RequestInfo,
+    Slot,
+    Store,
+    StoreUnavailable,
+)
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+
+log = logging.getLogger("tokenpace.gateway.store")
+
+_FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+
+
+class ResilientStore(Store):
+    """:class:`RedisStore` with a local fallback (see the module docstring)."""
+
+    def __init__(
+        self,
+        redis: RedisStore,
+        local: MemoryStore,
+        *,
+        fail_open: bool = True,
+        reconnect_interval_s: float = 1.0,
+        buffer_max: int = 10000,
+    ) -> None:
+        self.redis = redis
+        self.local = local
+        self.fail_open = fail_open
+        self.reconnect_interval_s = reconnect_interval_s
+        self.up = False
+        self.on_reconnect: Callable[[], Awaitable[None]] | None = None
+        self._buffer: deque[QoERecord] = deque(maxlen=buffer_max)
+        self._unsynced: dict[str, RequestInfo] = {}
+        self._unsynced_max = buffer_max
+        self._probe: asyncio.Task[None] | None = None
+        self._seed: tuple[dict[str, str], dict[str, str]] = ({}, {})
+
+    # -- connection state -----------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await self.redis.ping()
+        except _FAILURES as exc:
+            self._down(exc)
+        else:
+            self.up = True
+            log.info("shared state in Redis at %s", _safe_url(self.redis.url))
+
+    async def aclose(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
+            self._probe = None
+        await self.redis.aclose()
+
+    def _down(self, exc: BaseException) -> None:
+        if self.up or self._probe is None:
+            mode = "serving on local state" if self.fail_open else "refusing requests (503)"
+            log.error("Redis unreachable (%s: %s): %s", type(exc).__name__, exc, mode)
+        self.up = False
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(
+                self._reconnect(), name="tokenpace-redis-probe"
+            )
+
+    async def _reconnect(self) -> None:
+        while True:
+            await asyncio.sleep(self.reconnect_interval_s)
+            with contextlib.suppress(*_FAILURES):
+                await self.redis.redis.connection_pool.disconnect()
+            try:
+                await self.redis.ping()
+                await self._reconcile()
+            except _FAILURES as exc:
+                log.debug("Redis still unreachable: %r", exc)
+                continue
+            self.up = True
+            self._probe = None
+            log.warning("Redis reachable again; state reconciled")
+            return
+
+    async def _reconcile(self) -> None:
+        await self.redis.seed_keys(*self._seed)  # a Redis that restarted empty knows no key
+        for rid, info in list(self._unsynced.items()):
+            await self.redis.remember(rid, info)
+            del self._unsynced[rid]
+        await self.redis.merge_counters(await self.local.counters())
+        if self.on_reconnect is not None:
+            await self.on_reconnect()
+        while self._buffer:
+            batch = [self._buffer.popleft() for _ in range(min(500, len(self._buffer)))]
+            try:
+                await self.redis.add_qoe(batch)
+            except BaseException:
+                self._buffer.extendleft(reversed(batch))
+                raise
+
+    async def _redis(self, name: str, *args: Any) -> tuple[bool, Any]:
+        """(True, result) from Redis, or (False, None) when it is down (fail open)."""
+        if self.up:
+            try:
+                return True, await getattr(self.redis, name)(*args)
+            except _FAILURES as exc:
+                self._down(exc)
+        if not self.fail_open:
+            raise StoreUnavailable("the shared state store (Redis) is unreachable")
+        return False, None
+
+    async def _either(self, name: str, *args: Any) -> Any:
+        ok, result = await self._redis(name, *args)
+        return result if ok else await getattr(self.local, name)(*args)
+
+    # -- keys -----------------------------------------------------------------------------
+    async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
+        self._seed = (dict(keys), dict(tenants))
+        await self.local.seed_keys(keys, tenants)
+        if self.up:
+            with contextlib.suppress(*_FAILURES):
+                await self.redis.seed_keys(keys, tenants)
+
+    async def tenant_for_key(self, digest: str) -> str | None:
+        return await self._either("tenant_for_key", digest)
+
+    async def add_key(self, tenant: str, digest: str) -> None:
+        await self._strict("add_key", tenant, digest)
+        await self.local.add_key(tenant, digest)
+
+    async def revoke_key(self, tenant: str, digest: str) -> bool:
+        ok = await self._strict("revoke_key", tenant, digest)
+        await self.local.revoke_key(tenant, digest)
+        return bool(ok)
+
+    async def tenant_keys(self, tenant: str) -> list[str]:
+        return await self._strict("tenant_keys", tenant)
+
+    async def _strict(self, name: str, *args: Any) -> Any:
+        """Key changes must reach every replica: never made locally only."""
+        if not self.up:
+            raise StoreUnavailable("the shared state store (Redis) is unreachable")
+        try:
+            return await getattr(self.redis, name)(*args)
+        except _FAILURES as exc:
+            self._down(exc)
+            raise StoreUnavailable("the shared state store (Redis) is unreachable") from exc
+
+    # -- admission ------------------------------------------------------------------------
+    def _mirror(self, tenant: str, counter: float) -> None:
+        self.local.vtc.counters[tenant] = max(self.local.vtc.counter(tenant), counter)
+
+    async def arrive(self, req: Arrival, slots: Sequence[Slot], lease_s: float) -> Admission:
+        ok, result = await self._redis("arrive", req, slots, lease_s)
+        if not ok:
+            result = await self.local.arrive(req, slots, lease_s)
+            if result.status in ("admitted", "queued", "full"):
+                self._note_unsynced(req)
+            return result
+        if result.status in ("admitted", "queued", "full"):
+            self._mirror(req.tenant, result.counter)
+            await self.local.remember(
+                req.request_id, RequestInfo(req.tenant, req.tier, req.ttft_s, req.tds, req.model)
+            )
+        return result
+
+    def _note_unsynced(self, req: Arrival) -> None:
+        if len(self._unsynced) < self._unsynced_max:
+            info = RequestInfo(req.tenant, req.tier, req.ttft_s, req.tds, req.model)
+            self._unsynced[req.request_id] = info
+
+    async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
+        return await self._either("retry", request_id, slots, lease_s)
+
+    async def leave(self, request_id: str) -> None:
+        await self.local.leave(request_id)
+        await self._redis("leave", request_id)
+
+    async def release(self, request_id: str, backend: str) -> None:
+        await self.local.release(request_id, backend)
+        await self._redis("release", request_id, backend)
+
+    async def renew(
+        self, slots: Iterable[tuple[str, str]], waiting: Iterable[str], lease_s: float
+    ) -> None:
+        held, queued = list(slots), list(waiting)
+        await self.local.renew([], queued, lease_s)
+        await self._redis("renew", held, queued, lease_s)
+
+    async def charge(self, usage: Mapping[str, tuple[float, int, int]]) -> dict[str, float]:
+        ok, result = await self._redis("charge", usage)
+        if not ok:
+            return await self.local.charge(usage)
+        for tenant, counter in result.items():
+            self._mirror(tenant, counter)
+        return result
+
+    async def counters(self) -> dict[str, float]:
+        return await self._either("counters")
+
+    async def merge_counters(self, counters: Mapping[str, float]) -> None:
+        await self.local.merge_counters(counters)
+        await self._redis("merge_counters", counters)
+
+    async def in_flight(self, backend: str) -> int:
+        return await self._either("in_flight", backend)
+
+    async def hit(self, tenant: str, name: str, limit: int) -> tuple[bool, float]:
+        return await self._either("hit", tenant, name, limit)
+
+    # -- requests and telemetry -----------------------------------------------------------
+    async def remember(self, request_id: str, info: RequestInfo) -> None:
+        await self.local.remember(request_id, info)
+        ok, _ = await self._redis("remember", request_id, info)
+        if not ok and len(self._unsynced) < self._unsynced_max:
+            self._unsynced[request_id] = info
+
+    async def request_info(self, request_id: str) -> RequestInfo | None:
+        ok, result = await self._redis("request_info", request_id)
+        if ok and result is not None:
+            return result
+        return await self.local.request_info(request_id)
+
+    async def add_qoe(self, records: Sequence[QoERecord]) -> list[ReportResult]:
+        ok, result = await self._redis("add_qoe", records)
+        if ok:
+            return result
+        out = await self.local.add_qoe(records)
+        self._buffer.extend(r for r, res in zip(records, out, strict=True) if res == "ok")
+        return out
+
+    async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
+        return await self._either("qoe_records", since, tenant)
+
+    async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
+        return await self._either("qoe_totals")
+
+
+def _safe_url(url: str) -> str:
+    """The URL without a password."""
+    head, sep, tail = url.rpartition("@")
+    if not sep:
+        return url
+    scheme, _, _ = head.partition("://")
+    return f"{scheme}://***@{tail}"

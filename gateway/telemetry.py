@@ -1,0 +1,308 @@
+"""QoE telemetry: the SDKs' reports, the gateway's own measurements, their summary.
+
+``POST /v1/tokenpace/telemetry`` (docs/protocol.md, "SDK → gateway: QoE telemetry"):
+the report is validated strictly (:class:`TelemetryReport`, bounded in size and
+length), its request id must be one of the caller's (else 404), and the gateway
+recomputes the QoE itself from the timelines, never trusting a client's number:
+Andes QoE (Liu et al. §3.1, Eq. 1, :func:`qos.metrics.andes_qoe`) and the monotone
+variant (:func:`qos.metrics.monotone_qoe`) of the *arrivals* and of the *displayed*
+timeline (what the pacing buffer showed), against the tier the gateway served the
+request under (the ``expected`` the client sends is checked for form only).
+
+Every completed stream the gateway relays adds a ``gateway`` record with the QoE of
+its emission times (computed in :mod:`gateway.streaming`); these are batched, one store
+call per replica every :data:`FLUSH_INTERVAL_S`. ``GET /v1/tokenpace/qoe`` puts both
+sides next to each other per tenant and tier over a window; ``/metrics`` exports the
+same summary (``tokenpace_qoe_window``), refreshed at each scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import anyio
+import numpy as np
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.backends import RequestContext
+from gateway.errors import GatewayError, bad_request, validation_error
+from gateway.ratelimit import retry_after_header
+from gateway.state import GatewayState
+from gateway.store import QoERecord, StoreUnavailable
+from qos.metrics import andes_qoe, monotone_qoe
+
+log = logging.getLogger("tokenpace.gateway.telemetry")
+
+FLUSH_INTERVAL_S = 0.25
+_PENDING_MAX = 10000
+_STATS = ("mean", "p50", "p90", "p99")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class Expected(_Strict):
+    ttft: float = Field(ge=0)
+    tds: float = Field(gt=0)
+
+
+class SdkInfo(_Strict):
+    name: str = Field(max_length=64)
+    version: str = Field(max_length=64)
+
+
+class TelemetryReport(_Strict):
+    """The SDK's report on one request (docs/protocol.md)."""
+
+    request_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="the X-Request-Id")
+    expected: Expected
+    arrivals: list[tuple[float, int]] = Field(
+        description="[seconds since the request was sent, tokens] per chunk received"
+    )
+    displayed: list[tuple[float, int]] = Field(
+        default_factory=list, description="the same for tokens shown to the user"
+    )
+    outcome: Literal["completed", "aborted", "error"]
+    sdk: SdkInfo | None = None
+
+
+def _qoe(timeline: list[tuple[float, int]], ttft: float, tds: float) -> tuple[float, float]:
+    if not timeline:
+        return 0.0, 0.0  # nothing reached the user
+    return andes_qoe(timeline, ttft, tds), monotone_qoe(timeline, ttft, tds)
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def _side(records: Sequence[QoERecord]) -> dict[str, Any]:
+    out: dict[str, Any] = {"count": len(records)}
+    if records:
+        out["andes"] = _stats([r.andes for r in records])
+        out["monotone"] = _stats([r.monotone for r in records])
+        shown = [r.displayed_andes for r in records if r.displayed_andes is not None]
+        if shown:
+            out["displayed_andes"] = _stats(shown)
+    return out
+
+
+def _pair(records: Sequence[QoERecord]) -> dict[str, Any]:
+    return {
+        "gateway": _side([r for r in records if r.side == "gateway"]),
+        "client": _side([r for r in records if r.side == "client"]),
+    }
+
+
+def summarize(records: Sequence[QoERecord]) -> dict[str, Any]:
+    """``tenant -> {overall, tiers: {tier -> {gateway, client}}}``."""
+    by_tenant: dict[str, list[QoERecord]] = {}
+    for r in records:
+        by_tenant.setdefault(r.tenant, []).append(r)
+    out: dict[str, Any] = {}
+    for tenant, recs in sorted(by_tenant.items()):
+        tiers: dict[str, list[QoERecord]] = {}
+        for r in recs:
+            tiers.setdefault(r.tier, []).append(r)
+        out[tenant] = {
+            "overall": _pair(recs),
+            "tiers": {tier: _pair(rs) for tier, rs in sorted(tiers.items())},
+        }
+    return out
+
+
+class _SummaryCollector(Collector):
+    def __init__(self) -> None:
+        self.summary: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily(
+            "tokenpace_qoe_window",
+            "QoE over telemetry.window_s, all replicas (side=gateway|client, "
+            "metric=andes|monotone|displayed_andes, stat=mean|p50|p90|p99|count)",
+            labels=["tenant", "tier", "side", "metric", "stat"],
+        )
+        for tenant, t in self.summary.items():
+            for tier, sides in t["tiers"].items():
+                for side, s in sides.items():
+                    g.add_metric([tenant, tier, side, "all", "count"], float(s["count"]))
+                    for metric in ("andes", "monotone", "displayed_andes"):
+                        for stat in _STATS:
+                            if metric in s:
+                                g.add_metric([tenant, tier, side, metric, stat], s[metric][stat])
+        yield g
+
+
+class Telemetry:
+    """Reports in, records batched out, summaries (see the module docstring)."""
+
+    def __init__(self, gw: GatewayState) -> None:
+        self.gw = gw
+        self.cfg = gw.config.telemetry
+        self._pending: list[QoERecord] = []
+        self._task: asyncio.Task[None] | None = None
+        self._collector = _SummaryCollector()
+        gw.metrics.registry.register(self._collector)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._flush_loop(), name="tokenpace-telemetry"
+        )
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        with contextlib.suppress(Exception):
+            await self._flush()
+
+    # -- gateway side ------------------------------------------------------------------
+    def record_stream(self, ctx: RequestContext, info: dict[str, Any]) -> None:
+        """Queue the gateway-side QoE of a finished stream (set by the relay in ``info``)."""
+        if "qoe_andes" not in info or len(self._pending) >= _PENDING_MAX:
+            return
+        self._pending.append(
+            QoERecord(
+                ctx.request_id,
+                ctx.tenant,
+                ctx.tier.name,
+                "gateway",
+                float(info["qoe_andes"]),
+                float(info["qoe_monotone"]),
+                str(info.get("outcome", "completed")),
+            )
+        )
+
+    async def _flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            with anyio.fail_after(2.0):
+                await self.gw.store.add_qoe(batch)
+        except (StoreUnavailable, TimeoutError):
+            self._pending = (batch + self._pending)[-_PENDING_MAX:]
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            try:
+                await self._flush()
+            except Exception:
+                log.warning("writing QoE records failed", exc_info=True)
+
+    # -- client side --------------------------------------------------------------------------
+    async def report(self, tenant: str, body: bytes) -> dict[str, Any]:
+        """Validate, check ownership, recompute, store; raise GatewayError otherwise."""
+        cfg = self.cfg
+        if len(body) > cfg.max_body_bytes:
+            raise GatewayError(
+                413,
+                f"Telemetry report too large: the limit is {cfg.max_body_bytes} bytes.",
+                code="request_too_large",
+            )
+        allowed, wait = await self.gw.store.hit(tenant, "tel", cfg.requests_per_minute)
+        if not allowed:
+            raise GatewayError(
+                429,
+                f"Too many telemetry reports (at most {cfg.requests_per_minute} a minute).",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers=retry_after_header(wait),
+            )
+        try:
+            report = TelemetryReport.model_validate_json(body or b"null")
+        except ValidationError as exc:
+            raise validation_error(list(exc.errors(include_url=False))) from None
+        limits = self.gw.config.limits
+        max_tokens = limits.max_tokens * limits.max_n
+        for name in ("arrivals", "displayed"):
+            timeline = getattr(report, name)
+            if len(timeline) > cfg.max_points:
+                raise bad_request(
+                    f"'{name}' has {len(timeline)} entries; at most {cfg.max_points}.",
+                    param=name,
+                    code="invalid_value",
+                )
+            if sum(n for _, n in timeline) > max_tokens:
+                raise bad_request(
+                    f"'{name}' counts more than {max_tokens} tokens.",
+                    param=name,
+                    code="invalid_value",
+                )
+        info = await self.gw.store.request_info(report.request_id)
+        if info is None or info.tenant != tenant:
+            raise _unknown_request(report.request_id)
+        try:
+            andes, mono = _qoe(report.arrivals, info.ttft, info.tds)
+            shown_andes, shown_mono = _qoe(report.displayed, info.ttft, info.tds)
+        except ValueError as exc:
+            name = "displayed" if "displayed" in str(exc) else "arrivals"
+            raise bad_request(str(exc), param=name, code="invalid_value") from None
+        record = QoERecord(
+            report.request_id,
+            tenant,
+            info.tier,
+            "client",
+            andes,
+            mono,
+            report.outcome,
+            shown_andes if report.displayed else None,
+            shown_mono if report.displayed else None,
+        )
+        (result,) = await self.gw.store.add_qoe([record])
+        if result == "unknown":
+            raise _unknown_request(report.request_id)
+        if result == "duplicate":
+            raise GatewayError(
+                409,
+                f"Request {report.request_id} was already reported.",
+                param="request_id",
+                code="duplicate_report",
+            )
+        return {
+            "object": "tokenpace.telemetry",
+            "request_id": report.request_id,
+            "tier": info.tier,
+            "expected": {"ttft": info.ttft, "tds": info.tds},
+            "qoe": {
+                "andes": andes,
+                "monotone": mono,
+                "displayed_andes": record.displayed_andes,
+                "displayed_monotone": record.displayed_monotone,
+            },
+        }
+
+    # -- summaries ---------------------------------------------------------------------------------
+    async def summary(self, tenant: str | None, window_s: float) -> dict[str, Any]:
+        records = await self.gw.store.qoe_records(time.time() - window_s, tenant)
+        tenants = summarize(records)
+        if tenant is not None:
+            tenants.setdefault(tenant, {"overall": _pair([]), "tiers": {}})
+        return {"object": "tokenpace.qoe_summary", "window_s": window_s, "tenants": tenants}
+
+    async def refresh_metrics(self) -> None:
+        """Recompute the ``/metrics`` summary (kept as it was if the store fails)."""
+        with contextlib.suppress(StoreUnavailable, TimeoutError), anyio.fail_after(2.0):
+            records = await self.gw.store.qoe_records(time.time() - self.cfg.window_s)
+            self._collector.summary = summarize(records)
+
+
+def _unknown_request(request_id: str) -> GatewayError:
+    return GatewayError(
+        404,
+        f"No request {request_id} of yours is known to this gateway.",
+        param="request_id",
+        code="request_not_found",
+    )

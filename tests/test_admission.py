@@ -1,0 +1,94 @@
+"""Admission details: vLLM /metrics back-pressure, prompt estimates, the queue wait cap."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from cluster_support import CappedUpstream, chat, cluster_config, replicas
+from test_gateway_support import run_server
+
+from gateway.admission import _vllm_gauge, estimate_prompt_tokens
+
+KEY = "key-acme-00000000"
+TENANTS = [{"name": "acme", "api_keys": [KEY]}]
+
+
+class VllmLike(CappedUpstream):
+    """A FakeUpstream stand-in that also serves vLLM-style Prometheus /metrics."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kv = 0.0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics":
+            text = (
+                "# HELP vllm:kv_cache_usage_perc KV-cache usage.\n"
+                f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {self.kv}\n'
+                'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+            ).encode()
+            headers = [(b"content-type", b"text/plain")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": text})
+            return
+        await super().__call__(scope, receive, send)
+
+
+def test_vllm_gauge_parsing() -> None:
+    text = 'vllm:gpu_cache_usage_perc{model_name="a"} 0.5\nvllm:num_requests_waiting 3\n'
+    assert _vllm_gauge(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") == 0.5
+    assert _vllm_gauge(text, "vllm:num_requests_waiting") == 3.0
+    assert _vllm_gauge(text, "vllm:missing") is None
+
+
+def test_prompt_estimate() -> None:
+    parts = [{"type": "text", "text": "x" * 40}]
+    assert estimate_prompt_tokens({"prompt": "y" * 400}) == 100
+    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": parts}]}) == 14
+
+
+async def test_full_kv_cache_holds_requests_in_the_queue(key_prefix) -> None:
+    fake = VllmLike(n_tokens=2, token_interval=0.001)
+    async with run_server(fake) as url:
+        fake.url = url
+        config = cluster_config(
+            url,
+            TENANTS,
+            redis_url=None,
+            prefix=key_prefix,
+            admission={"metrics_interval_s": 0.05, "poll_interval_s": 0.02},
+        )
+        config.backends[0].vllm_metrics = True
+        async with replicas(config, 1) as (gw,), gw.client(KEY) as c:
+            fake.kv = 0.99
+            await asyncio.sleep(0.15)
+            start = time.monotonic()
+            pending = asyncio.create_task(c.post("/v1/chat/completions", json=chat()))
+            await asyncio.sleep(0.3)
+            assert not pending.done() and fake.bodies == []
+            fake.kv = 0.2
+            r = await pending
+            assert r.status_code == 200 and time.monotonic() - start >= 0.3
+
+
+async def test_queue_wait_is_capped(key_prefix) -> None:
+    fake = CappedUpstream(n_tokens=30, token_interval=0.02)
+    async with run_server(fake) as url:
+        fake.url = url
+        config = cluster_config(
+            url,
+            TENANTS,
+            redis_url=None,
+            prefix=key_prefix,
+            max_concurrent=1,
+            admission={"max_wait_s": 0.2, "poll_interval_s": 0.02},
+        )
+        async with replicas(config, 1) as (gw,), gw.client(KEY) as c:
+            first = asyncio.create_task(c.post("/v1/chat/completions", json=chat(stream=True)))
+            await asyncio.sleep(0.1)
+            late = await c.post("/v1/chat/completions", json=chat())
+            assert late.status_code == 503 and late.json()["error"]["code"] == "queue_timeout"
+            assert (await first).status_code == 200
+            assert await gw.state.store.in_flight("up") == 0
