@@ -1,0 +1,1015 @@
+"""What the gateway costs: one run, direct vs tokenpace gateway vs LiteLLM proxy.
+
+Starts, on free loopback ports, the fixed-rate upstream (``bench/fixed_rate_upstream.py``),
+the tokenpace gateway (``tokenpace serve`` with a generated configuration: one tenant,
+one HTTP backend with ``tokenpace: false``, WARNING logging) and the LiteLLM proxy
+(``litellm --config``, an OpenAI-compatible model on the same upstream, no database),
+then for each N and each target drives N concurrent streams from a load generator in a
+process of its own (this file with ``--loadgen``: asyncio + uvloop + httptools, one
+keep-alive connection per stream slot, a receive time for every read).
+
+Two phases per (N, target), measured the same way for every target:
+
+- **fixed rate**: every stream is ``--tokens`` tokens at ``--rate`` tokens/s. Stream
+  starts are staggered over one stream duration (the ramp), then each of the N slots
+  runs streams back to back. Streams started in the next ``--fixed-s`` seconds are
+  recorded: TTFT (request written → first content chunk read), per-chunk delivery delay
+  (read time − the upstream's emission stamp, which it writes into ``content``),
+  inter-chunk gap (time between reads of consecutive chunks of a stream). "Added" is
+  the proxy's percentile minus direct's. Streams still running one stream duration
+  plus 5 s after the last start are cut off (a proxy that cannot keep up).
+- **saturation**: the upstream emits as fast as it can (model ``tps-0``) and the N
+  slots run streams back to back; chunks read in ``--sat-s`` seconds after a
+  ``--sat-warm-s`` warm-up (past the burst of the N first requests) give the sustained
+  chunks/s; ``--sat-repeats`` runs, the targets interleaved, and the median is kept.
+  Direct, this is what one core of upstream and client produce and consume; through a
+  proxy, the least of that and what the proxy relays.
+
+With at least two CPUs (and no ``--no-pin``), the upstream, the load generator and
+this process are pinned to the first half of the CPUs and the proxies to the other
+half, as a proxy on hosts of its own would run: its CPU use does not slow the
+upstream or the client, and direct is measured on the same CPUs.
+
+The server's CPU seconds (process tree, psutil) are taken over each phase and divided
+by the content chunks (= tokens) delivered; RSS is sampled every 50 ms. Last, the
+memory run sends ``--memory-requests`` requests through the gateway and samples its RSS
+every 1,000. Results: ``OUT/results.json`` and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+ROOT = Path(__file__).resolve().parent.parent
+UPSTREAM = ROOT / "bench" / "fixed_rate_upstream.py"
+BENCH_KEY = "tp-bench-key-0001"
+LITELLM_KEY = "sk-tokenpace-bench-0001"  # the proxy's master key (it refuses to run without one)
+TARGETS = ("direct", "gateway", "litellm")
+_STAMP = re.compile(rb'"content": ?"(\d+)"')
+
+
+# ---------------------------------------------------------------------------------
+# the load generator (its own process)
+
+
+@dataclass
+class LoadSpec:
+    """One load generator run against one target."""
+
+    host: str
+    port: int
+    key: str
+    model: str
+    tokens: int
+    concurrency: int
+    ramp_s: float  # stream starts staggered over this long
+    record_s: float  # streams started in [ramp_s, ramp_s + record_s) are recorded
+    stop_s: float  # no stream starts after this (from the run's start)
+    cut_s: float | None = None  # in-flight streams are dropped at this time
+    window: tuple[float, float] | None = None  # chunks read in this window → chunks/s
+    requests: int | None = None  # stop after this many completed streams
+    progress_every: int = 0  # print {"progress": n} after every n completed streams
+
+
+@dataclass
+class LoadStats:
+    ttft_us: array = field(default_factory=lambda: array("q"))
+    delay_us: array = field(default_factory=lambda: array("q"))
+    gap_us: array = field(default_factory=lambda: array("q"))
+    win_start_us: int = 0
+    win_end_us: int = 0
+    win_chunks: int = 0
+    chunks: int = 0
+    completed: int = 0
+    incomplete: int = 0
+    errors: int = 0
+    started: int = 0
+
+
+class _Stream:
+    """One streaming request's bookkeeping, fed by the connection's body callback."""
+
+    __slots__ = ("buf", "done", "error", "first", "last", "n", "record", "sent", "stats")
+
+    def __init__(self, stats: LoadStats, record: bool) -> None:
+        self.stats = stats
+        self.sent = 0  # set when the request is written
+        self.record = record
+        self.buf = b""
+        self.n = 0
+        self.first = 0
+        self.last = 0
+        self.done = False
+        self.error = False
+
+    def feed(self, body: bytes, now: int) -> None:
+        buf = self.buf + body
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self.buf = buf
+            return
+        events, self.buf = buf[:end], buf[end + 2 :]
+        stamps = _STAMP.findall(events)
+        if b"[DONE]" in events:
+            self.done = True
+        if b'{"error"' in events:
+            self.error = True
+        if not stamps:
+            return
+        n = len(stamps)
+        st = self.stats
+        st.chunks += n
+        if st.win_start_us <= now < st.win_end_us:
+            st.win_chunks += n
+        if self.record:
+            if self.n == 0:
+                st.ttft_us.append(now - self.sent)
+            else:
+                st.gap_us.append(now - self.last)
+            st.gap_us.extend([0] * (n - 1))
+            st.delay_us.extend([now - int(s) for s in stamps])
+        self.n += n
+        self.last = now
+
+
+class _Connection(asyncio.Protocol):
+    """A keep-alive HTTP/1.1 connection that runs one streaming request at a time."""
+
+    def __init__(self) -> None:
+        import httptools
+
+        self._parser = httptools.HttpResponseParser(self)
+        self._error = httptools.HttpParserError
+        self.transport: Any = None  # uvloop's TCPTransport
+        self.stream: _Stream | None = None
+        self.status = 0
+        self.reusable = True
+        self._now = 0
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._now = time.time_ns() // 1000
+        try:
+            self._parser.feed_data(data)
+        except self._error as exc:
+            self._fail(ConnectionError(f"bad HTTP response: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        self._fail(ConnectionError("connection closed"))
+
+    def _fail(self, exc: Exception) -> None:
+        self.reusable = False
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.reusable = self._parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if self.stream is not None:
+            self.stream.feed(body, self._now)
+
+    def on_message_complete(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def request(self, payload: bytes, stream: _Stream) -> None:
+        assert self.transport is not None
+        self.stream = stream
+        self.status = 0
+        self._waiter = asyncio.get_running_loop().create_future()
+        stream.sent = time.time_ns() // 1000
+        self.transport.write(payload)
+        await self._waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _request_bytes(spec: LoadSpec) -> bytes:
+    body = json.dumps(
+        {
+            "model": spec.model,
+            "messages": [{"role": "user", "content": "Say something."}],
+            "max_tokens": spec.tokens,
+            "stream": True,
+        }
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {spec.host}:{spec.port}\r\n"
+        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+        f"Authorization: Bearer {spec.key}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _slot(i: int, spec: LoadSpec, stats: LoadStats, t0: float) -> None:
+    """One of the N stream slots: streams back to back on a keep-alive connection."""
+    loop = asyncio.get_running_loop()
+    payload = _request_bytes(spec)
+    await asyncio.sleep(max(0.0, t0 + spec.ramp_s * i / spec.concurrency - loop.time()))
+    conn: _Connection | None = None
+    try:
+        while True:
+            now = loop.time() - t0
+            if now >= spec.stop_s or (spec.requests is not None and stats.started >= spec.requests):
+                return
+            if conn is None or not conn.reusable:
+                if conn is not None:
+                    conn.close()
+                _, conn = await loop.create_connection(_Connection, spec.host, spec.port)
+            record = spec.ramp_s <= now < spec.ramp_s + spec.record_s
+            stream = _Stream(stats, record)
+            stats.started += 1
+            try:
+                await conn.request(payload, stream)
+            except ConnectionError:
+                stats.errors += 1
+                conn.close()
+                conn = None
+                continue
+            if conn.status != 200 or stream.error:
+                stats.errors += 1
+            elif stream.done and stream.n == spec.tokens:
+                stats.completed += 1
+                if spec.progress_every and stats.completed % spec.progress_every == 0:
+                    print(json.dumps({"progress": stats.completed}), flush=True)
+            else:
+                stats.incomplete += 1
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _pcts(values: array) -> dict[str, float] | None:
+    import numpy as np
+
+    if not len(values):
+        return None
+    a = np.frombuffer(values, dtype=np.int64) / 1000.0  # ms
+    p50, p90, p99, p999 = np.percentile(a, [50, 90, 99, 99.9])
+    return {
+        "n": len(a),
+        "mean": float(a.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "p99.9": float(p999),
+        "max": float(a.max()),
+    }
+
+
+async def _run_load(spec: LoadSpec) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    stats = LoadStats()
+    t0 = loop.time() + 0.05
+    if spec.window is not None:
+        base = time.time_ns() // 1000 + 50_000
+        stats.win_start_us = base + int(spec.window[0] * 1e6)
+        stats.win_end_us = base + int(spec.window[1] * 1e6)
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    slots = [loop.create_task(_slot(i, spec, stats, t0)) for i in range(spec.concurrency)]
+    if spec.cut_s is not None:
+        await asyncio.wait(slots, timeout=max(0.0, t0 + spec.cut_s - loop.time()))
+        for task in slots:
+            task.cancel()
+    results = await asyncio.gather(*slots, return_exceptions=True)
+    wall = loop.time() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    failures = [r for r in failures if not isinstance(r, asyncio.CancelledError)]
+    out: dict[str, Any] = {
+        "wall_s": wall,
+        "loadgen_cpu_s": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
+        "streams_started": stats.started,
+        "streams_completed": stats.completed,
+        "streams_incomplete": stats.incomplete,
+        "streams_cut": stats.started - stats.completed - stats.incomplete - stats.errors,
+        "errors": stats.errors + len(failures),
+        "slot_failures": [repr(f) for f in failures[:3]],
+        "chunks": stats.chunks,
+        "ttft_ms": _pcts(stats.ttft_us),
+        "delay_ms": _pcts(stats.delay_us),
+        "gap_ms": _pcts(stats.gap_us),
+    }
+    if spec.window is not None:
+        out["window_chunks"] = stats.win_chunks
+        out["chunks_per_s"] = stats.win_chunks / (spec.window[1] - spec.window[0])
+    return out
+
+
+def loadgen_main(spec_json: str) -> int:
+    """``--loadgen SPEC``: run one load and print its result as one JSON line."""
+    import uvloop
+
+    spec = LoadSpec(**json.loads(spec_json))
+    if spec.window is not None:
+        spec.window = (spec.window[0], spec.window[1])
+    result = uvloop.run(_run_load(spec))
+    print(json.dumps({"result": result}), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------
+# servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A server subprocess (in its own session), with CPU and RSS of its process tree."""
+
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        ready_path: str,
+        log_dir: Path,
+        cpus: set[int] | None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        import psutil
+
+        self.name = name
+        self.port = port
+        self.ready_url = f"http://127.0.0.1:{port}{ready_path}"
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
+        )
+        if cpus:
+            os.sched_setaffinity(self.proc.pid, cpus)
+        self.ps = psutil.Process(self.proc.pid)
+        self._psutil = psutil
+
+    def wait_ready(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited; see {self.log_path}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.ready_url, timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s; see {self.log_path}")
+
+    def _tree(self) -> list[Any]:
+        try:
+            return [self.ps, *self.ps.children(recursive=True)]
+        except self._psutil.Error:
+            return [self.ps]
+
+    def cpu_s(self) -> float:
+        total = 0.0
+        for p in self._tree():
+            with contextlib.suppress(self._psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def rss(self) -> int:
+        total = 0
+        for p in self._tree():
+            with contextlib.suppress(self._psutil.Error):
+                total += p.memory_info().rss
+        return total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+
+
+class RssSampler:
+    """Samples the RSS of some servers every ``interval`` seconds; peak since reset."""
+
+    def __init__(self, servers: list[Server], interval: float = 0.05) -> None:
+        self.servers = servers
+        self.interval = interval
+        self.peak: dict[str, int] = {s.name: 0 for s in servers}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for s in self.servers:
+                self.peak[s.name] = max(self.peak[s.name], s.rss())
+
+    def reset(self) -> None:
+        for s in self.servers:
+            self.peak[s.name] = s.rss()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def gateway_config(port: int, upstream_port: int, concurrency: int) -> str:
+    """The gateway's configuration: one tenant, one plain HTTP backend, WARNING logs."""
+    return json.dumps(
+        {
+            "server": {"host": "127.0.0.1", "port": port},
+            "tenants": [{"name": "bench", "api_keys": [{"key": BENCH_KEY}]}],
+            "backends": [
+                {
+                    "name": "upstream",
+                    "url": f"http://127.0.0.1:{upstream_port}/v1",
+                    "models": ["*"],
+                    "tokenpace": False,
+                    "max_connections": concurrency,
+                    "max_keepalive_connections": concurrency,
+                }
+            ],
+            "logging": {"level": "WARNING"},
+        },
+        indent=2,
+    )
+
+
+def litellm_config(upstream_port: int, models: list[str]) -> str:
+    """LiteLLM proxy configuration: each model an OpenAI-compatible one on the upstream.
+
+    A master key, as the proxy requires, and no database: requests authenticate with it.
+    """
+    entries = [
+        {
+            "model_name": m,
+            "litellm_params": {
+                "model": f"openai/{m}",
+                "api_base": f"http://127.0.0.1:{upstream_port}/v1",
+                "api_key": "bench",
+            },
+        }
+        for m in models
+    ]
+    return json.dumps(
+        {
+            "model_list": entries,
+            "litellm_settings": {"set_verbose": False, "telemetry": False},
+            "general_settings": {"master_key": LITELLM_KEY},
+        },
+        indent=2,
+    )
+
+
+# ---------------------------------------------------------------------------------
+# the run
+
+
+def _cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None, None
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
+
+
+def _run_loadgen(
+    spec: LoadSpec, cpus: set[int] | None, on_progress: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--loadgen", json.dumps(spec.__dict__)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    if cpus:
+        os.sched_setaffinity(proc.pid, cpus)
+    result: dict[str, Any] | None = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        msg = json.loads(line)
+        if "progress" in msg and on_progress is not None:
+            on_progress(msg["progress"])
+        elif "result" in msg:
+            result = msg["result"]
+    if proc.wait() != 0 or result is None:
+        raise RuntimeError(f"load generator failed (exit {proc.returncode})")
+    return result
+
+
+def _say(out: TextIO, text: str) -> None:
+    print(text, file=out, flush=True)
+
+
+def _versions(litellm_bin: Path | None) -> dict[str, str]:
+    from importlib.metadata import version
+
+    v = {"python": platform.python_version()}
+    for pkg in ("uvicorn", "httpx", "fastapi", "sse-starlette", "uvloop", "httptools"):
+        with contextlib.suppress(Exception):
+            v[pkg] = version(pkg)
+    if litellm_bin is not None:
+        py = litellm_bin.parent / "python"
+        with contextlib.suppress(Exception):
+            v["litellm"] = subprocess.run(
+                [str(py), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+    return v
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+class Bench:
+    """Everything one run needs: the servers, the pinning, the RSS sampler."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = sys.stdout
+        self.harness_cpus, self.proxy_cpus = _cpu_split(not args.no_pin)
+        if self.harness_cpus:
+            os.sched_setaffinity(0, self.harness_cpus)
+        self.tmp = Path(tempfile.mkdtemp(prefix="tokenpace-bench-"))
+        self.servers: dict[str, Server] = {}
+        self.ports: dict[str, int] = {}
+        self.sampler: RssSampler | None = None
+        self.skipped: dict[str, str] = {}
+
+    def start(self, targets: list[str], litellm_bin: Path | None) -> None:
+        a = self.args
+        up_port = free_port()
+        self.servers["upstream"] = Server(
+            "upstream",
+            [sys.executable, str(UPSTREAM), "--port", str(up_port), "--rate", str(a.rate)],
+            up_port,
+            "/v1/models",
+            self.tmp,
+            self.harness_cpus,
+        )
+        self.ports["direct"] = up_port
+        conc = max(a.ns) * 2
+        if "gateway" in targets:
+            port = free_port()
+            cfg = self.tmp / "gateway.yaml"
+            cfg.write_text(gateway_config(port, up_port, conc))
+            tokenpace = Path(sys.executable).parent / "tokenpace"
+            self.servers["gateway"] = Server(
+                "gateway",
+                [str(tokenpace), "serve", "--config", str(cfg)],
+                port,
+                "/readyz",
+                self.tmp,
+                self.proxy_cpus,
+            )
+            self.ports["gateway"] = port
+        if "litellm" in targets and litellm_bin is not None:
+            port = free_port()
+            cfg = self.tmp / "litellm.yaml"
+            cfg.write_text(litellm_config(up_port, [f"tps-{a.rate:g}", "tps-0"]))
+            self.servers["litellm"] = Server(
+                "litellm",
+                [
+                    str(litellm_bin),
+                    "--config",
+                    str(cfg),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+                port,
+                "/health/liveliness",
+                self.tmp,
+                self.proxy_cpus,
+                env={
+                    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                    "LITELLM_LOG": "ERROR",
+                    "LITELLM_MODE": "PRODUCTION",
+                    "DISABLE_ADMIN_UI": "True",
+                },
+            )
+            self.ports["litellm"] = port
+        for s in self.servers.values():
+            _say(self.out, f"starting {s.name} on port {s.port} ...")
+            s.wait_ready(180.0 if s.name == "litellm" else 60.0)
+        self.sampler = RssSampler([s for n, s in self.servers.items() if n != "upstream"])
+
+    def spec(self, target: str, **kw: Any) -> LoadSpec:
+        key = LITELLM_KEY if target == "litellm" else BENCH_KEY
+        return LoadSpec(host="127.0.0.1", port=self.ports[target], key=key, **kw)
+
+    def settle(self, max_s: float = 60.0, busy: float = 0.05) -> float:
+        """Wait until every server is idle (under ``busy`` CPUs over 0.5 s); seconds waited.
+
+        A proxy that fell behind (LiteLLM) keeps working on streams the load generator
+        already dropped, and keeps the upstream busy too: that must not leak into the
+        next measurement.
+        """
+        start = time.monotonic()
+        quiet = 0
+        while quiet < 2 and time.monotonic() - start < max_s:  # two quiet intervals in a row
+            before = sum(s.cpu_s() for s in self.servers.values())
+            time.sleep(0.5)
+            busy_now = sum(s.cpu_s() for s in self.servers.values()) - before >= busy * 0.5
+            quiet = 0 if busy_now else quiet + 1
+        waited = time.monotonic() - start
+        if waited > 2.0:
+            _say(self.out, f"  (waited {waited:.0f} s for the servers to go idle)")
+        return waited
+
+    def measure(self, target: str, spec: LoadSpec) -> dict[str, Any]:
+        """Run one load; add the server's CPU per 1k tokens and peak RSS over it."""
+        assert self.sampler is not None
+        settled = self.settle()
+        server = self.servers.get(target)
+        upstream = self.servers["upstream"]
+        if server is not None:
+            self.sampler.reset()
+        cpu0 = server.cpu_s() if server else 0.0
+        up0 = upstream.cpu_s()
+        res = _run_loadgen(spec, self.harness_cpus)
+        chunks = max(res["chunks"], 1)
+        res["upstream_cpu_s_per_1k_tokens"] = (upstream.cpu_s() - up0) / chunks * 1000
+        res["loadgen_cpu_s_per_1k_tokens"] = res["loadgen_cpu_s"] / chunks * 1000
+        res["settle_s"] = settled
+        if server is not None:
+            res["server_cpu_s"] = server.cpu_s() - cpu0
+            res["cpu_s_per_1k_tokens"] = res["server_cpu_s"] / chunks * 1000
+            res["peak_rss_mb"] = self.sampler.peak[target] / 2**20
+        return res
+
+    def warm_up(self, target: str) -> None:
+        a = self.args
+        n = max(a.ns)
+        spec = self.spec(
+            target,
+            model="tps-0",
+            tokens=20,
+            concurrency=n,
+            ramp_s=0.0,
+            record_s=0.0,
+            stop_s=60.0,
+            requests=2 * n,
+        )
+        _run_loadgen(spec, self.harness_cpus)
+
+    def fixed(self, target: str, n: int) -> dict[str, Any]:
+        a = self.args
+        duration = a.tokens / a.rate
+        spec = self.spec(
+            target,
+            model=f"tps-{a.rate:g}",
+            tokens=a.tokens,
+            concurrency=n,
+            ramp_s=duration,
+            record_s=a.fixed_s,
+            stop_s=duration + a.fixed_s,
+            cut_s=2 * duration + a.fixed_s + 5.0,  # a proxy that cannot keep up is cut off
+            window=(duration, duration + a.fixed_s),
+        )
+        return self.measure(target, spec)
+
+    def saturate(self, target: str, n: int) -> dict[str, Any]:
+        a = self.args
+        spec = self.spec(
+            target,
+            model="tps-0",
+            tokens=a.tokens,
+            concurrency=n,
+            ramp_s=0.0,
+            record_s=0.0,
+            stop_s=a.sat_warm_s + a.sat_s,
+            cut_s=a.sat_warm_s + a.sat_s,
+            window=(a.sat_warm_s, a.sat_warm_s + a.sat_s),
+        )
+        return self.measure(target, spec)
+
+    def memory(self) -> dict[str, Any]:
+        a = self.args
+        gw = self.servers["gateway"]
+        self.settle()
+        samples: list[tuple[int, float]] = [(0, gw.rss() / 2**20)]
+
+        def on_progress(done: int) -> None:
+            samples.append((done, gw.rss() / 2**20))
+            _say(self.out, f"  memory: {done} requests, gateway RSS {samples[-1][1]:.1f} MB")
+
+        spec = self.spec(
+            "gateway",
+            model="tps-0",
+            tokens=a.memory_tokens,
+            concurrency=a.memory_concurrency,
+            ramp_s=0.0,
+            record_s=0.0,
+            stop_s=3600.0,
+            requests=a.memory_requests,
+            progress_every=1000,
+        )
+        t0 = time.monotonic()
+        res = _run_loadgen(spec, self.harness_cpus, on_progress)
+        first = next((mb for done, mb in samples if done >= 1000), samples[0][1])
+        last = samples[-1][1]
+        return {
+            "requests": a.memory_requests,
+            "tokens_per_request": a.memory_tokens,
+            "concurrency": a.memory_concurrency,
+            "wall_s": time.monotonic() - t0,
+            "errors": res["errors"],
+            "streams_completed": res["streams_completed"],
+            "rss_mb": samples,
+            "first_mb": first,
+            "last_mb": last,
+            "change_pct": (last - first) / first * 100,
+        }
+
+    def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+        for s in reversed(list(self.servers.values())):
+            s.stop()
+
+
+def _added(res: dict[str, Any], direct: dict[str, Any], key: str, p: str) -> float | None:
+    a, b = res.get(key), direct.get(key)
+    if not a or not b:
+        return None
+    return a[p] - b[p]
+
+
+def _fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def summarize(results: dict[str, Any], targets: list[str], ns: list[int]) -> list[str]:
+    """Markdown tables, one per N, and the targets; also stored in results.json."""
+    lines: list[str] = []
+    for n in ns:
+        by = results["runs"][str(n)]
+        d_fix, d_sat = by["direct"]["fixed"], by["direct"]["saturation"]
+        lines += [
+            f"N = {n} streams",
+            "",
+            "| target | TTFT p50 / p99 ms | added TTFT p50 / p99 ms | delivery delay p50 / p99 ms "
+            "| added delay p50 / p99 ms | inter-chunk p50 / p99 ms | added inter-chunk p50 / p99 "
+            "ms | chunks/s at fixed rate | sustained chunks/s (vs direct) | CPU s / 1k tokens "
+            "| peak RSS MB |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for t in targets:
+            if t not in by:
+                continue
+            f, s = by[t]["fixed"], by[t]["saturation"]
+            ttft, delay, gap = f["ttft_ms"] or {}, f["delay_ms"] or {}, f["gap_ms"] or {}
+            ratio = s["chunks_per_s"] / d_sat["chunks_per_s"] if d_sat["chunks_per_s"] else 0
+            cells = [
+                t,
+                f"{_fmt(ttft.get('p50'))} / {_fmt(ttft.get('p99'))}",
+                "-"
+                if t == "direct"
+                else f"{_fmt(_added(f, d_fix, 'ttft_ms', 'p50'))} / "
+                f"{_fmt(_added(f, d_fix, 'ttft_ms', 'p99'))}",
+                f"{_fmt(delay.get('p50'))} / {_fmt(delay.get('p99'))}",
+                "-"
+                if t == "direct"
+                else f"{_fmt(_added(f, d_fix, 'delay_ms', 'p50'))} / "
+                f"{_fmt(_added(f, d_fix, 'delay_ms', 'p99'))}",
+                f"{_fmt(gap.get('p50'))} / {_fmt(gap.get('p99'))}",
+                "-"
+                if t == "direct"
+                else f"{_fmt(_added(f, d_fix, 'gap_ms', 'p50'))} / "
+                f"{_fmt(_added(f, d_fix, 'gap_ms', 'p99'))}",
+                f"{f['chunks_per_s']:.0f}",
+                f"{s['chunks_per_s']:.0f} ({ratio:.0%})",
+                _fmt(f.get("cpu_s_per_1k_tokens"), ".3f"),
+                _fmt(max(f.get("peak_rss_mb", 0), s.get("peak_rss_mb", 0)) or None, ".0f"),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        errors = {
+            t: by[t]["fixed"]["errors"] + by[t]["saturation"]["errors"] for t in targets if t in by
+        }
+        cut = {t: by[t]["fixed"]["streams_cut"] for t in targets if t in by}
+        lines += ["", f"errors: {errors}; fixed-rate streams cut off unfinished: {cut}", ""]
+    return lines
+
+
+def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]]:
+    """The issue's targets, measured; ``met`` is None when not measurable in this run."""
+    n = max(ns)
+    by = results["runs"][str(n)]
+    checks: list[dict[str, Any]] = []
+    gw, direct = by.get("gateway"), by["direct"]
+    if gw is None:
+        return checks
+    add50 = _added(gw["fixed"], direct["fixed"], "ttft_ms", "p50")
+    add99 = _added(gw["fixed"], direct["fixed"], "ttft_ms", "p99")
+    if add50 is not None and add99 is not None:
+        checks.append(
+            {"target": f"added TTFT p50 <= 2 ms at {n}", "measured": add50, "met": add50 <= 2}
+        )
+        checks.append(
+            {"target": f"added TTFT p99 <= 10 ms at {n}", "measured": add99, "met": add99 <= 10}
+        )
+    for m in ns:
+        b = results["runs"][str(m)]
+        r = b["gateway"]["saturation"]["chunks_per_s"] / b["direct"]["saturation"]["chunks_per_s"]
+        checks.append(
+            {
+                "target": f"sustained chunks/s >= 85 % of direct at {m}",
+                "measured": r,
+                "met": r >= 0.85,
+            }
+        )
+        if "litellm" in b:
+            # LiteLLM's best throughput in either phase (it delivers more when paced)
+            best = max(b["litellm"][ph]["chunks_per_s"] for ph in ("fixed", "saturation"))
+            lr = b["gateway"]["saturation"]["chunks_per_s"] / best
+            checks.append(
+                {
+                    "target": f">= 2x LiteLLM's best chunks/s at {m}",
+                    "measured": lr,
+                    "met": lr >= 2,
+                }
+            )
+    mem = results.get("memory")
+    if mem:
+        checks.append(
+            {
+                "target": f"RSS flat within 10 % over {mem['requests']} requests",
+                "measured": mem["change_pct"],
+                "met": abs(mem["change_pct"]) <= 10,
+            }
+        )
+    return checks
+
+
+def run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    targets = [t for t in args.targets.split(",") if t]
+    litellm_bin: Path | None = None
+    if "litellm" in targets:
+        found = shutil.which(args.litellm) or (
+            str(ROOT / args.litellm) if (ROOT / args.litellm).exists() else None
+        )
+        if found:
+            litellm_bin = Path(found)
+        else:
+            _say(out, f"LiteLLM not found at {args.litellm!r}: running without it")
+    bench = Bench(args)
+    results: dict[str, Any] = {
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "machine": _machine(),
+        "versions": _versions(litellm_bin),
+        "pinning": {
+            "harness_cpus": sorted(bench.harness_cpus or []),
+            "proxy_cpus": sorted(bench.proxy_cpus or []),
+        },
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "ns",
+                "rate",
+                "tokens",
+                "fixed_s",
+                "sat_s",
+                "sat_warm_s",
+                "sat_repeats",
+                "memory_requests",
+            )
+        },
+        "runs": {},
+    }
+    started = time.monotonic()
+    try:
+        bench.start(targets, litellm_bin)
+        active = [t for t in targets if t == "direct" or t in bench.servers]
+        for t in active:
+            _say(out, f"warming up {t}")
+            bench.warm_up(t)
+        for n in args.ns:
+            runs: dict[str, Any] = {}
+            for t in active:
+                runs[t] = {}
+                _say(out, f"N={n} {t}: fixed rate {args.rate:g} tokens/s ...")
+                runs[t]["fixed"] = r = bench.fixed(t, n)
+                _say(
+                    out,
+                    f"  TTFT p50 {_fmt((r['ttft_ms'] or {}).get('p50'))} ms, delay p99 "
+                    f"{_fmt((r['delay_ms'] or {}).get('p99'))} ms, {r['chunks_per_s']:.0f} "
+                    f"chunks/s, errors {r['errors']}",
+                )
+            # Saturation, repeated with the targets interleaved; the median run is kept
+            # (a burst of load from elsewhere on a shared machine hits one repeat).
+            reps: dict[str, list[dict[str, Any]]] = {t: [] for t in active}
+            for i in range(args.sat_repeats):
+                for t in active:
+                    _say(out, f"N={n} {t}: saturation {i + 1}/{args.sat_repeats} ...")
+                    reps[t].append(r := bench.saturate(t, n))
+                    _say(out, f"  {r['chunks_per_s']:.0f} chunks/s, errors {r['errors']}")
+            for t in active:
+                ranked = sorted(reps[t], key=lambda r: r["chunks_per_s"])
+                runs[t]["saturation"] = ranked[len(ranked) // 2]
+                runs[t]["saturation_chunks_per_s"] = [r["chunks_per_s"] for r in reps[t]]
+            results["runs"][str(n)] = runs
+        if "gateway" in bench.servers and args.memory_requests > 0:
+            _say(out, f"memory: {args.memory_requests} requests through the gateway ...")
+            results["memory"] = bench.memory()
+    finally:
+        bench.stop()
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    results["wall_s"] = time.monotonic() - started
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "results.json").write_text(json.dumps(results, indent=2))  # before summarising
+    table = summarize(results, active, args.ns)
+    results["targets"] = check_targets(results, args.ns)
+    (outdir / "results.json").write_text(json.dumps(results, indent=2))
+    _say(out, "\n" + "\n".join(table))
+    if "memory" in results:
+        m = results["memory"]
+        _say(
+            out,
+            f"memory: {m['requests']} requests, gateway RSS {m['first_mb']:.1f} MB after 1000 → "
+            f"{m['last_mb']:.1f} MB ({m['change_pct']:+.1f} %)",
+        )
+    for c in results["targets"]:
+        verdict = "met" if c["met"] else "MISSED"
+        _say(out, f"{verdict:>6}: {c['target']} (measured {c['measured']:.3g})")
+    _say(out, f"results: {outdir / 'results.json'} ({results['wall_s']:.0f} s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Gateway cost: direct vs tokenpace vs LiteLLM.")
+    p.add_argument("--loadgen", metavar="SPEC", help=argparse.SUPPRESS)
+    p.add_argument("--ns", default="64,256", help="concurrent streams, comma-separated")
+    p.add_argument("--targets", default=",".join(TARGETS), help="subset of direct,gateway,litellm")
+    p.add_argument("--rate", type=float, default=25.0, help="tokens/s per stream, fixed phase")
+    p.add_argument("--tokens", type=int, default=200, help="tokens per stream")
+    p.add_argument("--fixed-s", type=float, default=8.0, help="recorded stream starts, s")
+    p.add_argument("--sat-s", type=float, default=6.0, help="saturation window, s")
+    p.add_argument("--sat-warm-s", type=float, default=2.0, help="saturation warm-up, s")
+    p.add_argument("--sat-repeats", type=int, default=3, help="saturation runs (median kept)")
+    p.add_argument("--memory-requests", type=int, default=10_000)
+    p.add_argument("--memory-tokens", type=int, default=20, help="tokens per memory-run stream")
+    p.add_argument("--memory-concurrency", type=int, default=64)
+    p.add_argument("--litellm", default=".venv-litellm/bin/litellm", help="the litellm command")
+    p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
+    p.add_argument("--out", default="results/gateway_load")
+    args = p.parse_args(argv)
+    if args.loadgen:
+        return loadgen_main(args.loadgen)
+    args.ns = [int(x) for x in args.ns.split(",") if x]
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

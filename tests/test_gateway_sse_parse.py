@@ -1,0 +1,63 @@
+"""HttpChunkStream's byte-level SSE parsing: line endings, split reads, end of body."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.backends import BackendError, HttpChunkStream
+
+
+def _response(parts: list[bytes]) -> httpx.Response:
+    async def body() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    return httpx.Response(200, content=body())
+
+
+async def _chunks(parts: list[bytes]) -> list[dict]:
+    stream = HttpChunkStream("b", _response(parts))
+    try:
+        return [chunk async for chunk in stream]
+    finally:
+        await stream.aclose()
+
+
+EVENTS = (
+    b': keep-alive\n\ndata: {"n": 1}\n\nevent: x\nid: 7\ndata: {"n":\ndata: 2}\n\n'
+    b'data:{"n": 3}\n\ndata: [DONE]\n\n'
+)
+
+
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n", b"\r"])
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+async def test_events_across_reads_and_line_endings(eol: bytes, size: int) -> None:
+    raw = EVENTS.replace(b"\n", eol)
+    parts = [raw[i : i + size] for i in range(0, len(raw), size)]
+    assert await _chunks(parts) == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+async def test_nothing_after_done_is_read() -> None:
+    assert await _chunks([b'data: {"n": 1}\n\ndata: [DONE]\n\ndata: {"n": 2}\n\n']) == [{"n": 1}]
+
+
+async def test_last_event_without_blank_line_then_truncated() -> None:
+    stream = HttpChunkStream("b", _response([b'data: {"n": 1}\n\ndata: {"n": 2}']))
+    assert await stream.__anext__() == {"n": 1}
+    assert await stream.__anext__() == {"n": 2}
+    with pytest.raises(BackendError) as err:
+        await stream.__anext__()
+    assert err.value.code == "upstream_truncated"
+    await stream.aclose()
+
+
+async def test_malformed_and_error_events() -> None:
+    with pytest.raises(BackendError) as err:
+        await _chunks([b"data: {not json\n\n"])
+    assert err.value.code == "upstream_bad_response"
+    with pytest.raises(BackendError) as err:
+        await _chunks([b'data: {"error": {"message": "boom"}}\n\n'])
+    assert err.value.message == "boom" and not err.value.retryable
