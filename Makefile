@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint format bench-qoe clean
+.PHONY: venv test lint format bench-qoe clean run vllm system-deps bench-gateway
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +24,37 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: venv lint
+# vLLM's CPU build in its own .venv-vllm plus the offline models the vLLM tests and
+# bench use (.models/tiny-llama, .models/small-llama); idempotent, scripts/setup-vllm.sh.
+vllm:
+	PYTHON=$(PYTHON) scripts/setup-vllm.sh
+
+# System packages the tests use (redis-server, from Debian); a no-op when present.
+system-deps:
+	scripts/install-system-deps.sh
+
+test: venv lint vllm system-deps
 	$(BIN)/pytest -q
 
 bench-qoe: venv
 	$(BIN)/tokenpace bench qoe --out results/qoe
+
+# What the gateway costs: direct vs tokenpace vs the LiteLLM proxy, in one run (a few
+# minutes; docs/benchmarks.md, "Gateway cost"). LiteLLM lives in its own .venv-litellm.
+LITELLM_VENV := .venv-litellm
+$(LITELLM_VENV)/bin/litellm:
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.106.2'
+
+bench-gateway: venv $(LITELLM_VENV)/bin/litellm
+	$(BIN)/python bench/gateway_load.py --litellm $(LITELLM_VENV)/bin/litellm --out results/gateway_load
+
+# The gateway on its embedded SIMULATED engine (no model runs); `make run PORT=9000`.
+run: HOST = 127.0.0.1
+run: PORT = 8000
+run: venv
+	$(BIN)/tokenpace serve --host $(HOST) --port $(PORT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

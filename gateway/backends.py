@@ -412,8 +412,10 @@ def build_http_client(config: GatewayConfig) -> httpx.AsyncClient:
         if prev is not None:  # two backends behind one origin share its pool
             max_conn = max(max_conn, prev.max_connections or 0)
             keepalive = max(keepalive, prev.max_keepalive_connections or 0)
+        # Idle connections expire before uvicorn's default 5 s keep-alive (vLLM's server)
+        # closes them: reusing one the server already closed fails the request.
         limits_by_origin[origin] = httpx.Limits(
-            max_connections=max_conn, max_keepalive_connections=keepalive, keepalive_expiry=30.0
+            max_connections=max_conn, max_keepalive_connections=keepalive, keepalive_expiry=4.0
         )
     mounts: dict[str, httpx.AsyncBaseTransport | None] = {
         origin: ShardedTransport(limits) for origin, limits in limits_by_origin.items()

@@ -1,0 +1,331 @@
+"""Real vLLM servers behind the tokenpace gateway, driven by the official openai client.
+
+Shared by ``bench/vllm_compare.py`` and ``tests/test_vllm_e2e.py``:
+
+- :class:`VllmServer`: ``python -m vllm.entrypoints.openai.api_server`` as a subprocess
+  (in its own process group, stopped with SIGTERM then SIGKILL), with the qos plugin
+  (``--scheduler-cls qos.vllm.AndesScheduler``) or vLLM's stock FCFS / priority policy
+  (timed by ``qos.vllm.TimedScheduler``: same scheduling, plus the step statistics);
+- :func:`serve_gateway`: the gateway app on a loopback port with uvicorn;
+- :func:`run_jobs`: a workload of timed requests, streamed through the gateway with
+  ``openai.AsyncOpenAI``; each reply's tokens are timed on receipt (vLLM's
+  ``continuous_usage_stats`` gives the token count of every chunk) and scored with the
+  Andes QoE (:func:`qos.metrics.andes_qoe`) against its tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig, parse_config
+from qos.metrics import andes_qoe
+
+API_KEY = "tp-bench-key-0000001"
+PLUGIN = "qos.vllm.AndesScheduler"
+TIMED_STOCK = "qos.vllm.TimedScheduler"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class VllmServer:
+    """One vLLM OpenAI server; ``mode`` is ``andes`` (the plugin), ``fcfs`` or ``priority``."""
+
+    python: str
+    model: str
+    name: str  # served model name
+    mode: str
+    workdir: Path
+    kv_blocks: int = 40
+    block_size: int = 32
+    max_num_seqs: int = 8
+    max_model_len: int = 512
+    extra_args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    dummy_weights: bool = True
+    nice: int = 0  # niceness of the server's processes (> 0: the gateway and client go first)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def stats_file(self) -> Path:
+        return self.workdir / f"{self.name}.stats.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    def command(self) -> list[str]:
+        if self.mode not in ("andes", "fcfs", "priority"):
+            raise ValueError(f"mode: use andes, fcfs or priority, got {self.mode!r}")
+        cmd = [
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--served-model-name",
+            self.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--block-size",
+            str(self.block_size),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--scheduler-cls",
+            PLUGIN if self.mode == "andes" else TIMED_STOCK,
+            "--disable-log-stats",
+        ]
+        if self.kv_blocks > 0:  # shrink the cache so that requests contend (0: vLLM sizes it)
+            cmd += ["--num-gpu-blocks-override", str(self.kv_blocks)]
+        if self.dummy_weights:
+            cmd += ["--load-format", "dummy", "--dtype", "float32"]
+        if self.mode == "priority":
+            cmd += ["--scheduling-policy", "priority"]
+        return cmd + list(self.extra_args)
+
+    def start(self) -> VllmServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.stats_file.unlink(missing_ok=True)
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "TOKENPACE_STATS_FILE": str(self.stats_file),
+            # Longer than the gateway's pooled connections live (30 s): vLLM's default 5 s
+            # closes idle ones under the gateway, whose next request on one gets a 502.
+            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120",
+            **self.env,
+        }
+        with open(self.log_file, "w") as log:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own process group: engine core and worker too
+                preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
+            )
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll /health until it answers 200; RuntimeError with the log's tail otherwise."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM {self.name} exited ({self.proc.returncode}):\n{self.tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"vLLM {self.name} not ready after {timeout_s:.0f} s:\n{self.tail()}")
+
+    def tail(self, chars: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_file.read_text(errors="replace")[-chars:]
+        return ""
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's counters (``qos.vllm.TimedScheduler.stats``), as last written."""
+        return json.loads(self.stats_file.read_text())
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after 20 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+def gateway_config(
+    backends: Sequence[VllmServer], tiers: dict[str, dict[str, float]]
+) -> GatewayConfig:
+    """One tenant (``bench``, every tier), one backend per server, tagged for tokenpace.
+
+    Every backend gets the tags (``tokenpace: true``; the stock schedulers ignore them)
+    and the tier's ``priority`` (``supports_priority``; only vLLM's priority policy reads
+    it), so every engine receives the same request bodies.
+    """
+    return parse_config(
+        {
+            "tenants": [{"name": "bench", "api_keys": [API_KEY], "allow_custom": True}],
+            "tiers": tiers,
+            "backends": [
+                {
+                    "name": s.name,
+                    "url": f"{s.url}/v1",
+                    "models": [s.name],
+                    "health_path": "/health",
+                    "tokenpace": True,
+                    "supports_priority": True,
+                }
+                for s in backends
+            ],
+            "timeouts": {"first_byte_s": 600.0, "idle_s": 600.0, "request_s": 1200.0},
+            "limits": {"max_tokens": 4096},
+        }
+    )
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:  # leave the caller's signal handlers alone
+        yield
+
+
+@asynccontextmanager
+async def serve_gateway(config: GatewayConfig) -> AsyncIterator[str]:
+    """The gateway on a free loopback port; yields its ``/v1`` base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = _Server(
+        uvicorn.Config(
+            create_app(config),
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+            ws="none",
+        )
+    )
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("gateway stopped during start-up")
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sock.close()
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request of a workload: sent at ``at_s`` seconds after the start."""
+
+    at_s: float
+    tier: str
+    prompt: str
+    max_tokens: int
+
+
+@dataclass
+class JobResult:
+    job: Job
+    ttft_expected: float
+    tds_expected: float
+    times: list[tuple[float, int]]  # (seconds since sent, tokens received)
+    completion_tokens: int
+    qoe: float
+    elapsed_s: float
+
+    @property
+    def ttft(self) -> float:
+        return self.times[0][0] if self.times else float("nan")
+
+
+async def _one(client: openai.AsyncOpenAI, model: str, job: Job, t0: float) -> JobResult:
+    await asyncio.sleep(max(0.0, t0 + job.at_s - time.perf_counter()))
+    sent = time.perf_counter()
+    raw = await client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=[{"role": "user", "content": job.prompt}],
+        max_tokens=job.max_tokens,
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True, "tokenpace": {"tier": job.tier}},
+    )
+    ttft_expected = float(raw.headers["X-TokenPace-TTFT"])
+    tds_expected = float(raw.headers["X-TokenPace-TDS"])
+    stream = raw.parse()
+    times: list[tuple[float, int]] = []
+    seen = 0
+    async for chunk in stream:
+        usage = chunk.usage
+        if usage is None or usage.completion_tokens <= seen:
+            continue
+        times.append((time.perf_counter() - sent, usage.completion_tokens - seen))
+        seen = usage.completion_tokens
+    elapsed = time.perf_counter() - sent
+    qoe = andes_qoe(times, ttft_expected, tds_expected) if times else 0.0
+    return JobResult(job, ttft_expected, tds_expected, times, seen, qoe, elapsed)
+
+
+async def run_jobs(base_url: str, model: str, jobs: Sequence[Job]) -> list[JobResult]:
+    """Send every job at its time through the gateway; results in job order."""
+    async with openai.AsyncOpenAI(
+        base_url=base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        timeout=1200.0,
+        http_client=openai.DefaultAsyncHttpxClient(
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+        ),
+    ) as client:
+        t0 = time.perf_counter()
+        return list(await asyncio.gather(*(_one(client, model, job, t0) for job in jobs)))
+
+
+def summarize(results: Sequence[JobResult], stats: dict[str, Any]) -> dict[str, float]:
+    """The comparison's figures for one engine's run."""
+    qoe = np.array([r.qoe for r in results])
+    ttft = np.array([r.ttft for r in results])
+    tokens = sum(r.completion_tokens for r in results)
+    start = min(r.job.at_s for r in results)
+    end = max(r.job.at_s + r.elapsed_s for r in results)
+    steps = max(int(stats.get("steps", 0)), 1)
+    step_s = stats.get("schedule_s", 0.0) + stats.get("model_s", 0.0) + stats.get("update_s", 0.0)
+    return {
+        "requests": len(results),
+        "avg_qoe": float(qoe.mean()),
+        "p10_qoe": float(np.percentile(qoe, 10)),
+        "p90_ttft_s": float(np.percentile(ttft, 90)),
+        "throughput_tok_s": tokens / (end - start),
+        "preemptions_per_request": stats.get("preemptions", 0) / len(results),
+        "schedule_ms_per_step": 1e3 * stats.get("schedule_s", 0.0) / steps,
+        "policy_ms_per_step": 1e3 * stats.get("policy_s", 0.0) / steps,
+        "step_ms": 1e3 * step_s / steps,
+        "schedule_share": stats.get("schedule_s", 0.0) / step_s if step_s else 0.0,
+    }

@@ -1,0 +1,165 @@
+"""Configuration of the vLLM scheduler plugin, from environment variables (no vLLM import).
+
+vLLM constructs the scheduler class itself (``--scheduler-cls``), so the plugin takes
+its settings from the engine's environment (defaults in brackets):
+
+- ``TOKENPACE_POLICY``: the qos policy asked each iteration: ``andes-tp`` (default:
+  Andes as tokenpace ships it, :func:`qos.policy.andes.tokenpace_andes`, preemption cap
+  0.3 and stall charge 4), ``andes`` (the paper's settings), ``fair-andes``, ``fcfs``,
+  ``vtc`` or ``round-robin``.
+- ``TOKENPACE_OBJECTIVE``: Andes objective, ``average``, ``max-min`` or ``perfect``
+  [average].
+- ``TOKENPACE_PROFILE``: latency profile: ``online`` (default: fitted from the engine's
+  own step times with ``qos.latency.fit_profile``, :mod:`qos.vllm.online`) or the name
+  of a shipped profile (``qos.latency.PROFILES``).
+- ``TOKENPACE_KV_WATERMARK`` [0.9], ``TOKENPACE_PREEMPTION_CAP`` (P, preemptions per
+  request on average), ``TOKENPACE_PREEMPTION_COST`` (the stall charge k),
+  ``TOKENPACE_HORIZON_S`` (a fixed Δt; default the running mean completion time, §4.1):
+  the Andes options of the same names; unset, the policy's own defaults apply.
+- ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.02];
+  a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
+  next step; 0 decides every step. In between, the last decision stands: nothing is
+  preempted and only the requests it chose may be admitted.
+- ``TOKENPACE_DEFAULT_TIER`` [default], ``TOKENPACE_DEFAULT_TTFT`` [1.0 s],
+  ``TOKENPACE_DEFAULT_TDS`` [4.8 tokens/s], ``TOKENPACE_DEFAULT_TENANT`` [default]:
+  the expectations of requests that carry no tags.
+- ``TOKENPACE_STATS_FILE``: if set, a JSON file the scheduler rewrites about once a
+  second with its counters (steps, scheduling and policy time, preemptions).
+
+A malformed value is a ``ValueError`` naming the variable, raised when the engine
+starts (not on the first request).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from qos.latency import PROFILES, LatencyProfile
+from qos.policy.andes import Andes, tokenpace_andes
+from qos.policy.base import Policy
+from qos.policy.fair import FairAndes
+from qos.policy.fcfs import FCFS
+from qos.policy.round_robin import RoundRobin
+from qos.policy.vtc import VTC
+from qos.vllm.tags import RequestTags
+
+POLICIES = ("andes-tp", "andes", "fair-andes", "fcfs", "vtc", "round-robin")
+OBJECTIVES = ("average", "max-min", "perfect")
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    policy: str = "andes-tp"
+    objective: str = "average"
+    profile: str = "online"
+    kv_watermark: float = 0.9
+    preemption_cap: float | None = None  # None: the policy's default
+    preemption_cost: float | None = None
+    horizon_s: float | None = None
+    decision_interval_s: float = 0.02
+    defaults: RequestTags = field(default_factory=RequestTags)
+    stats_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(
+                f"TOKENPACE_POLICY: unknown policy {self.policy!r}; "
+                f"use one of {', '.join(POLICIES)}"
+            )
+        if self.objective not in OBJECTIVES:
+            raise ValueError(
+                f"TOKENPACE_OBJECTIVE: unknown objective {self.objective!r}; "
+                f"use one of {', '.join(OBJECTIVES)}"
+            )
+        if self.profile != "online" and self.profile not in PROFILES:
+            raise ValueError(
+                f"TOKENPACE_PROFILE: unknown profile {self.profile!r}; use 'online' or one of "
+                f"{', '.join(sorted(PROFILES))}"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PluginConfig:
+        """Read the ``TOKENPACE_*`` variables (see the module docstring)."""
+        env = os.environ if environ is None else environ
+        base = cls()
+        d = base.defaults
+        try:
+            defaults = RequestTags(
+                tier=env.get("TOKENPACE_DEFAULT_TIER", d.tier),
+                ttft=_number(env, "TOKENPACE_DEFAULT_TTFT", d.ttft),
+                tds=_number(env, "TOKENPACE_DEFAULT_TDS", d.tds),
+                tenant=env.get("TOKENPACE_DEFAULT_TENANT", d.tenant),
+            )
+        except ValueError as exc:
+            raise ValueError(f"TOKENPACE_DEFAULT_*: {exc}") from None
+        watermark = _number(env, "TOKENPACE_KV_WATERMARK", base.kv_watermark)
+        if not 0 < watermark <= 1:
+            raise ValueError(f"TOKENPACE_KV_WATERMARK: must be in (0, 1], got {watermark}")
+        cap = cost = None
+        if env.get("TOKENPACE_PREEMPTION_CAP"):
+            cap = _number(env, "TOKENPACE_PREEMPTION_CAP", 0.0)
+            if cap < 0:
+                raise ValueError(f"TOKENPACE_PREEMPTION_CAP: must be >= 0, got {cap}")
+        if env.get("TOKENPACE_PREEMPTION_COST"):
+            cost = _number(env, "TOKENPACE_PREEMPTION_COST", 0.0)
+            if cost < 0:
+                raise ValueError(f"TOKENPACE_PREEMPTION_COST: must be >= 0, got {cost}")
+        horizon = None
+        if env.get("TOKENPACE_HORIZON_S"):
+            horizon = _number(env, "TOKENPACE_HORIZON_S", 0.0)
+            if horizon <= 0:
+                raise ValueError(f"TOKENPACE_HORIZON_S: must be > 0 seconds, got {horizon}")
+        interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
+        if interval < 0:
+            raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
+        return cls(
+            policy=env.get("TOKENPACE_POLICY", base.policy),
+            objective=env.get("TOKENPACE_OBJECTIVE", base.objective),
+            profile=env.get("TOKENPACE_PROFILE", base.profile),
+            kv_watermark=watermark,
+            preemption_cap=cap,
+            preemption_cost=cost,
+            horizon_s=horizon,
+            decision_interval_s=interval,
+            defaults=defaults,
+            stats_file=env.get("TOKENPACE_STATS_FILE") or None,
+        )
+
+    def build_policy(self, profile: LatencyProfile) -> Policy:
+        """The qos policy this configuration names, on ``profile`` where it needs one."""
+        andes_options: dict[str, Any] = {
+            "objective": self.objective,
+            "kv_watermark": self.kv_watermark,
+            "horizon_s": self.horizon_s,
+        }
+        for name in ("preemption_cap", "preemption_cost"):
+            if getattr(self, name) is not None:
+                andes_options[name] = getattr(self, name)
+        if self.policy == "andes-tp":
+            return tokenpace_andes(profile, **andes_options)
+        if self.policy == "andes":
+            return Andes(profile, **andes_options)
+        if self.policy == "fair-andes":
+            return FairAndes(profile, **andes_options)
+        if self.policy == "fcfs":
+            return FCFS()
+        if self.policy == "vtc":
+            return VTC()
+        return RoundRobin()
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}: must be a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {raw!r}")
+    return value

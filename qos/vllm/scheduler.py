@@ -1,0 +1,352 @@
+"""The qos policies inside vLLM's v1 engine: ``--scheduler-cls qos.vllm.AndesScheduler``.
+
+:class:`AndesScheduler` subclasses vLLM's own ``Scheduler`` and keeps everything vLLM
+does (token budget, chunked prefill, KV block allocation, prefix caching, the
+``max_num_seqs`` limit, the model-runner bookkeeping); it only decides *which* requests
+those mechanisms get to work on. Each iteration:
+
+1. **Table.** A :class:`~qos.policy.table.RequestTable` row per live request, added in
+   ``add_request`` (tags from ``sampling_params.extra_args``, :mod:`qos.vllm.tags`),
+   removed in ``_free_request`` (finished or aborted); running flags are synced from
+   vLLM's ``running`` list before the decision (vLLM may have preempted on its own).
+2. **Decision.** The configured qos policy (by default Andes as tokenpace ships it,
+   :func:`qos.policy.andes.tokenpace_andes`, the same code the simulator runs;
+   :mod:`qos.vllm.config`) returns the mask of rows to run, on a
+   :class:`~qos.policy.table.Capacity` of the engine's real KV blocks and
+   ``max_num_seqs``. At most one decision per ``TOKENPACE_DECISION_INTERVAL_S``
+   (0.02 s), sooner when a request arrives or leaves or vLLM preempted on its own; in
+   between the last decision stands.
+3. **Preempt.** Running requests outside the mask are taken out of ``running`` and
+   preempted with vLLM's own ``_preempt_request`` (KV freed, recompute on resume, sent
+   to the workers in ``preempted_req_ids``), before vLLM schedules anything.
+4. **Admit.** Waiting requests outside the mask are held out of the ``waiting`` queue
+   while vLLM's ``schedule()`` runs, so vLLM admits only the policy's admissions (in
+   its queue order: resumed requests first, then arrival order) and as many of them as
+   its limits allow this step (token budget, free blocks, ``max_num_seqs``); the held
+   requests go back to the queue afterwards, in their order. vLLM still preempts on
+   its own if running requests outgrow the cache (Andes packs to its KV watermark, so
+   this is rare); the policy sees it at the next decision.
+5. **Tokens.** ``update_from_output`` timestamps every request's output growth into
+   the table (the digestion sums behind Andes's Q_serve/Q_wait forecasts, Eq. 1-2)
+   and, with ``TOKENPACE_PROFILE=online``, feeds the step time to
+   :class:`~qos.vllm.online.OnlineProfile`.
+
+Requires synchronous scheduling (the CPU build forces it; on a GPU pass
+``--no-async-scheduling``): construction fails with that advice otherwise. Supported
+vLLM: :data:`qos.vllm.SUPPORTED_VLLM_RANGE`, checked when this module is imported.
+
+:class:`TimedScheduler` is vLLM's stock scheduler plus the same step timing and stats
+file, the baseline the benchmark compares against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import vllm
+
+from qos.vllm import check_vllm_version
+
+check_vllm_version(vllm.__version__)
+
+# The scheduler API is private to vLLM: import it only once the version is known good.
+from vllm.logger import init_logger  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+from qos.latency import LatencyProfile, get_profile  # noqa: E402
+from qos.policy.andes import Andes  # noqa: E402
+from qos.policy.table import Capacity, RequestTable  # noqa: E402
+from qos.vllm.config import PluginConfig  # noqa: E402
+from qos.vllm.online import OnlineProfile  # noqa: E402
+from qos.vllm.tags import parse_tags  # noqa: E402
+
+logger = init_logger("vllm.tokenpace")  # under "vllm": vLLM configures its handlers
+
+STATS_INTERVAL_S = 1.0  # how often the stats file is rewritten while the engine works
+
+
+class TimedScheduler(Scheduler):
+    """vLLM's scheduler, timed: scheduling time, model time and preemptions per step.
+
+    Counters live in :attr:`stats`; with ``TOKENPACE_STATS_FILE`` set they are written
+    there as JSON about once a second, whenever the engine falls idle, and at shutdown.
+    A step's time is schedule() + model execution + update_from_output(), so idle waits
+    between requests never count.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stats_file = os.environ.get("TOKENPACE_STATS_FILE") or None
+        self.stats: dict[str, Any] = {
+            "scheduler": type(self).__name__,
+            "vllm_policy": self.scheduler_config.policy,
+            "steps": 0,  # steps that scheduled at least one token
+            "schedule_s": 0.0,  # time inside schedule(), policy included
+            "model_s": 0.0,  # from the end of schedule() to update_from_output()
+            "max_model_s": 0.0,  # the longest such step
+            "update_s": 0.0,  # time inside update_from_output()
+            "preemptions": 0,
+            "scheduled_tokens": 0,
+        }
+        self._schedule_end = 0.0
+        self._last_write = 0.0
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        start = time.perf_counter()
+        output = self._schedule_step(throttle_prefills)
+        self._schedule_end = time.perf_counter()
+        if output.total_num_scheduled_tokens > 0:
+            stats = self.stats
+            stats["steps"] += 1
+            stats["schedule_s"] += self._schedule_end - start
+            stats["preemptions"] += len(output.preempted_req_ids)
+            stats["scheduled_tokens"] += output.total_num_scheduled_tokens
+        return output
+
+    def _schedule_step(self, throttle_prefills: bool) -> SchedulerOutput:
+        """One scheduling decision (overridden by the policy-driven scheduler)."""
+        return super().schedule(throttle_prefills)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, Any]:
+        start = time.perf_counter()
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        end = time.perf_counter()
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            model_s = start - self._schedule_end
+            self.stats["model_s"] += model_s
+            self.stats["max_model_s"] = max(self.stats["max_model_s"], model_s)
+            self.stats["update_s"] += end - start
+            self._observe_step(scheduler_output, model_s)
+        idle = not self.requests
+        if self.stats_file is not None and (idle or end - self._last_write >= STATS_INTERVAL_S):
+            self._last_write = end
+            self.write_stats()
+        return outputs
+
+    def _observe_step(self, scheduler_output: SchedulerOutput, model_s: float) -> None:
+        """Hook: one step ran on the model for ``model_s`` seconds."""
+
+    def write_stats(self) -> None:
+        """Write :attr:`stats` to ``TOKENPACE_STATS_FILE`` (atomically: write, then rename)."""
+        if self.stats_file is None:
+            return
+        tmp = f"{self.stats_file}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.stats, f)
+        os.replace(tmp, self.stats_file)
+
+    def shutdown(self) -> None:
+        self.write_stats()
+        super().shutdown()
+
+
+class AndesScheduler(TimedScheduler):
+    """vLLM's scheduler driven by a qos policy (see the module docstring)."""
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
+        if vllm_config.scheduler_config.async_scheduling:
+            raise ValueError(
+                "qos.vllm.AndesScheduler needs synchronous scheduling: start vLLM with "
+                "--no-async-scheduling (async scheduling overlaps the next decision with "
+                "the running step, before the policy has seen its tokens)."
+            )
+        super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+        self.qos_config = PluginConfig.from_env()
+        # The block pool's first block is a reserved null block, never allocated.
+        blocks = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        self.capacity = Capacity(
+            kv_tokens=blocks * self.block_size,
+            max_batch=self.max_num_running_reqs,
+            block_size=self.block_size,
+        )
+        self.online: OnlineProfile | None = None
+        if self.qos_config.profile == "online":
+            self.online = OnlineProfile(
+                kv_capacity_tokens=self.capacity.kv_tokens, max_batch=self.capacity.max_batch
+            )
+            profile = self.online.profile
+        else:
+            profile = get_profile(self.qos_config.profile)
+        self.qos_policy = self.qos_config.build_policy(profile)
+        self.table = RequestTable()
+        self.clock: Callable[[], float] = time.time  # the clock of request.arrival_time
+        self._prefilled: set[str] = set()
+        self._chosen: set[str] = set()  # keys the last decision runs
+        self._decided_at = -np.inf
+        self._dirty = True  # a request arrived or left since the last decision
+        self.stats.update(
+            policy=self.qos_policy.name,
+            policy_s=0.0,
+            decisions=0,
+            policy_preemptions=0,
+            profile=_describe(profile),
+        )
+        logger.info(
+            "tokenpace %s: policy %s, profile %s, KV %d tokens in blocks of %d, max batch %d",
+            type(self).__name__,
+            self.qos_policy.name,
+            self.qos_config.profile,
+            self.capacity.kv_tokens,
+            self.capacity.block_size,
+            self.capacity.max_batch,
+        )
+
+    # -- the table follows vLLM's requests ------------------------------------------
+    def add_request(self, request: Request) -> None:
+        known = request.request_id in self.requests
+        super().add_request(request)
+        if known or request.request_id not in self.requests:
+            return  # a streaming-input continuation of a request already in the table
+        extra = request.sampling_params.extra_args if request.sampling_params else None
+        tags, problems = parse_tags(extra, self.qos_config.defaults)
+        if problems:
+            logger.warning("request %s: %s", request.request_id, "; ".join(problems))
+        row = self.table.add(
+            request.request_id,
+            arrival=request.arrival_time,
+            prompt_tokens=request.num_prompt_tokens,
+            ttft=tags.ttft,
+            tds=tags.tds,
+            tenant=tags.tenant,
+            weight=tags.weight,
+            max_tokens=request.max_tokens,
+        )
+        self.qos_policy.on_arrival(self.table, row, self.clock())
+        self._dirty = True
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        key = request.request_id
+        if key in self.table:
+            self.qos_policy.on_finish(self.table, self.table.row(key), self.clock())
+            self.table.remove(key)
+            self._prefilled.discard(key)
+            self._chosen.discard(key)
+            self._dirty = True
+        return super()._free_request(request, delay_free_blocks=delay_free_blocks)
+
+    def _sync_running(self, now: float) -> None:
+        """Mirror vLLM's ``running`` list into the table (admissions and preemptions)."""
+        table = self.table
+        ids = {request.request_id for request in self.running}
+        runs = np.fromiter((key in ids for key in table.keys), dtype=bool, count=table.n)
+        was = table.running.copy()
+        for r in np.flatnonzero(was & ~runs).tolist():
+            table.preempt(r, now)
+        prompt = table.col("prompt")
+        for r in np.flatnonzero(runs & ~was).tolist():
+            key = table.keys[r]
+            if key not in self._prefilled:
+                self._prefilled.add(key)
+                self.qos_policy.on_prefill(table, r, int(prompt[r]))
+            table.admit(r)
+
+    # -- one decision ----------------------------------------------------------------
+    def _schedule_step(self, throttle_prefills: bool) -> SchedulerOutput:
+        held: list[Request] = []
+        preempted = 0
+        now = self.clock()
+        if self.table.n:
+            self._sync_running(now)
+            interval = self.qos_config.decision_interval_s
+            if self._dirty or now - self._decided_at >= interval:
+                start = time.perf_counter()
+                run = self.qos_policy.schedule(self.table, self.capacity, now)
+                self.stats["policy_s"] += time.perf_counter() - start
+                self.stats["decisions"] += 1
+                self._decided_at, self._dirty = now, False
+                self._chosen = {self.table.keys[r] for r in np.flatnonzero(run).tolist()}
+                preempted = self._preempt_dropped(run)
+            held = self._hold_out()
+        try:
+            output = super()._schedule_step(throttle_prefills)
+        finally:
+            for request in held:
+                self.waiting.add_request(request)
+        if len(output.preempted_req_ids) > preempted:
+            self._dirty = True  # vLLM preempted on its own: decide again next step
+        self._sync_running(now)
+        return output
+
+    def _preempt_dropped(self, run: np.ndarray) -> int:
+        """Preempt the running requests outside ``run`` (vLLM's own preemption); count them."""
+        table = self.table
+        stamp = time.monotonic()
+        count = 0
+        for r in np.flatnonzero(table.running & ~run).tolist():
+            request = self.requests[table.keys[r]]
+            if request.status != RequestStatus.RUNNING:
+                continue
+            self.running.remove(request)
+            self._preempt_request(request, stamp, drop_stale_output=self.requires_kv_delivery)
+            count += 1
+        self.stats["policy_preemptions"] += count
+        return count
+
+    def _hold_out(self) -> list[Request]:
+        """Take the waiting requests the last decision did not choose out of ``waiting``."""
+        table, chosen = self.table, self._chosen
+        held = [
+            request
+            for request in self.waiting
+            if request.request_id in table and request.request_id not in chosen
+        ]
+        if held:
+            self.waiting.remove_requests(held)
+        return held
+
+    # -- tokens ----------------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, Any]:
+        requests = [self.requests.get(rid) for rid in scheduler_output.num_scheduled_tokens]
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        now = self.clock()
+        table = self.table
+        output = table.col("output")
+        for request in requests:
+            if request is None or request.request_id not in table:
+                continue  # finished (and removed) in this step
+            r = table.row(request.request_id)
+            new = request.num_output_tokens - int(output[r])
+            if new > 0:
+                self.qos_policy.on_tokens(table, r, new)
+                table.record_tokens(r, now, new)
+        return outputs
+
+    def _observe_step(self, scheduler_output: SchedulerOutput, model_s: float) -> None:
+        if self.online is None:
+            return
+        counts = scheduler_output.num_scheduled_tokens.values()
+        decode = sum(1 for n in counts if n == 1)
+        prefill = sum(n for n in counts if n > 1)
+        if self.online.observe(decode, prefill, model_s):
+            self._install_profile(self.online.profile)
+
+    def _install_profile(self, profile: LatencyProfile) -> None:
+        """Hand a refitted latency profile to the policy (Andes and FairAndes use one)."""
+        policy = self.qos_policy
+        if isinstance(policy, Andes):
+            policy.profile = profile
+            # Andes caches decode latency by batch size; drop it with the old profile.
+            policy._decode = np.zeros(0)
+            self.stats["profile"] = _describe(profile)
+
+
+def _describe(profile: LatencyProfile) -> dict[str, Any]:
+    """A latency profile as the stats file shows it."""
+    return {
+        "name": profile.name,
+        "batch_sizes": list(profile.batch_sizes),
+        "decode_s_at": list(profile.decode_s_at),
+        "prefill_per_token_s": profile.prefill_per_token_s,
+    }

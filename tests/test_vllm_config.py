@@ -1,0 +1,152 @@
+"""The vLLM plugin's parts that need no vLLM: tags, configuration, version check, online
+profile. ``import qos`` and ``import qos.vllm`` must not import vLLM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from qos.latency import LatencyProfile
+from qos.policy.andes import Andes
+from qos.policy.fcfs import FCFS
+from qos.vllm import check_vllm_version
+from qos.vllm.config import PluginConfig
+from qos.vllm.online import SEED_DECODE_S, OnlineProfile
+from qos.vllm.tags import RequestTags, parse_tags
+
+DEFAULTS = RequestTags(tier="chat", ttft=1.0, tds=4.8)
+
+
+def test_importing_qos_vllm_does_not_import_vllm() -> None:
+    code = "import sys, qos, qos.vllm, qos.vllm.config; assert 'vllm' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_gateway_tags_are_read() -> None:
+    tags, problems = parse_tags(
+        {
+            "tp_tier": "voice",
+            "tp_ttft": 0.8,
+            "tp_tds": 3.3,
+            "tp_tenant": "acme",
+            "tp_weight": 2,
+            "tp_request_id": "ab" * 16,
+            "other": "kept for other extensions",
+        },
+        DEFAULTS,
+    )
+    assert problems == []
+    assert tags == RequestTags("voice", 0.8, 3.3, "acme", 2.0, "ab" * 16)
+
+
+def test_missing_tags_take_the_defaults() -> None:
+    assert parse_tags(None, DEFAULTS) == (DEFAULTS, [])
+    assert parse_tags({}, DEFAULTS) == (DEFAULTS, [])
+    tags, _ = parse_tags({"tp_tds": 10}, DEFAULTS)
+    assert (tags.tier, tags.ttft, tags.tds, tags.tenant) == ("chat", 1.0, 10.0, "default")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("tp_tds", 0),
+        ("tp_tds", -1.0),
+        ("tp_tds", float("inf")),
+        ("tp_ttft", -0.5),
+        ("tp_ttft", "1.0"),
+        ("tp_weight", True),
+        ("tp_weight", 0),
+        ("tp_tenant", ""),
+        ("tp_tier", 3),
+    ],
+)
+def test_malformed_tags_fall_back_and_are_reported(key: str, value: object) -> None:
+    tags, problems = parse_tags({key: value, "tp_tenant_ok": 1}, DEFAULTS)
+    assert tags == DEFAULTS
+    assert len(problems) == 1 and key in problems[0]
+
+
+def test_config_from_environment() -> None:
+    cfg = PluginConfig.from_env(
+        {
+            "TOKENPACE_POLICY": "andes",
+            "TOKENPACE_OBJECTIVE": "max-min",
+            "TOKENPACE_PREEMPTION_CAP": "0.5",
+            "TOKENPACE_PROFILE": "llama-3.1-8b-h100",
+            "TOKENPACE_KV_WATERMARK": "0.8",
+            "TOKENPACE_HORIZON_S": "5",
+            "TOKENPACE_DEFAULT_TTFT": "2",
+            "TOKENPACE_DEFAULT_TDS": "10",
+            "TOKENPACE_DEFAULT_TENANT": "anon",
+            "TOKENPACE_STATS_FILE": "/tmp/x.json",
+            "TOKENPACE_DECISION_INTERVAL_S": "0",
+        }
+    )
+    assert cfg.decision_interval_s == 0.0
+    assert cfg.defaults == RequestTags(tier="default", ttft=2.0, tds=10.0, tenant="anon")
+    assert (cfg.kv_watermark, cfg.horizon_s, cfg.stats_file) == (0.8, 5.0, "/tmp/x.json")
+    policy = cfg.build_policy(OnlineProfile(kv_capacity_tokens=1024, max_batch=8).profile)
+    assert isinstance(policy, Andes)
+    assert (policy.objective, policy.kv_watermark, policy.horizon_s) == ("max-min", 0.8, 5.0)
+    assert (policy.preemption_cap, policy.preemption_cost) == (0.5, 0.0)  # the paper's k
+    shipped = PluginConfig.from_env({}).build_policy(policy.profile)
+    assert isinstance(shipped, Andes)
+    assert (shipped.preemption_cap, shipped.preemption_cost) == (0.3, 4.0)  # tokenpace_andes
+    assert isinstance(
+        PluginConfig.from_env({"TOKENPACE_POLICY": "fcfs"}).build_policy(policy.profile), FCFS
+    )
+    assert PluginConfig.from_env({}) == PluginConfig()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TOKENPACE_POLICY": "lifo"}, "TOKENPACE_POLICY"),
+        ({"TOKENPACE_OBJECTIVE": "best"}, "TOKENPACE_OBJECTIVE"),
+        ({"TOKENPACE_PROFILE": "a100"}, "TOKENPACE_PROFILE"),
+        ({"TOKENPACE_KV_WATERMARK": "1.5"}, "TOKENPACE_KV_WATERMARK"),
+        ({"TOKENPACE_KV_WATERMARK": "high"}, "TOKENPACE_KV_WATERMARK"),
+        ({"TOKENPACE_PREEMPTION_CAP": "-1"}, "TOKENPACE_PREEMPTION_CAP"),
+        ({"TOKENPACE_PREEMPTION_COST": "-1"}, "TOKENPACE_PREEMPTION_COST"),
+        ({"TOKENPACE_HORIZON_S": "0"}, "TOKENPACE_HORIZON_S"),
+        ({"TOKENPACE_DECISION_INTERVAL_S": "-0.1"}, "TOKENPACE_DECISION_INTERVAL_S"),
+        ({"TOKENPACE_DEFAULT_TDS": "0"}, "TOKENPACE_DEFAULT"),
+        ({"TOKENPACE_DEFAULT_TTFT": "nan"}, "TOKENPACE_DEFAULT_TTFT"),
+    ],
+)
+def test_bad_configuration_names_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PluginConfig.from_env(env)
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.5", "0.32.1+cpu", "0.32.0rc1"])
+def test_supported_vllm_versions(version: str) -> None:
+    check_vllm_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0", "dev"])
+def test_unsupported_vllm_versions_are_refused_clearly(version: str) -> None:
+    with pytest.raises(RuntimeError, match=r">=0\.32\.0,<0\.33.*runs vLLM " + version):
+        check_vllm_version(version)
+
+
+def test_online_profile_fits_decode_and_prefill_costs() -> None:
+    online = OnlineProfile(kv_capacity_tokens=4096, max_batch=16, refit_every=50, min_samples=20)
+    assert online.profile.decode_s_at == (SEED_DECODE_S,)
+    refits = 0
+    for i in range(400):
+        batch = 1 + i % 16
+        decode = 0.004 + 0.0005 * batch  # the engine's true decode time
+        if i % 4 == 3:  # a mixed step: the decode batch plus 100 prompt tokens at 2e-5 s
+            refits += online.observe(batch, 100, decode + 100 * 2e-5)
+        else:
+            refits += online.observe(batch, 0, decode)
+    assert refits == online.refits > 0
+    profile = online.profile
+    assert isinstance(profile, LatencyProfile)
+    for b in (1, 8, 16):
+        assert profile.decode_s(b) == pytest.approx(0.004 + 0.0005 * b, rel=1e-6)
+    assert profile.prefill_per_token_s == pytest.approx(2e-5, rel=1e-6)
+    assert (profile.kv_capacity_tokens, profile.max_batch) == (4096, 16)
