@@ -1105,3 +1105,18 @@ def test_stall_charge_keeps_a_running_request_the_paper_would_preempt():
 def test_preemption_cost_must_not_be_negative():
     with pytest.raises(ValueError, match="preemption_cost"):
         Andes(FAST, preemption_cost=-1.0)
+
+
+def test_packing_order_keeps_running_requests_first_on_ties():
+    """Zero gain everywhere must not preempt running requests in favour of lower rows."""
+    table = RequestTable()
+    add(table, "wait0", arrival=0.0)
+    add(table, "run1", arrival=0.0, running=True)
+    add(table, "wait2", arrival=0.0)
+    add(table, "run3", arrival=0.0, running=True)
+    ties = np.zeros(table.n)
+    for policy in (Andes(FAST), FairAndes(FAST)):
+        order = [table.keys[r] for r in policy.packing_order(table, ties)]
+        assert order == ["run1", "run3", "wait0", "wait2"]
+    ranked = np.array([0.0, 0.0, 1.0, 0.0])  # priority still comes first
+    assert table.keys[int(Andes(FAST).packing_order(table, ranked)[0])] == "wait2"

@@ -237,8 +237,12 @@ class Andes(Policy):
         return scale * forecast.first_delay
 
     def packing_order(self, table: RequestTable, priority: np.ndarray) -> np.ndarray:
-        """Rows in the order greedy packing considers them: highest priority (Eq. 5) first."""
-        return np.argsort(-priority, kind="stable")
+        """Rows in the order greedy packing considers them: highest priority (Eq. 5) first.
+
+        On equal priority (typically zero gain everywhere) running requests go first, so a
+        tie never preempts one for nothing; then row order.
+        """
+        return np.lexsort((~table.running, -priority))
 
     def _cap_preemptions(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, chosen: np.ndarray

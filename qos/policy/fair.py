@@ -64,4 +64,4 @@ class FairAndes(Andes, FairShareHooks):
         return counters > counters.min() + self.slack
 
     def packing_order(self, table: RequestTable, priority: np.ndarray) -> np.ndarray:
-        return np.lexsort((-priority, self.throttled(table)))
+        return np.lexsort((~table.running, -priority, self.throttled(table)))
