@@ -39,8 +39,9 @@ chunk; non-streaming requests are the stream aggregated
 (:class:`gateway.backends.InProcessBackend`).
 
 Options (``backends[].options`` with ``kind: embedded``): ``profile``, ``policy``
-(``andes`` = :func:`~qos.policy.andes.tokenpace_andes`, ``andes-paper`` = the paper's
-defaults, ``fair-andes``, ``vtc``, ``fcfs``, ``round-robin``), ``kv_tokens``,
+(a name of :mod:`qos.policy.registry`: ``andes-tp``, the default, is
+:func:`~qos.policy.andes.tokenpace_andes`; ``andes`` the paper's settings),
+``kv_tokens``,
 ``max_batch``, ``block_size``, ``time_scale`` (simulated seconds per wall-clock second:
 2 runs twice as fast as the profile; the tiers' TTFT/TDS are read in simulated
 seconds), ``default_output_tokens`` ([min, max]) and ``max_sequences`` (sequences in
@@ -57,9 +58,9 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -79,13 +80,8 @@ from gateway.config import (
     validation_problems,
 )
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
-from qos.latency import PROFILES, LatencyProfile, get_profile
-from qos.policy.andes import Andes, tokenpace_andes
-from qos.policy.base import Policy
-from qos.policy.fair import FairAndes
-from qos.policy.fcfs import FCFS
-from qos.policy.round_robin import RoundRobin
-from qos.policy.vtc import VTC
+from qos.latency import PROFILES, get_profile
+from qos.policy.registry import POLICIES, make_policy
 from qos.sim.engine import Engine, StepResult
 from qos.sim.workload import SimRequest, estimate_prompt_tokens
 
@@ -94,15 +90,6 @@ log = logging.getLogger("tokenpace.gateway.embedded")
 KIND = "embedded"
 OWNED_BY = "tokenpace-simulation"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
-
-POLICIES: dict[str, Callable[[LatencyProfile], Policy]] = {
-    "andes": lambda profile: tokenpace_andes(profile),  # the configuration tokenpace ships
-    "andes-paper": lambda profile: Andes(profile),  # the paper's defaults (P = 1, no stall charge)
-    "fair-andes": lambda profile: FairAndes(profile, preemption_cap=0.3, preemption_cost=4.0),
-    "vtc": lambda profile: VTC(),
-    "fcfs": lambda profile: FCFS(),
-    "round-robin": lambda profile: RoundRobin(),
-}
 
 _LABEL = ("Simulated", " reply", ":")
 _LOREM = """lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor
@@ -119,7 +106,7 @@ class EmbeddedOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     profile: str = Field("llama-3.1-8b-h100", description="latency profile (qos.latency)")
-    policy: Literal["andes", "andes-paper", "fair-andes", "vtc", "fcfs", "round-robin"] = "andes"
+    policy: str = Field("andes-tp", description="a policy of qos.policy.registry")
     kv_tokens: int | None = Field(None, ge=1, description="KV cache M; default the profile's")
     max_batch: int | None = Field(None, ge=1, description="batch limit; default the profile's")
     block_size: int = Field(16, ge=1, description="KV block size in tokens")
@@ -134,6 +121,13 @@ class EmbeddedOptions(BaseModel):
     def _known_profile(cls, v: str) -> str:
         if v not in PROFILES:
             raise ValueError(f"unknown latency profile {v!r}; valid: {', '.join(sorted(PROFILES))}")
+        return v
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; valid: {', '.join(POLICIES)}")
         return v
 
     @field_validator("default_output_tokens")
@@ -315,7 +309,7 @@ class EmbeddedEngine(InProcessBackend):
         self.options = opts
         self.profile = profile
         self.engine = Engine(
-            POLICIES[opts.policy](profile),
+            make_policy(opts.policy, profile),
             profile,
             block_size=opts.block_size,
             kv_tokens=opts.kv_tokens,

@@ -14,33 +14,17 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from qos.latency import LatencyProfile, get_profile
-from qos.policy.andes import Andes, tokenpace_andes
-from qos.policy.base import Policy
-from qos.policy.fair import FairAndes
-from qos.policy.fcfs import FCFS
-from qos.policy.round_robin import RoundRobin
-from qos.policy.vtc import VTC
+from qos.policy.registry import POLICIES, make_policy
 from qos.sim import PROMPT_TOKEN_ESTIMATE, SPEAKING_TDS, build_workload, load_andes_trace, simulate
 
 QOE_THRESHOLD = 0.9  # Andes §6.1: minimum acceptable average QoE
 
-POLICIES: dict[str, Callable[[LatencyProfile], Policy]] = {
-    "fcfs": lambda profile: FCFS(),
-    "round-robin": lambda profile: RoundRobin(interval=50),
-    "andes": lambda profile: Andes(profile),
-    "andes-p0.3": lambda profile: Andes(profile, preemption_cap=0.3),
-    "andes-tp": lambda profile: tokenpace_andes(profile),
-    "andes-monotone": lambda profile: Andes(profile, qoe="monotone"),
-    "vtc": lambda profile: VTC(),
-    "fair-andes": lambda profile: FairAndes(profile),
-}
 WORKLOADS = ("chat", "voice")
 
 
@@ -60,7 +44,7 @@ def run_one(args: tuple[str, float, dict]) -> dict:
         tier_mix=tier_mix,
     )
     started = time.perf_counter()
-    result = simulate(workload, POLICIES[policy_name](profile), profile)
+    result = simulate(workload, make_policy(policy_name, profile), profile)
     summary = result.summary()
     summary.update(policy=policy_name, rate=rate, wall_s=time.perf_counter() - started)
     summary["expected_tds_mean"] = float(np.mean([r.tds for r in workload]))

@@ -279,6 +279,9 @@ class Andes(Policy):
         return packed
 
 
+TOKENPACE_ANDES: dict[str, Any] = {"preemption_cap": 0.3, "preemption_cost": 4.0}
+
+
 def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     """Andes as tokenpace ships it: preemption cap 0.3 and stall charge k = 4.
 
@@ -286,5 +289,4 @@ def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     throughput to recompute prefills on a KV-bound engine; docs/benchmarks.md compares
     the two side by side. ``overrides`` are :class:`Andes` keyword arguments.
     """
-    options: dict[str, Any] = {"preemption_cap": 0.3, "preemption_cost": 4.0, **overrides}
-    return Andes(profile, **options)
+    return Andes(profile, **{**TOKENPACE_ANDES, **overrides})
