@@ -93,7 +93,10 @@ class Andes(Policy):
         self.preemptions = 0
         self.solves = 0
         self._decode = np.zeros(0)
-        self._order = np.zeros(0, dtype=np.int64)  # packing order of the last solve
+        self._speeds = np.zeros(0)
+        # the last solve's priorities (Eq. 5) and the part of its packing order it read
+        self._priority = np.zeros(0)
+        self._order: np.ndarray | None = None
 
     # -- hooks ------------------------------------------------------------------------
     def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
@@ -155,7 +158,8 @@ class Andes(Policy):
             arrival=table.col("arrival"),
             now=now,
             horizon=now + self.horizon_s,
-            first_delay=np.where(running, 0.0, self.profile.prefill_per_token_s * table.context),
+            # (re)compute prefill of the waiting requests: p·l_i, 0 for the running ones
+            first_delay=self.profile.prefill_per_token_s * (table.context * ~running),
             remaining=np.where(max_tokens >= 0, max_tokens - output, np.inf),
         )
 
@@ -186,15 +190,18 @@ class Andes(Policy):
         else:
             b_max = int(np.searchsorted(np.cumsum(np.sort(smallest)), capacity.kv_tokens, "right"))
         b_max = max(b_max, 1)
-        speeds = 1.0 / self._decode_table(b_max)[1:]
-        fast = np.flatnonzero(speeds >= float(table.col("tds").max()))
+        self._decode_table(b_max)
+        fast = (self._speeds[1 : b_max + 1] >= table.col("tds").max()).nonzero()[0]
         b_min = int(fast[-1]) + 1 if fast.size else 1
         return b_min, b_max
 
     def _decode_table(self, b_max: int) -> np.ndarray:
-        """Decode latency by batch size 0..b_max (context term excluded), cached."""
+        """Decode latency by batch size 0..b_max (context term excluded), cached with its
+        inverse, the tokens per second of each request (``_speeds``)."""
         if self._decode.size <= b_max:
             self._decode = np.asarray(self.profile.decode_s(np.arange(2 * b_max + 1)), dtype=float)
+            with np.errstate(divide="ignore"):
+                self._speeds = 1.0 / self._decode  # inf at B = 0, never read
         return self._decode[: b_max + 1]
 
     def _solve(
@@ -212,23 +219,68 @@ class Andes(Policy):
             {round(b_min + (b_max - b_min) * i / max(count - 1, 1)) for i in range(count)}
         )
         decode = self._decode_table(b_max)
-        context_s = self.profile.per_context_token_s * float(demand.mean())
+        per_context = self.profile.per_context_token_s
+        context_s = per_context * float(demand.mean()) if per_context else 0.0
         best, best_value = None, -np.inf
         running = table.running
+        size = demand.astype(float)  # l_i; dividing by it as floats is 3x cheaper
         for b in sizes:
             gain = self.gains(forecast, now, float(decode[b]) + context_s * b)
             if self.preemption_cost:
                 gain = gain - self.stall_charge(forecast, gain, running)
-            order = self.packing_order(table, gain / demand)
+            priority = gain / size
             if self.solver is not None:
+                order = self.packing_order(table, priority)
                 chosen = self.solver(gain, demand, capacity.kv_tokens, b)
             else:
-                chosen = pack_in_order(order, demand, capacity.kv_tokens, b, table.n)
-            value = float(gain[chosen].sum())
+                chosen, order = self._pack(table, priority, demand, capacity.kv_tokens, b)
+            value = float(gain[chosen].sum()) if len(sizes) > 1 else 0.0  # the sum only ranks
             if value > best_value:
-                best, best_value, self._order = chosen, value, order
+                best, best_value, self._order, self._priority = chosen, value, order, priority
         assert best is not None
         return best
+
+    def _pack(
+        self, table: RequestTable, priority: np.ndarray, demand: np.ndarray, kv_tokens: int, b: int
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Greedy packing (Algorithm 1) in :meth:`packing_order`: the chosen mask, and the
+        rows of the order it read, in order (None where their order did not matter).
+
+        Without a subclass's own order, only the head of the order is looked at: the rows
+        whose priority is at least the b-th highest (ties included). When b head rows fit
+        together they are the batch, whatever their order. Otherwise the head is sorted
+        and packed, then, if the batch is not full, the rest of the rows that still fit
+        the KV left: rows beyond the head come after it in the order, and a row that does
+        not fit the KV left can never be taken, so this packs exactly as the full sort.
+        """
+        n = table.n
+        if b >= n or type(self).packing_order is not Andes.packing_order:
+            order = self.packing_order(table, priority)
+            return pack_in_order(order, demand, kv_tokens, b, n), order
+        key, running = -priority, table.running
+        in_head = key <= np.partition(key, b - 1)[b - 1]
+        head = in_head.nonzero()[0]
+        if head.size == b and int(demand[head].sum()) <= kv_tokens:
+            chosen = np.zeros(n, dtype=bool)
+            chosen[head] = True
+            return chosen, None
+        head = head[np.lexsort((~running[head], key[head]))]
+        chosen = pack_in_order(head, demand, kv_tokens, b, n)
+        taken = np.count_nonzero(chosen)
+        if taken == b:
+            return chosen, head
+        left = kv_tokens - int(demand[chosen].sum())
+        rest = (~in_head & (demand <= left)).nonzero()[0]
+        rest = rest[np.lexsort((~running[rest], key[rest]))]
+        chosen |= pack_in_order(rest, demand, left, b - taken, n)
+        return chosen, np.concatenate((head, rest))
+
+    def _in_solver_order(self, admitted: np.ndarray) -> np.ndarray:
+        """The rows of ``admitted`` (waiting rows) in the last solve's packing order."""
+        if self._order is not None:
+            return self._order[admitted[self._order]]
+        rows = admitted.nonzero()[0]  # Andes's own order: priority, then row (all waiting)
+        return rows[np.argsort(-self._priority[rows], kind="stable")]
 
     def stall_charge(self, forecast: Forecast, gain: np.ndarray, running: np.ndarray) -> np.ndarray:
         """k·(p_i / Δt)·G: what request i's prefill costs the running batch (module doc)."""
@@ -250,32 +302,34 @@ class Andes(Policy):
         """Optimisation #4: keep preemptions ≤ P per request on average."""
         running = table.running
         evicted = running & ~chosen
-        count = int(evicted.sum())
+        count = np.count_nonzero(evicted)
         budget = int(self.preemption_cap * self.arrivals) - self.preemptions
         if count <= budget:
             self.preemptions += count
             return chosen
         # Over budget: of the evictions, keep running those costliest to preempt (the
         # longest contexts, recomputed on resume), then pack the solution's admissions.
-        allowed = max(budget, 0)
-        victims = np.flatnonzero(evicted)
-        keep = victims[np.argsort(-table.context[victims], kind="stable")][: count - allowed]
-        kept = chosen & running
-        kept[keep] = True
-        used, slots = int(demand[kept].sum()), capacity.max_batch - int(kept.sum())
+        if budget > 0:
+            victims = evicted.nonzero()[0]
+            keep = victims[np.argsort(-table.context[victims], kind="stable")][: count - budget]
+            kept = chosen & running
+            kept[keep] = True
+        else:  # budget spent: every victim stays
+            kept = running.copy()
+        used, slots = int(demand[kept].sum()), capacity.max_batch - np.count_nonzero(kept)
         if used <= capacity.kv_tokens and slots >= 0:
             packed = kept  # the usual case: what was running still fits
         else:
             packed = pack_in_order(
-                np.flatnonzero(kept), demand, capacity.kv_tokens, capacity.max_batch, table.n
+                kept.nonzero()[0], demand, capacity.kv_tokens, capacity.max_batch, table.n
             )
-            used, slots = int(demand[packed].sum()), capacity.max_batch - int(packed.sum())
+            used, slots = int(demand[packed].sum()), capacity.max_batch - np.count_nonzero(packed)
         # Admissions only into the room left under the watermark (see _solve).
         room = int(self.kv_watermark * capacity.kv_tokens) - used
         if room > 0 and slots > 0:
-            order = self._order[(chosen & ~running)[self._order]]  # the solver's priority order
+            order = self._in_solver_order(chosen & ~running)
             packed |= pack_in_order(order, demand, room, slots, table.n)
-        self.preemptions += int((running & ~packed).sum())
+        self.preemptions += np.count_nonzero(running & ~packed)
         return packed
 
 

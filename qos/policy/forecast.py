@@ -24,7 +24,7 @@ The expected area is :func:`qos.timeline.expected_area` with an unknown reply le
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
@@ -93,7 +93,8 @@ class _Scorer:
     """:func:`score` against fixed expected areas, with the per-row constants precomputed.
 
     Andes: min(actual / E, 1). Monotone: E / (E + deficit), deficit = (E - actual)⁺.
-    Rows with E = 0 score 1 (nothing was expected yet) without a division by zero.
+    Rows with E = 0 score 1 (nothing was expected yet) without a division by zero. The
+    bounds 0 and 1 are arrays: numpy's maximum/minimum against a scalar is 2x slower.
     """
 
     def __init__(self, kind: QoEKind, expected: np.ndarray) -> None:
@@ -101,15 +102,17 @@ class _Scorer:
         self.expected = expected
         positive = expected > 0
         if kind == "andes":
-            self.inv = np.divide(1.0, expected, out=np.zeros_like(expected), where=positive)
+            self.inv = np.divide(1.0, expected, out=np.zeros(expected.shape), where=positive)
             self.floor = 1.0 - positive  # lifts E = 0 rows to 1
+            self.one = np.ones(expected.shape)
         else:
             self.safe = np.where(positive, expected, 1.0)  # E, or 1 where E = 0
+            self.zero = np.zeros(expected.shape)
 
     def __call__(self, actual: np.ndarray) -> np.ndarray:
         if self.kind == "andes":
-            return np.minimum(actual * self.inv + self.floor, 1.0)
-        deficit = np.maximum(self.expected - actual, 0.0)  # 0 where E = 0: scores 1
+            return np.minimum(actual * self.inv + self.floor, self.one)
+        deficit = np.maximum(self.expected - actual, self.zero)  # 0 where E = 0: scores 1
         return self.safe / (self.safe + deficit)
 
 
@@ -119,18 +122,19 @@ class Forecast:
 
     :meth:`q_serve` is :func:`append_stream` followed by :func:`digested_area_at` and
     :func:`score`, fused on these precomputed columns (one decision evaluates it for
-    several batch sizes; ``tests/test_forecast.py`` checks the two agree).
+    several batch sizes; ``tests/test_forecast.py`` checks the two agree). Q_wait is
+    computed with them, since every objective needs it.
     """
 
     kind: QoEKind
     state: Digest
-    expected: np.ndarray  # expected area up to the horizon
     now: float
     horizon: float
     first_delay: np.ndarray  # seconds before a served request's first new token, beyond τ
     remaining: np.ndarray  # most tokens it can still emit (inf when unknown)
     arrival: np.ndarray
     ttft: np.ndarray
+    expected: np.ndarray = field(init=False)  # expected area up to the horizon
 
     @classmethod
     def build(
@@ -149,26 +153,29 @@ class Forecast:
         remaining: np.ndarray,
     ) -> Forecast:
         state = Digest(n=n, total=dig_sum, last=dig_last, step=1.0 / tds, tds=tds)
-        expected = expected_area(horizon - arrival, ttft, tds, np.inf)
-        return cls(kind, state, expected, now, horizon, first_delay, remaining, arrival, ttft)
+        return cls(kind, state, now, horizon, first_delay, remaining, arrival, ttft)
 
     def __post_init__(self) -> None:
         s, h = self.state, self.horizon
+        zero = self._zero = np.zeros(s.step.shape)  # the bound 0 as an array: see _Scorer
+        half_tds = self._half_tds = 0.5 * s.tds
+        # expected_area(h - arrival, ttft, tds, inf) = (TDS/2)·u², u = (h - arrival - TTFT)⁺
+        # (the reply length is unknown), inlined to share zero and TDS/2
+        ramp = np.maximum(h - self.arrival - self.ttft, zero)
+        self.expected = half_tds * ramp * ramp
         self._scorer = _Scorer(self.kind, self.expected)
+        self._tau = np.empty(zero.shape)  # τ broadcast, filled by q_serve
         # ∫_0^h A dt = lin + k·(h - s/2) - Σ new d + (TDS/2)·drain², lin = n·h - Σ d - n·s/2
-        self._lin = s.n * (h - 0.5 * s.step) - s.total
-        self._first = s.last + s.step  # the reader's next free slot, d_n + 1/TDS
-        self._start = self.first_delay + self.now  # t0 - τ
-        self._reach = np.maximum(h - self._start, 0.0)  # k = ⌊reach / τ⌋, capped
         self._h_mid = h - 0.5 * s.step
+        self._lin = s.n * self._h_mid - s.total
+        self._first = s.last + s.step  # the reader's next free slot, d_n + 1/TDS
+        self._drain_wait = np.maximum(self._first - h, zero)  # drain with no new token
+        self._start = self.first_delay + self.now  # t0 - τ
+        self._reach = np.maximum(h - self._start, zero)  # k = ⌊reach / τ⌋, capped
         self._step_h = s.step - h
-        self._half_tds = 0.5 * s.tds
-
-    @cached_property
-    def q_wait(self) -> np.ndarray:
-        """Q_wait,i: QoE at the horizon if the request gets no token before it."""
-        drain = np.maximum(self._first - self.horizon, 0.0)
-        return self._scorer(self._lin + self._half_tds * drain * drain)
+        # Q_wait,i: QoE at the horizon if the request gets no token before it.
+        wait_area = self._lin + half_tds * self._drain_wait * self._drain_wait
+        self.q_wait: np.ndarray = self._scorer(wait_area)
 
     @cached_property
     def q_now(self) -> np.ndarray:
@@ -182,17 +189,18 @@ class Forecast:
         Tokens arrive at t0 = start + τ, t0 + τ, ... up to the horizon: k = ⌊(h - start)/τ⌋
         of them, at most ``remaining``; the sums are those of :func:`append_stream`.
         """
-        step = self.state.step
+        step, zero = self.state.step, self._zero
         k = np.minimum(np.floor(self._reach * (1.0 / tau)), self.remaining)
         km1 = k - 1.0
-        slow = np.maximum(step, tau)
+        self._tau.fill(tau)
+        slow = np.maximum(step, self._tau)
         gap = slow - step
         t0 = self._start + tau
         lead = self._first - t0
         with np.errstate(divide="ignore", invalid="ignore"):
-            cross = np.fmax(np.fmin(np.ceil(lead / gap), k), 0.0)  # nan (0/0) -> k
+            cross = np.fmax(np.fmin(np.ceil(lead / gap), k), zero)  # nan (0/0) -> k
         added = k * t0 + cross * lead + 0.5 * (slow * k * km1 - gap * cross * (cross - 1.0))
         last = np.maximum(self._first + km1 * step, t0 + km1 * slow)
-        drain = np.maximum(np.where(k > 0, last + self._step_h, self._first - self.horizon), 0.0)
+        drain = np.where(k > zero, np.maximum(last + self._step_h, zero), self._drain_wait)
         area = self._lin + k * self._h_mid - added + self._half_tds * drain * drain
         return self._scorer(area)

@@ -1,0 +1,165 @@
+"""Andes.schedule() against a plain statement of the same decision (Andes §4, Algorithm 1).
+
+The policy evaluates one decision with shortcuts (a partial sort of the packing order,
+no re-sort when the preemption budget is spent, ...); :func:`reference_schedule` does
+the same decision the direct way: the full packing order for every candidate batch size,
+then the preemption cap. The two must return the same mask on every table.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qos.latency import get_profile
+from qos.policy.andes import Andes, tokenpace_andes
+from qos.policy.base import pack_in_order
+from qos.policy.exact import exact_k_knapsack
+from qos.policy.fair import FairAndes
+from qos.policy.table import Capacity, RequestTable
+
+OPT = get_profile("opt-66b-4xa100")
+LLAMA = get_profile("llama-3.1-8b-h100")
+
+
+def reference_schedule(
+    policy: Andes, table: RequestTable, capacity: Capacity, now: float
+) -> np.ndarray:
+    """One Andes decision, unoptimised: full sort per batch size, then the preemption cap."""
+    n, running = table.n, table.running
+    demand = capacity.demand(table)
+    if not policy.triggered(table, capacity, demand):
+        return np.ones(n, dtype=bool)
+    forecast = policy.forecast(table, now)
+    packing = Capacity(
+        int(policy.kv_watermark * capacity.kv_tokens), capacity.max_batch, capacity.block_size
+    )
+    b_min, b_max = policy.batch_range(table, packing, demand)
+    count = min(policy.batch_candidates, b_max - b_min + 1)
+    sizes = sorted({round(b_min + (b_max - b_min) * i / max(count - 1, 1)) for i in range(count)})
+    context_s = policy.profile.per_context_token_s * float(demand.mean())
+    best, best_value, best_order = None, -np.inf, None
+    for b in sizes:
+        gain = policy.gains(forecast, now, float(policy.profile.decode_s(b)) + context_s * b)
+        if policy.preemption_cost:
+            gain = gain - policy.stall_charge(forecast, gain, running)
+        order = policy.packing_order(table, gain / demand)
+        if policy.solver is not None:
+            chosen = policy.solver(gain, demand, packing.kv_tokens, b)
+        else:
+            chosen = pack_in_order(order, demand, packing.kv_tokens, b, n)
+        value = float(gain[chosen].sum())
+        if value > best_value:
+            best, best_value, best_order = chosen, value, order
+    assert best is not None and best_order is not None
+    # Optimisation #4, the preemption cap.
+    evicted = running & ~best
+    budget = int(policy.preemption_cap * policy.arrivals) - policy.preemptions
+    if int(evicted.sum()) <= budget:
+        policy.preemptions += int(evicted.sum())
+        return best
+    victims = np.flatnonzero(evicted)
+    by_context = victims[np.argsort(-table.context[victims], kind="stable")]
+    kept = best & running
+    kept[by_context[: victims.size - max(budget, 0)]] = True
+    packed = pack_in_order(np.flatnonzero(kept), demand, capacity.kv_tokens, capacity.max_batch, n)
+    used, slots = int(demand[packed].sum()), capacity.max_batch - int(packed.sum())
+    room = int(policy.kv_watermark * capacity.kv_tokens) - used
+    if room > 0 and slots > 0:
+        admissions = best_order[(best & ~running)[best_order]]
+        packed |= pack_in_order(admissions, demand, room, slots, n)
+    policy.preemptions += int((running & ~packed).sum())
+    return packed
+
+
+def overloaded_table(
+    rng: np.random.Generator, running: int, waiting: int, *, max_tokens: bool = False
+) -> tuple[RequestTable, Capacity, float]:
+    """Like bench/andes_decision.py: running requests mid-reply, the KV cache exactly full."""
+    table, now = RequestTable(), 600.0
+    for i in range(running + waiting):
+        table.add(
+            f"r{i}",
+            arrival=now - rng.uniform(1.0, 120.0),
+            prompt_tokens=int(rng.integers(4, 600)),
+            ttft=float(rng.choice([0.0, 1.0, 3.0])),
+            tds=float(rng.uniform(3.8, 5.1)),
+            tenant=f"t{i % 3}",
+            max_tokens=int(rng.integers(1, 400)) if max_tokens and rng.random() < 0.5 else None,
+        )
+    for row in rng.permutation(running + waiting)[:running].tolist():
+        table.admit(row)
+        start = float(table.col("arrival")[row]) + rng.uniform(0.2, 3.0)
+        for k in range(int(rng.integers(1, 300))):
+            if start + k * 0.15 >= now:
+                break
+            table.record_tokens(row, start + k * 0.15)
+    return table, Capacity(kv_tokens=int(table.demand[table.running].sum()), max_batch=256), now
+
+
+def assert_same_decisions(
+    policy: Andes, table: RequestTable, capacity: Capacity, now: float, steps: int = 3
+) -> None:
+    """Successive decisions (the preemption budget shrinks) equal the reference's."""
+    reference = copy.deepcopy(policy)
+    for step in range(steps):
+        expected = reference_schedule(reference, table, capacity, now + 0.01 * step)
+        got = policy.schedule(table, capacity, now + 0.01 * step)
+        np.testing.assert_array_equal(got, expected)
+        assert policy.preemptions == reference.preemptions
+
+
+POLICIES = {
+    "andes": lambda profile: Andes(profile),
+    "andes-tp": lambda profile: tokenpace_andes(profile),
+    "monotone": lambda profile: tokenpace_andes(profile, qoe="monotone"),
+    "max-min": lambda profile: Andes(profile, objective="max-min"),
+    "perfect": lambda profile: tokenpace_andes(profile, objective="perfect"),
+    "candidates": lambda profile: tokenpace_andes(profile, batch_candidates=6, horizon_s=3.0),
+    "fair": lambda profile: FairAndes(profile, slack=0.0, preemption_cost=4.0),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("policy_name", ["andes", "andes-tp"])
+@pytest.mark.parametrize("arrivals", [0, 300, 1280])  # budget spent, binding, loose
+def test_bench_table_decisions_match_reference(seed, policy_name, arrivals):
+    table, capacity, now = overloaded_table(np.random.default_rng(seed), 256, 1024)
+    policy = POLICIES[policy_name](OPT)
+    policy.arrivals = arrivals
+    assert_same_decisions(policy, table, capacity, now, steps=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.tuples(st.integers(0, 120), st.integers(1, 200)),  # running, waiting
+    policy_name=st.sampled_from(sorted(POLICIES)),
+    profile=st.sampled_from([OPT, LLAMA]),
+    kv_scale=st.sampled_from([0.3, 0.9, 1.0, 3.0]),
+    max_batch=st.integers(1, 300),
+    block_size=st.sampled_from([1, 16]),
+    arrivals=st.integers(0, 400),
+    max_tokens=st.booleans(),
+)
+def test_random_decisions_match_reference(
+    seed, shape, policy_name, profile, kv_scale, max_batch, block_size, arrivals, max_tokens
+):
+    rng = np.random.default_rng(seed)
+    table, full, now = overloaded_table(rng, *shape, max_tokens=max_tokens)
+    kv = max(1, int(kv_scale * max(full.kv_tokens, int(table.demand.sum()) // 4)))
+    policy = POLICIES[policy_name](profile)
+    policy.arrivals = arrivals
+    assert_same_decisions(policy, table, Capacity(kv, max_batch, block_size), now)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_decisions_with_the_exact_solver_match_reference(seed):
+    table, full, now = overloaded_table(np.random.default_rng(seed), 4, 8)
+    policy = tokenpace_andes(OPT, solver=exact_k_knapsack)
+    policy.arrivals = seed
+    assert_same_decisions(policy, table, Capacity(full.kv_tokens, 6), now)
