@@ -140,6 +140,14 @@ class ChunkStream(ABC):
     @abstractmethod
     async def aclose(self) -> None: ...
 
+    def last_event(self) -> bytes | None:
+        """The SSE event of the chunk :meth:`__anext__` returned last, as received.
+
+        The gateway then relays these bytes unchanged; ``None`` (the default) makes it
+        encode the chunk dict instead.
+        """
+        return None
+
 
 class GeneratorChunkStream(ChunkStream):
     """A :class:`ChunkStream` over an async generator (closing it closes the generator)."""
@@ -340,9 +348,8 @@ class _CountedStream(httpx.AsyncByteStream):
         self._stream = stream
         self._on_close: Callable[[], None] | None = on_close
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in self._stream:
-            yield part
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._stream.__aiter__()
 
     async def aclose(self) -> None:
         if self._on_close is not None:
@@ -539,13 +546,11 @@ class HttpBackend(Backend):
             self.url_for(endpoint),
             content=json.dumps(body, separators=(",", ":")).encode(),
             headers={**self._request_headers(ctx), "Accept": "text/event-stream"},
-            # The first-chunk and between-chunk deadlines are enforced by the relay;
-            # this read timeout bounds the wait for the response headers.
+            # No read timeout: the caller bounds the wait for the response headers
+            # (gateway.dispatch.open_attempt) and the relay the first-chunk and
+            # between-chunk gaps; a per-read timer here would cost every chunk.
             timeout=httpx.Timeout(
-                connect=t.connect_s,
-                read=max(t.first_byte_s, t.idle_s),
-                write=t.connect_s,
-                pool=t.connect_s,
+                connect=t.connect_s, read=None, write=t.connect_s, pool=t.connect_s
             ),
         )
         try:
@@ -623,6 +628,7 @@ class HttpChunkStream(ChunkStream):
         self._buf = b""  # an incomplete line
         self._data: list[bytes] = []  # the data lines of the event being read
         self._events: deque[bytes] = deque()  # complete event payloads, not yet returned
+        self._last_event: bytes | None = None
         self._done = False
         self._clean_end = False  # [DONE] arrived
         self._closed = False
@@ -650,7 +656,15 @@ class HttpChunkStream(ChunkStream):
                     unhealthy=not isinstance(exc, httpx.TimeoutException),
                 ) from exc
             self._feed(part)
-        return self._event(self._events.popleft())
+        payload = self._events.popleft()
+        chunk = self._event(payload)
+        # One data line per event, relayed as it came (a payload split over several
+        # data lines is re-encoded instead).
+        self._last_event = None if b"\n" in payload else b"data: " + payload + b"\n\n"
+        return chunk
+
+    def last_event(self) -> bytes | None:
+        return self._last_event
 
     def _feed(self, part: bytes) -> None:
         """Split ``part`` into lines (LF, CRLF or CR) and complete events."""

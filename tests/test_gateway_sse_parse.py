@@ -61,3 +61,17 @@ async def test_malformed_and_error_events() -> None:
     with pytest.raises(BackendError) as err:
         await _chunks([b'data: {"error": {"message": "boom"}}\n\n'])
     assert err.value.message == "boom" and not err.value.retryable
+
+
+async def test_last_event_is_the_event_as_received() -> None:
+    """One-line events are relayed byte for byte; a multi-line one is re-encoded."""
+    stream = HttpChunkStream("b", _response([EVENTS.replace(b"\n", b"\r\n")]))
+    seen = []
+    async for chunk in stream:
+        seen.append((chunk, stream.last_event()))
+    await stream.aclose()
+    assert seen == [
+        ({"n": 1}, b'data: {"n": 1}\n\n'),
+        ({"n": 2}, None),
+        ({"n": 3}, b'data: {"n": 3}\n\n'),
+    ]
