@@ -286,6 +286,14 @@ class StreamRelay:
         chunk, event = item
         now = time.monotonic()
         n = chunk_tokens(chunk)
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+            total = usage.get("completion_tokens")
+            if n and isinstance(total, int) and total > self.n_tokens + n:
+                # Several tokens in one chunk (vLLM's --stream-interval > 1) and a running
+                # count to tell how many (continuous usage stats): count them all.
+                n = total - self.n_tokens
         if n:
             if self.n_tokens == 0:
                 self._ttft.observe(now - self.ctx.received_at)
@@ -299,9 +307,6 @@ class StreamRelay:
                 self.attempt.lease.tokens(n)
             if self.on_tokens is not None:
                 self.on_tokens(n)
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
         self.sent_any = True
         self._last_emit = now
         return event if event is not None else encode_chunk(chunk)

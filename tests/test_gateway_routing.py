@@ -350,6 +350,33 @@ async def test_metrics():
     assert _sample(text, "tokenpace_backend_outstanding_tokens", backend="a") == 0
 
 
+@pytest.mark.parametrize("continuous", [False, True])
+async def test_several_tokens_per_chunk_counted_from_running_usage(monkeypatch, continuous):
+    """vLLM --stream-interval 4: a chunk carries up to 4 tokens. With continuous usage
+    stats the gateway's timeline counts each chunk's tokens from the running count;
+    without, one per chunk (all it can tell), and the final usage still gives the total."""
+    from gateway import streaming
+
+    captured: list[Any] = []
+    original = streaming.StreamRelay._record
+
+    def spy(self):
+        captured.append(list(self.counts))
+        return original(self)
+
+    monkeypatch.setattr(streaming.StreamRelay, "_record", spy)
+    options = {"include_usage": True, "continuous_usage_stats": continuous}
+    async with (
+        upstream(n_tokens=10, tokens_per_chunk=4) as fake,
+        gateway(make_config([backend_entry(fake, "a")])) as gw,
+        gw.client() as client,
+    ):
+        await _stream(client, {**CHAT, "stream_options": options})
+        text = (await client.get("/metrics")).text
+    assert captured[0] == ([4, 4, 2] if continuous else [1, 1, 1])
+    assert _sample(text, "tokenpace_output_tokens_total", backend="a") == 10
+
+
 async def test_gateway_qoe_matches_qos_metrics(monkeypatch):
     """The QoE the gateway records is qos.metrics' on the gateway's own emission times."""
     from gateway import streaming

@@ -48,9 +48,11 @@ class FakeUpstream:
         *,
         n_tokens: int = 6,
         token_interval: float = 0.005,
+        tokens_per_chunk: int = 1,
     ) -> None:
         self.models = models
         self.n_tokens = n_tokens
+        self.tokens_per_chunk = tokens_per_chunk  # as vLLM's --stream-interval
         self.token_interval = token_interval
         self.mode = "ok"
         self.first_delay = 0.0
@@ -175,8 +177,16 @@ class FakeUpstream:
         base = {"id": "cmpl-fake", "created": 1700000000, "model": body.get("model")}
         base["object"] = "chat.completion.chunk" if chat else "text_completion"
 
+        continuous = usage and bool(
+            (body.get("stream_options") or {}).get("continuous_usage_stats")
+        )
+        sent = 0  # completion tokens so far, all choices
+
         def ev(obj: dict) -> bytes:
-            if usage:
+            if continuous:
+                u = {"prompt_tokens": 5, "completion_tokens": sent, "total_tokens": 5 + sent}
+                obj = {**obj, "usage": u}
+            elif usage:
                 obj = {**obj, "usage": None}
             return b"data: " + json.dumps({**base, **obj}).encode() + b"\n\n"
 
@@ -198,7 +208,9 @@ class FakeUpstream:
                         ]
                     }
                 )
-        for i in range(n):
+        step = self.tokens_per_chunk
+        for i in range(0, n, step):
+            text = "".join(f"t{j} " for j in range(i, min(i + step, n)))
             if i == 3:
                 if mode == "close_mid":
                     yield b"CLOSE"
@@ -230,20 +242,22 @@ class FakeUpstream:
                         call["function"]["arguments"] = "}"
                     yield ev({"choices": [{"index": c, "delta": delta, "finish_reason": None}]})
                 elif chat:
+                    sent += min(step, n - i)
                     yield ev(
                         {
                             "choices": [
-                                {"index": c, "delta": {"content": f"t{i} "}, "finish_reason": None}
+                                {"index": c, "delta": {"content": text}, "finish_reason": None}
                             ]
                         }
                     )
                 else:
+                    sent += min(step, n - i)
                     yield ev(
                         {
                             "choices": [
                                 {
                                     "index": c,
-                                    "text": f"t{i} ",
+                                    "text": text,
                                     "logprobs": None,
                                     "finish_reason": None,
                                 }
