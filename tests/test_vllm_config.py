@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
-from qos.latency import LatencyProfile
+from qos.latency import LatencyProfile, get_profile
 from qos.policy.andes import Andes
+from qos.policy.fair import FairAndes
 from qos.policy.fcfs import FCFS
+from qos.policy.registry import POLICIES, make_policy
 from qos.vllm import check_vllm_version
 from qos.vllm.config import PluginConfig
 from qos.vllm.online import SEED_DECODE_S, OnlineProfile
@@ -98,6 +100,31 @@ def test_config_from_environment() -> None:
         PluginConfig.from_env({"TOKENPACE_POLICY": "fcfs"}).build_policy(policy.profile), FCFS
     )
     assert PluginConfig.from_env({}) == PluginConfig()
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_registry_policy_is_a_plugin_policy(name: str) -> None:
+    profile = get_profile("llama-3.1-8b-h100")
+    policy = PluginConfig.from_env({"TOKENPACE_POLICY": name}).build_policy(profile)
+    expected = make_policy(name, profile)
+    assert type(policy) is type(expected)
+    if isinstance(expected, Andes):  # unset options keep the named policy's settings
+        for option in ("objective", "kv_watermark", "horizon_s", "preemption_cap", "qoe"):
+            assert getattr(policy, option) == getattr(expected, option), option
+
+
+def test_andes_options_apply_to_the_named_policy() -> None:
+    env = {
+        "TOKENPACE_POLICY": "fair-andes-tp",
+        "TOKENPACE_OBJECTIVE": "perfect",
+        "TOKENPACE_KV_WATERMARK": "0.7",
+        "TOKENPACE_HORIZON_S": "3",
+        "TOKENPACE_PREEMPTION_COST": "2",
+    }
+    policy = PluginConfig.from_env(env).build_policy(get_profile("llama-3.1-8b-h100"))
+    assert isinstance(policy, FairAndes)
+    assert (policy.objective, policy.kv_watermark, policy.horizon_s) == ("perfect", 0.7, 3.0)
+    assert (policy.preemption_cap, policy.preemption_cost) == (0.3, 2.0)  # cap: fair-andes-tp's
 
 
 @pytest.mark.parametrize(

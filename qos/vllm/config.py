@@ -3,10 +3,11 @@
 vLLM constructs the scheduler class itself (``--scheduler-cls``), so the plugin takes
 its settings from the engine's environment (defaults in brackets):
 
-- ``TOKENPACE_POLICY``: the qos policy asked each iteration: ``andes-tp`` (default:
-  Andes as tokenpace ships it, :func:`qos.policy.andes.tokenpace_andes`, preemption cap
-  0.3 and stall charge 4), ``andes`` (the paper's settings), ``fair-andes``, ``fcfs``,
-  ``vtc`` or ``round-robin``.
+- ``TOKENPACE_POLICY``: the qos policy asked each iteration, by its name in
+  :data:`qos.policy.registry.POLICIES`: ``andes-tp`` (default: Andes as tokenpace ships
+  it, :func:`qos.policy.andes.tokenpace_andes`, preemption cap 0.3 and stall charge 4),
+  ``andes`` (the paper's settings), ``fair-andes``, ``fair-andes-tp``, ``fcfs``, ``vtc``,
+  ``round-robin``, ...
 - ``TOKENPACE_OBJECTIVE``: Andes objective, ``average``, ``max-min`` or ``perfect``
   [average].
 - ``TOKENPACE_PROFILE``: latency profile: ``online`` (default: fitted from the engine's
@@ -15,7 +16,8 @@ its settings from the engine's environment (defaults in brackets):
 - ``TOKENPACE_KV_WATERMARK`` [0.9], ``TOKENPACE_PREEMPTION_CAP`` (P, preemptions per
   request on average), ``TOKENPACE_PREEMPTION_COST`` (the stall charge k),
   ``TOKENPACE_HORIZON_S`` (a fixed Δt; default the running mean completion time, §4.1):
-  the Andes options of the same names; unset, the policy's own defaults apply.
+  the Andes options of the same names, for the Andes policies; unset, the named
+  policy's own settings apply.
 - ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.02];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is
@@ -36,18 +38,13 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from qos.latency import PROFILES, LatencyProfile
-from qos.policy.andes import Andes, tokenpace_andes
+from qos.policy.andes import Andes
 from qos.policy.base import Policy
-from qos.policy.fair import FairAndes
-from qos.policy.fcfs import FCFS
-from qos.policy.round_robin import RoundRobin
-from qos.policy.vtc import VTC
+from qos.policy.registry import POLICIES, make_policy
 from qos.vllm.tags import RequestTags
 
-POLICIES = ("andes-tp", "andes", "fair-andes", "fcfs", "vtc", "round-robin")
 OBJECTIVES = ("average", "max-min", "perfect")
 
 
@@ -130,26 +127,23 @@ class PluginConfig:
         )
 
     def build_policy(self, profile: LatencyProfile) -> Policy:
-        """The qos policy this configuration names, on ``profile`` where it needs one."""
-        andes_options: dict[str, Any] = {
-            "objective": self.objective,
-            "kv_watermark": self.kv_watermark,
-            "horizon_s": self.horizon_s,
-        }
-        for name in ("preemption_cap", "preemption_cost"):
-            if getattr(self, name) is not None:
-                andes_options[name] = getattr(self, name)
-        if self.policy == "andes-tp":
-            return tokenpace_andes(profile, **andes_options)
-        if self.policy == "andes":
-            return Andes(profile, **andes_options)
-        if self.policy == "fair-andes":
-            return FairAndes(profile, **andes_options)
-        if self.policy == "fcfs":
-            return FCFS()
-        if self.policy == "vtc":
-            return VTC()
-        return RoundRobin()
+        """The registry's policy of this name on ``profile``, with the Andes options set.
+
+        The options are the constructor arguments of the same names (``horizon_s`` is
+        stored as ``fixed_horizon``), already validated here; the ones left unset keep
+        the named policy's own.
+        """
+        policy = make_policy(self.policy, profile)
+        if isinstance(policy, Andes):
+            policy.objective = self.objective  # type: ignore[assignment]  # checked above
+            policy.kv_watermark = self.kv_watermark
+            if self.horizon_s is not None:
+                policy.fixed_horizon = self.horizon_s
+            if self.preemption_cap is not None:
+                policy.preemption_cap = self.preemption_cap
+            if self.preemption_cost is not None:
+                policy.preemption_cost = self.preemption_cost
+        return policy
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:

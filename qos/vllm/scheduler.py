@@ -44,7 +44,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable
+from itertools import filterfalse
 from typing import Any
 
 import numpy as np
@@ -63,6 +65,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from qos.latency import LatencyProfile, get_profile  # noqa: E402
 from qos.policy.andes import Andes  # noqa: E402
+from qos.policy.base import Policy  # noqa: E402
 from qos.policy.table import Capacity, RequestTable  # noqa: E402
 from qos.vllm.config import PluginConfig  # noqa: E402
 from qos.vllm.online import OnlineProfile  # noqa: E402
@@ -181,7 +184,8 @@ class AndesScheduler(TimedScheduler):
         self.table = RequestTable()
         self.clock: Callable[[], float] = time.time  # the clock of request.arrival_time
         self._prefilled: set[str] = set()
-        self._chosen: set[str] = set()  # keys the last decision runs
+        self._synced: set[Request] = set()  # the requests the table marks running
+        self._chosen: set[Request] = set()  # the requests the last decision runs
         self._decided_at = -np.inf
         self._dirty = True  # a request arrived or left since the last decision
         self.stats.update(
@@ -230,20 +234,28 @@ class AndesScheduler(TimedScheduler):
             self.qos_policy.on_finish(self.table, self.table.row(key), self.clock())
             self.table.remove(key)
             self._prefilled.discard(key)
-            self._chosen.discard(key)
+            self._synced.discard(request)
+            self._chosen.discard(request)
             self._dirty = True
         return super()._free_request(request, delay_free_blocks=delay_free_blocks)
 
     def _sync_running(self, now: float) -> None:
-        """Mirror vLLM's ``running`` list into the table (admissions and preemptions)."""
+        """Mirror vLLM's ``running`` list into the table (admissions and preemptions).
+
+        Compares it with the last sync's as sets of requests (in C), so a step that
+        changed nothing costs O(running) in C and the table sees O(changes) updates,
+        preemptions first, each in row order.
+        """
+        running = set(self.running)
+        left, joined = self._synced - running, running - self._synced
+        if not (left or joined):
+            return
+        self._synced = running
         table = self.table
-        ids = {request.request_id for request in self.running}
-        runs = np.fromiter((key in ids for key in table.keys), dtype=bool, count=table.n)
-        was = table.running.copy()
-        for r in np.flatnonzero(was & ~runs).tolist():
+        for r in sorted(table.row(request.request_id) for request in left):
             table.preempt(r, now)
         prompt = table.col("prompt")
-        for r in np.flatnonzero(runs & ~was).tolist():
+        for r in sorted(table.row(request.request_id) for request in joined):
             key = table.keys[r]
             if key not in self._prefilled:
                 self._prefilled.add(key)
@@ -259,23 +271,28 @@ class AndesScheduler(TimedScheduler):
             self._sync_running(now)
             interval = self.qos_config.decision_interval_s
             if self._dirty or now - self._decided_at >= interval:
-                start = time.perf_counter()
-                run = self.qos_policy.schedule(self.table, self.capacity, now)
-                self.stats["policy_s"] += time.perf_counter() - start
-                self.stats["decisions"] += 1
-                self._decided_at, self._dirty = now, False
-                self._chosen = {self.table.keys[r] for r in np.flatnonzero(run).tolist()}
-                preempted = self._preempt_dropped(run)
+                preempted = self._decide(now)
             held = self._hold_out()
         try:
             output = super()._schedule_step(throttle_prefills)
         finally:
-            for request in held:
-                self.waiting.add_request(request)
+            self._put_back(held)
         if len(output.preempted_req_ids) > preempted:
             self._dirty = True  # vLLM preempted on its own: decide again next step
         self._sync_running(now)
         return output
+
+    def _decide(self, now: float) -> int:
+        """Ask the policy; preempt the running requests it dropped (how many it preempted)."""
+        table = self.table
+        start = time.perf_counter()
+        run = self.qos_policy.schedule(table, self.capacity, now)
+        self.stats["policy_s"] += time.perf_counter() - start
+        self.stats["decisions"] += 1
+        self._decided_at, self._dirty = now, False
+        rows = np.flatnonzero(run).tolist()
+        self._chosen = set(map(self.requests.__getitem__, map(table.keys.__getitem__, rows)))
+        return self._preempt_dropped(run)
 
     def _preempt_dropped(self, run: np.ndarray) -> int:
         """Preempt the running requests outside ``run`` (vLLM's own preemption); count them."""
@@ -293,42 +310,72 @@ class AndesScheduler(TimedScheduler):
         return count
 
     def _hold_out(self) -> list[Request]:
-        """Take the waiting requests the last decision did not choose out of ``waiting``."""
-        table, chosen = self.table, self._chosen
-        held = [
-            request
-            for request in self.waiting
-            if request.request_id in table and request.request_id not in chosen
-        ]
-        if held:
-            self.waiting.remove_requests(held)
+        """Take the waiting requests the last decision did not choose out of ``waiting``.
+
+        Every waiting request is in the table, so these are the waiting requests outside
+        the chosen set, in queue order. With vLLM's FCFS queue (a deque) the filtering
+        runs in C, a few nanoseconds per waiting request.
+        """
+        waiting, chosen = self.waiting, self._chosen
+        held = list(filterfalse(chosen.__contains__, waiting))
+        if held and isinstance(waiting, deque):
+            kept = list(filter(chosen.__contains__, waiting))
+            waiting.clear()
+            waiting.extend(kept)
+        elif held:
+            waiting.remove_requests(held)
         return held
+
+    def _put_back(self, held: list[Request]) -> None:
+        """Return the held requests to the end of ``waiting``, in their order."""
+        if isinstance(self.waiting, deque):
+            self.waiting.extend(held)  # what add_request does, one by one
+        else:
+            for request in held:
+                self.waiting.add_request(request)
 
     # -- tokens ----------------------------------------------------------------------
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, Any]:
-        requests = [self.requests.get(rid) for rid in scheduler_output.num_scheduled_tokens]
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        now = self.clock()
-        table = self.table
-        output = table.col("output")
-        for request in requests:
-            if request is None or request.request_id not in table:
+        table, requests = self.table, self.requests
+        rows: list[int] = []
+        counts: list[int] = []
+        for rid in scheduler_output.num_scheduled_tokens:
+            try:
+                rows.append(table.row(rid))
+            except KeyError:
                 continue  # finished (and removed) in this step
-            r = table.row(request.request_id)
-            new = request.num_output_tokens - int(output[r])
-            if new > 0:
-                self.qos_policy.on_tokens(table, r, new)
-                table.record_tokens(r, now, new)
+            counts.append(requests[rid].num_output_tokens)
+        if rows:
+            self._record_tokens(np.array(rows), np.array(counts), self.clock())
         return outputs
+
+    def _record_tokens(self, rows: np.ndarray, counts: np.ndarray, now: float) -> None:
+        """Timestamp each row's output growth to ``counts`` tokens into the table.
+
+        The policy hears of the tokens first (``on_tokens``, in scheduling order, only
+        if it listens); the usual single new token per request is recorded in bulk.
+        """
+        table, policy = self.table, self.qos_policy
+        new = counts - table.col("output")[rows]
+        grew = new > 0
+        rows, new = rows[grew], new[grew]
+        if type(policy).on_tokens is not Policy.on_tokens:
+            for r, n in zip(rows.tolist(), new.tolist(), strict=True):
+                policy.on_tokens(table, r, n)
+        one = new == 1
+        table.record_next_token(rows[one], now)
+        for r, n in zip(rows[~one].tolist(), new[~one].tolist(), strict=True):
+            table.record_tokens(r, now, n)
 
     def _observe_step(self, scheduler_output: SchedulerOutput, model_s: float) -> None:
         if self.online is None:
             return
-        counts = scheduler_output.num_scheduled_tokens.values()
-        decode = sum(1 for n in counts if n == 1)
-        prefill = sum(n for n in counts if n > 1)
+        counts = list(scheduler_output.num_scheduled_tokens.values())
+        decode = counts.count(1)  # requests decoding one token; the rest is prefill
+        prefill = sum(counts) - decode
         if self.online.observe(decode, prefill, model_s):
             self._install_profile(self.online.profile)
 
