@@ -13,7 +13,7 @@ its settings from the engine's environment (defaults in brackets):
 - ``TOKENPACE_PROFILE``: latency profile: ``online`` (default: fitted from the engine's
   own step times with ``qos.latency.fit_profile``, :mod:`qos.vllm.online`) or the name
   of a shipped profile (``qos.latency.PROFILES``).
-- ``TOKENPACE_KV_WATERMARK`` [0.9], ``TOKENPACE_PREEMPTION_CAP`` (P, preemptions per
+- ``TOKENPACE_KV_WATERMARK``, ``TOKENPACE_PREEMPTION_CAP`` (P, preemptions per
   request on average), ``TOKENPACE_PREEMPTION_COST`` (the stall charge k),
   ``TOKENPACE_HORIZON_S`` (a fixed Δt; default the running mean completion time, §4.1):
   the Andes options of the same names, for the Andes policies; unset, the named
@@ -53,7 +53,7 @@ class PluginConfig:
     policy: str = "andes-tp"
     objective: str = "average"
     profile: str = "online"
-    kv_watermark: float = 0.9
+    kv_watermark: float | None = None  # None: the policy's default
     preemption_cap: float | None = None  # None: the policy's default
     preemption_cost: float | None = None
     horizon_s: float | None = None
@@ -93,9 +93,11 @@ class PluginConfig:
             )
         except ValueError as exc:
             raise ValueError(f"TOKENPACE_DEFAULT_*: {exc}") from None
-        watermark = _number(env, "TOKENPACE_KV_WATERMARK", base.kv_watermark)
-        if not 0 < watermark <= 1:
-            raise ValueError(f"TOKENPACE_KV_WATERMARK: must be in (0, 1], got {watermark}")
+        watermark = None
+        if env.get("TOKENPACE_KV_WATERMARK"):
+            watermark = _number(env, "TOKENPACE_KV_WATERMARK", 0.0)
+            if not 0 < watermark <= 1:
+                raise ValueError(f"TOKENPACE_KV_WATERMARK: must be in (0, 1], got {watermark}")
         cap = cost = None
         if env.get("TOKENPACE_PREEMPTION_CAP"):
             cap = _number(env, "TOKENPACE_PREEMPTION_CAP", 0.0)
@@ -136,7 +138,8 @@ class PluginConfig:
         policy = make_policy(self.policy, profile)
         if isinstance(policy, Andes):
             policy.objective = self.objective  # type: ignore[assignment]  # checked above
-            policy.kv_watermark = self.kv_watermark
+            if self.kv_watermark is not None:
+                policy.kv_watermark = self.kv_watermark
             if self.horizon_s is not None:
                 policy.fixed_horizon = self.horizon_s
             if self.preemption_cap is not None:
