@@ -163,3 +163,14 @@ def test_decisions_with_the_exact_solver_match_reference(seed):
     policy = tokenpace_andes(OPT, solver=exact_k_knapsack)
     policy.arrivals = seed
     assert_same_decisions(policy, table, Capacity(full.kv_tokens, 6), now)
+
+
+def test_set_profile_refills_the_decode_caches() -> None:
+    """A refitted profile (the vLLM plugin's online fit) is what the next decision uses."""
+    old, new = get_profile("opt-66b-4xa100"), get_profile("llama-3.1-8b-h100")
+    policy = Andes(old)
+    np.testing.assert_allclose(policy._decode_table(8), old.decode_s(np.arange(9)))
+    policy.set_profile(new)
+    assert policy.profile is new
+    np.testing.assert_allclose(policy._decode_table(8), new.decode_s(np.arange(9)))
+    np.testing.assert_allclose(policy._speeds[1:9], 1.0 / new.decode_s(np.arange(1, 9)))

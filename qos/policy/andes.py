@@ -98,6 +98,12 @@ class Andes(Policy):
         self._priority = np.zeros(0)
         self._order: np.ndarray | None = None
 
+    def set_profile(self, profile: LatencyProfile) -> None:
+        """Decide with ``profile`` from the next decision on (a refitted latency model)."""
+        self.profile = profile
+        self._decode = np.zeros(0)  # the per-batch-size caches refill from it
+        self._speeds = np.zeros(0)
+
     # -- hooks ------------------------------------------------------------------------
     def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
         self.arrivals += 1

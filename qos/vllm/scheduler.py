@@ -383,9 +383,7 @@ class AndesScheduler(TimedScheduler):
         """Hand a refitted latency profile to the policy (Andes and FairAndes use one)."""
         policy = self.qos_policy
         if isinstance(policy, Andes):
-            policy.profile = profile
-            # Andes caches decode latency by batch size; drop it with the old profile.
-            policy._decode = np.zeros(0)
+            policy.set_profile(profile)
             self.stats["profile"] = _describe(profile)
 
 
