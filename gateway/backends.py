@@ -458,6 +458,8 @@ class HttpBackend(Backend):
         key = cfg.resolved_api_key()
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
+        # Parsed once: httpx's URL parsing was a tenth of the gateway's CPU per request.
+        self._urls = {e: httpx.URL(f"{cfg.url}/{path}") for e, path in ENDPOINT_PATHS.items()}
         self._client: httpx.AsyncClient | None = None
 
     @classmethod
@@ -473,8 +475,8 @@ class HttpBackend(Backend):
             raise RuntimeError(f"backend {self.name!r} used before the gateway started")
         return self._client
 
-    def url_for(self, endpoint: Endpoint) -> str:
-        return f"{self.base_url}/{ENDPOINT_PATHS[endpoint]}"
+    def url_for(self, endpoint: Endpoint) -> httpx.URL:
+        return self._urls[endpoint]
 
     def _request_headers(self, ctx: RequestContext) -> dict[str, str]:
         return {**self._headers, "X-Request-Id": ctx.request_id}
