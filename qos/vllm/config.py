@@ -18,7 +18,7 @@ its settings from the engine's environment (defaults in brackets):
   ``TOKENPACE_HORIZON_S`` (a fixed Δt; default the running mean completion time, §4.1):
   the Andes options of the same names, for the Andes policies; unset, the named
   policy's own settings apply.
-- ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.02];
+- ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.05];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is
   preempted and only the requests it chose may be admitted.
@@ -57,7 +57,7 @@ class PluginConfig:
     preemption_cap: float | None = None  # None: the policy's default
     preemption_cost: float | None = None
     horizon_s: float | None = None
-    decision_interval_s: float = 0.02
+    decision_interval_s: float = 0.05
     defaults: RequestTags = field(default_factory=RequestTags)
     stats_file: str | None = None
 

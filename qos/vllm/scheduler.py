@@ -14,7 +14,7 @@ those mechanisms get to work on. Each iteration:
    :mod:`qos.vllm.config`) returns the mask of rows to run, on a
    :class:`~qos.policy.table.Capacity` of the engine's real KV blocks and
    ``max_num_seqs``. At most one decision per ``TOKENPACE_DECISION_INTERVAL_S``
-   (0.02 s), sooner when a request arrives or leaves or vLLM preempted on its own; in
+   (0.05 s), sooner when a request arrives or leaves or vLLM preempted on its own; in
    between the last decision stands.
 3. **Preempt.** Running requests outside the mask are taken out of ``running`` and
    preempted with vLLM's own ``_preempt_request`` (KV freed, recompute on resume, sent
