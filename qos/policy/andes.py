@@ -270,14 +270,14 @@ class Andes(Policy):
             chosen = np.zeros(n, dtype=bool)
             chosen[head] = True
             return chosen, None
-        head = head[np.lexsort((~running[head], key[head]))]
+        head = _in_priority_order(head, key, running)
         chosen = pack_in_order(head, demand, kv_tokens, b, n)
         taken = np.count_nonzero(chosen)
         if taken == b:
             return chosen, head
         left = kv_tokens - int(demand[chosen].sum())
         rest = (~in_head & (demand <= left)).nonzero()[0]
-        rest = rest[np.lexsort((~running[rest], key[rest]))]
+        rest = _in_priority_order(rest, key, running)
         chosen |= pack_in_order(rest, demand, left, b - taken, n)
         return chosen, np.concatenate((head, rest))
 
@@ -300,7 +300,7 @@ class Andes(Policy):
         On equal priority (typically zero gain everywhere) running requests go first, so a
         tie never preempts one for nothing; then row order.
         """
-        return np.lexsort((~table.running, -priority))
+        return _in_priority_order(np.arange(table.n), -priority, table.running)
 
     def _cap_preemptions(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, chosen: np.ndarray
@@ -337,6 +337,12 @@ class Andes(Policy):
             packed |= pack_in_order(order, demand, room, slots, table.n)
         self.preemptions += np.count_nonzero(running & ~packed)
         return packed
+
+
+def _in_priority_order(rows: np.ndarray, key: np.ndarray, running: np.ndarray) -> np.ndarray:
+    """``rows`` in Andes's packing order: lowest ``key`` (−priority, Eq. 5) first, running
+    requests first on equal key, then row order."""
+    return rows[np.lexsort((~running[rows], key[rows]))]
 
 
 TOKENPACE_ANDES: dict[str, Any] = {

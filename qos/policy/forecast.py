@@ -159,10 +159,7 @@ class Forecast:
         s, h = self.state, self.horizon
         zero = self._zero = np.zeros(s.step.shape)  # the bound 0 as an array: see _Scorer
         half_tds = self._half_tds = 0.5 * s.tds
-        # expected_area(h - arrival, ttft, tds, inf) = (TDS/2)·u², u = (h - arrival - TTFT)⁺
-        # (the reply length is unknown), inlined to share zero and TDS/2
-        ramp = np.maximum(h - self.arrival - self.ttft, zero)
-        self.expected = half_tds * ramp * ramp
+        self.expected = expected_area(h - self.arrival, self.ttft, s.tds, np.inf)
         self._scorer = _Scorer(self.kind, self.expected)
         self._tau = np.empty(zero.shape)  # τ broadcast, filled by q_serve
         # ∫_0^h A dt = lin + k·(h - s/2) - Σ new d + (TDS/2)·drain², lin = n·h - Σ d - n·s/2
