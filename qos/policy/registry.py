@@ -8,6 +8,7 @@ the same settings. The vLLM plugin uses the same names (``qos.vllm.config``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from qos.latency import LatencyProfile
 from qos.policy.andes import TOKENPACE_ANDES, Andes, tokenpace_andes
@@ -17,22 +18,27 @@ from qos.policy.fcfs import FCFS
 from qos.policy.round_robin import RoundRobin
 from qos.policy.vtc import VTC
 
-POLICIES: dict[str, Callable[[LatencyProfile], Policy]] = {
-    "fcfs": lambda profile: FCFS(),
-    "round-robin": lambda profile: RoundRobin(interval=50),
-    "andes": lambda profile: Andes(profile),
-    "andes-p0.3": lambda profile: Andes(profile, preemption_cap=0.3),
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "fcfs": lambda profile, **_: FCFS(),
+    "round-robin": lambda profile, **_: RoundRobin(interval=50),
+    "andes": Andes,
+    "andes-p0.3": lambda profile, **kw: Andes(profile, **{"preemption_cap": 0.3, **kw}),
     "andes-tp": tokenpace_andes,
-    "andes-monotone": lambda profile: Andes(profile, qoe="monotone"),
-    "vtc": lambda profile: VTC(),
-    "fair-andes": lambda profile: FairAndes(profile),
-    "fair-andes-tp": lambda profile: FairAndes(profile, **TOKENPACE_ANDES),
+    "andes-monotone": lambda profile, **kw: Andes(profile, **{"qoe": "monotone", **kw}),
+    "vtc": lambda profile, **_: VTC(),
+    "fair-andes": FairAndes,
+    "fair-andes-tp": lambda profile, **kw: FairAndes(profile, **{**TOKENPACE_ANDES, **kw}),
 }
 
 
-def make_policy(name: str, profile: LatencyProfile) -> Policy:
-    """A fresh policy ``name`` on ``profile``; ValueError naming the choices if unknown."""
+def make_policy(name: str, profile: LatencyProfile, **andes_options: Any) -> Policy:
+    """A fresh policy ``name`` on ``profile``; ValueError naming the choices if unknown.
+
+    ``andes_options`` are :class:`~qos.policy.andes.Andes` keyword arguments; they
+    override the named configuration's own for the Andes policies and are ignored by
+    the others (FCFS, round robin, VTC), which have none.
+    """
     factory = POLICIES.get(name)
     if factory is None:
         raise ValueError(f"policy: unknown {name!r}; use one of {', '.join(POLICIES)}")
-    return factory(profile)
+    return factory(profile, **andes_options)

@@ -40,7 +40,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qos.latency import PROFILES, LatencyProfile
-from qos.policy.andes import Andes
 from qos.policy.base import Policy
 from qos.policy.registry import POLICIES, make_policy
 from qos.vllm.tags import RequestTags
@@ -129,24 +128,18 @@ class PluginConfig:
         )
 
     def build_policy(self, profile: LatencyProfile) -> Policy:
-        """The registry's policy of this name on ``profile``, with the Andes options set.
-
-        The options are the constructor arguments of the same names (``horizon_s`` is
-        stored as ``fixed_horizon``), already validated here; the ones left unset keep
-        the named policy's own.
-        """
-        policy = make_policy(self.policy, profile)
-        if isinstance(policy, Andes):
-            policy.objective = self.objective  # type: ignore[assignment]  # checked above
-            if self.kv_watermark is not None:
-                policy.kv_watermark = self.kv_watermark
-            if self.horizon_s is not None:
-                policy.fixed_horizon = self.horizon_s
-            if self.preemption_cap is not None:
-                policy.preemption_cap = self.preemption_cap
-            if self.preemption_cost is not None:
-                policy.preemption_cost = self.preemption_cost
-        return policy
+        """The registry's policy of this name on ``profile``, with the Andes options set
+        here (the ones left unset keep the named policy's own)."""
+        options = {
+            "objective": self.objective,
+            "kv_watermark": self.kv_watermark,
+            "horizon_s": self.horizon_s,
+            "preemption_cap": self.preemption_cap,
+            "preemption_cost": self.preemption_cost,
+        }
+        return make_policy(
+            self.policy, profile, **{k: v for k, v in options.items() if v is not None}
+        )
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:
