@@ -819,9 +819,6 @@ class Router:
         self._rr = 0
         self._health = config.health
 
-    def models(self) -> list[str]:
-        return [card["id"] for card in self.model_cards()]
-
     def model_cards(self) -> list[dict[str, Any]]:
         """``/v1/models`` entries: each named model once, described by its first backend."""
         seen: dict[str, dict[str, Any]] = {}

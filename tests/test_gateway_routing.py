@@ -84,7 +84,7 @@ def test_router_health_preference():
     sb.healthy = False  # nothing healthy: still try something rather than refuse
     assert router.pick(MODEL) is not None
     assert not router.any_healthy()
-    assert router.models() == [MODEL]
+    assert [card["id"] for card in router.model_cards()] == [MODEL]
 
 
 # -- health checks --------------------------------------------------------------------
