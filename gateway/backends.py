@@ -52,6 +52,7 @@ import anyio
 import httpx
 
 from gateway import config as config_mod
+from gateway.asyncio_network import AsyncioBackend
 from gateway.config import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.errors import TIMEOUT, UPSTREAM_ERROR, error_body
 from gateway.tiers import ResolvedTier
@@ -358,6 +359,17 @@ class _CountedStream(httpx.AsyncByteStream):
         await self._stream.aclose()
 
 
+def _asyncio_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
+    """httpx's transport with its connections on :class:`AsyncioBackend`, not anyio.
+
+    httpx takes no network backend argument; its httpcore pool does, and reads it from
+    this attribute for every new connection (tests/test_asyncio_network.py checks it).
+    """
+    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0)
+    transport._pool._network_backend = AsyncioBackend()
+    return transport
+
+
 class ShardedTransport(httpx.AsyncBaseTransport):
     """One origin's connections in several small pools; a request goes to the least busy.
 
@@ -379,7 +391,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             max_keepalive_connections=-(-keepalive // n),
             keepalive_expiry=limits.keepalive_expiry,
         )
-        self._shards = [httpx.AsyncHTTPTransport(limits=shard_limits, retries=0) for _ in range(n)]
+        self._shards = [_asyncio_transport(shard_limits) for _ in range(n)]
         self._in_flight = [0] * n
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
