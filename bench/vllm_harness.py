@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
+import psutil
 import uvicorn
 
 from gateway.app import create_app
@@ -47,6 +48,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _cpu_sharing_env() -> dict[str, str]:
+    """Keep one CPU out of the model's OpenMP threads when there are two or more.
+
+    vLLM's CPU worker otherwise binds a spinning OpenMP thread to every CPU, leaving none
+    for its own API server, the gateway and the client (vLLM's documented knob,
+    ``VLLM_CPU_NUM_OF_RESERVED_CPU``; a value already set is kept).
+    """
+    if "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ or len(os.sched_getaffinity(0)) < 2:
+        return {}
+    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
 
 
 @dataclass
@@ -65,7 +78,7 @@ class VllmServer:
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     dummy_weights: bool = True
-    nice: int = 0  # niceness of the server's processes (> 0: the gateway and client go first)
+    nice: int = 0  # niceness of the engine's processes (> 0: API server, gateway, client first)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
@@ -119,6 +132,7 @@ class VllmServer:
         self.stats_file.unlink(missing_ok=True)
         env = {
             **os.environ,
+            **_cpu_sharing_env(),
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "TOKENPACE_STATS_FILE": str(self.stats_file),
             # Longer than the gateway's pooled connections live (30 s): vLLM's default 5 s
@@ -133,7 +147,6 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # its own process group: engine core and worker too
-                preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
             )
         return self
 
@@ -148,9 +161,24 @@ class VllmServer:
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    self._renice_engine()
                     return
             time.sleep(0.5)
         raise RuntimeError(f"vLLM {self.name} not ready after {timeout_s:.0f} s:\n{self.tail()}")
+
+    def _renice_engine(self) -> None:
+        """Lower the engine's processes (engine core, worker) to ``nice``; not the API server.
+
+        On a GPU server the model runs on the GPU and the API server has the CPU to
+        itself. Here the model's compute shares the CPU with it, and at equal priority the
+        engine's busy threads starved the API server: requests reached the engine seconds
+        late and in bursts, whatever the scheduler (seen with two cores).
+        """
+        assert self.proc is not None
+        if self.nice:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.nice(self.nice)
 
     def tail(self, chars: int = 4000) -> str:
         with contextlib.suppress(OSError):

@@ -19,7 +19,9 @@ client-measured average Andes QoE is higher with the plugin, and so is the chat
 requests' median TTFT lower. The long requests are long so that the comparison survives
 a busy machine: requests can take seconds to get through an overloaded two-core box,
 and the burst must still find the long requests running. About 2-2.5 minutes (start-up
-included); the servers run at ``nice 10`` so the gateway and client are not starved.
+included); the engines' processes run at ``nice 10`` and keep one CPU out of the model's
+OpenMP threads (``vllm_harness``), so the API servers, the gateway and the client are not
+starved: without that, on two cores, requests reached the engines seconds late.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def test_plugin_beats_stock_fcfs_through_the_gateway(tmp_path: Path) -> None:
             max_num_seqs=4,
             max_model_len=2048,
             extra_args=STREAM_INTERVAL,
-            nice=10,  # two shared cores: the gateway and client must not wait for the engine
+            nice=10,  # shared cores: the API server, gateway and client go before the engine
         )
         for mode in ("andes", "fcfs")
     ]
