@@ -50,16 +50,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cpu_sharing_env() -> dict[str, str]:
-    """Keep one CPU out of the model's OpenMP threads when there are two or more.
+def _engine_cpu() -> int | None:
+    """The CPU the vLLM servers are confined to when there are two or more, else None.
 
-    vLLM's CPU worker otherwise binds a spinning OpenMP thread to every CPU, leaving none
-    for its own API server, the gateway and the client (vLLM's documented knob,
-    ``VLLM_CPU_NUM_OF_RESERVED_CPU``; a value already set is kept).
+    On a GPU server the model runs on the GPU and the CPUs serve the API server and the
+    client side. Here the model's compute is on the CPU too, and vLLM's CPU worker binds
+    a spinning OpenMP thread to every CPU it finds: with two cores it starved its own API
+    server, the gateway and the client, and requests reached the engine seconds late and
+    in bursts, whatever the scheduler. So the servers get the last CPU (the worker's
+    threads bound to it with vLLM's ``VLLM_CPU_OMP_THREADS_BIND``) and the gateway and
+    client the others; on one CPU everything shares it.
     """
-    if "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ or len(os.sched_getaffinity(0)) < 2:
-        return {}
-    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[-1] if len(cpus) >= 2 else None
 
 
 @dataclass
@@ -132,7 +135,6 @@ class VllmServer:
         self.stats_file.unlink(missing_ok=True)
         env = {
             **os.environ,
-            **_cpu_sharing_env(),
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "TOKENPACE_STATS_FILE": str(self.stats_file),
             # Longer than the gateway's pooled connections live (30 s): vLLM's default 5 s
@@ -140,6 +142,9 @@ class VllmServer:
             "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120",
             **self.env,
         }
+        cpu = _engine_cpu()
+        if cpu is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
         with open(self.log_file, "w") as log:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -147,6 +152,7 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # its own process group: engine core and worker too
+                preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
             )
         return self
 
@@ -169,10 +175,8 @@ class VllmServer:
     def _renice_engine(self) -> None:
         """Lower the engine's processes (engine core, worker) to ``nice``; not the API server.
 
-        On a GPU server the model runs on the GPU and the API server has the CPU to
-        itself. Here the model's compute shares the CPU with it, and at equal priority the
-        engine's busy threads starved the API server: requests reached the engine seconds
-        late and in bursts, whatever the scheduler (seen with two cores).
+        The API server shares its CPU with the model's compute (see :func:`_engine_cpu`);
+        it goes first, as it would on a GPU server.
         """
         assert self.proc is not None
         if self.nice:
