@@ -109,8 +109,9 @@ async def measure(args: argparse.Namespace, servers: list[VllmServer]) -> dict[s
                 incomplete = sum(r.completion_tokens != r.job.max_tokens for r in runs)
                 figures = summarize(runs, delta)
                 figures["incomplete"] = incomplete
-                results.setdefault(arrivals, {})[server.mode] = figures
-                print(f"{arrivals:8s} {server.mode:9s} " + _row(figures), flush=True)
+                label = server.name.removeprefix("bench-")
+                results.setdefault(arrivals, {})[label] = figures
+                print(f"{arrivals:8s} {label:9s} " + _row(figures), flush=True)
                 save(args, results)  # as it goes: a long run keeps what it measured
     return results
 
@@ -161,16 +162,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--plugin-env", action="append", default=[], help="KEY=VALUE for the plugin's server"
     )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="LABEL:KEY=VALUE[,KEY=VALUE...]: one more plugin server, its environment "
+        "over --plugin-env's, reported as LABEL (e.g. p0.15:TOKENPACE_PREEMPTION_CAP=0.15)",
+    )
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_compare"))
     args = p.parse_args(argv)
     args.arrivals = args.arrivals.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    plugin_env = dict(kv.split("=", 1) for kv in args.plugin_env)
+    plan = [(mode, mode, plugin_env if mode == "andes" else {}) for mode in args.modes.split(",")]
+    for variant in args.variant:
+        label, _, settings = variant.partition(":")
+        plan.append(
+            (label, "andes", {**plugin_env, **dict(kv.split("=", 1) for kv in settings.split(","))})
+        )
     servers = [
         VllmServer(
             args.python,
             args.model,
-            f"bench-{mode}",
+            f"bench-{label}",
             mode,
             out,
             kv_blocks=args.kv_blocks,
@@ -180,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             extra_args=("--stream-interval", str(args.stream_interval), *args.vllm_arg),
             dummy_weights=not args.real_weights,
             nice=args.nice,
-            env=dict(kv.split("=", 1) for kv in args.plugin_env) if mode == "andes" else {},
+            env=env,
         )
-        for mode in args.modes.split(",")
+        for label, mode, env in plan
     ]
     started = time.perf_counter()
     try:
