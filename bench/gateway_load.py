@@ -464,7 +464,6 @@ def gateway_config(port: int, upstream_port: int, concurrency: int) -> str:
                     "models": ["*"],
                     "tokenpace": False,
                     "max_connections": concurrency,
-                    "max_keepalive_connections": concurrency,
                 }
             ],
             "logging": {"level": "WARNING"},

@@ -3,14 +3,15 @@
 The seam
 --------
 A :class:`Backend` answers OpenAI requests for some models. The gateway talks to it in
-OpenAI chunks (``dict``), never in bytes, so an in-process engine plugs in the same way
-as a remote vLLM:
+OpenAI chunks (``dict``), so an in-process engine plugs in the same way as a remote
+vLLM (which also hands over each chunk's event bytes, relayed unchanged):
 
 - :meth:`Backend.open_stream` admits a streaming request and returns a
-  :class:`ChunkStream` (``async for chunk in stream`` yields ``chat.completion.chunk`` /
-  ``text_completion`` dicts; ``await stream.aclose()`` cancels the generation). Raise
-  :class:`BackendError` for a refusal; ``retryable=True`` lets the gateway fail over to
-  another backend, which it also does when the stream fails before its first chunk.
+  :class:`ChunkStream` (``await stream.next_batch()`` gives the ``chat.completion.chunk``
+  / ``text_completion`` dicts that have arrived; ``await stream.aclose()`` cancels the
+  generation). Raise :class:`BackendError` for a refusal; ``retryable=True`` lets the
+  gateway fail over to another backend, which it also does when the stream fails
+  before its first chunk.
 - :meth:`Backend.complete` answers a non-streaming request with the whole JSON object.
 - :meth:`Backend.check_health`, :meth:`Backend.start`, :meth:`Backend.aclose`.
 
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -50,12 +50,13 @@ from typing import Any, Literal
 
 import anyio
 import httpx
+import orjson
 
 from gateway import config as config_mod
-from gateway.asyncio_network import AsyncioBackend
 from gateway.config import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.errors import TIMEOUT, UPSTREAM_ERROR, error_body
 from gateway.tiers import ResolvedTier
+from gateway.upstream import UpstreamTransport, body_reader
 from qos.queueing import request_waiting_time
 
 log = logging.getLogger("tokenpace.gateway")
@@ -67,7 +68,7 @@ ENDPOINT_PATHS: dict[str, str] = {
 }
 _MAX_ERROR_BODY = 64 * 1024
 _DRAIN_S = 0.25  # longest wait for the end of a stream's body after [DONE]
-POOL_SHARD_SIZE = 16  # connections per pool of a ShardedTransport
+DEFAULT_MAX_CONNECTIONS = 100  # to an origin no backend names (none, normally)
 
 
 @dataclass(slots=True)
@@ -124,30 +125,35 @@ class BackendError(Exception):
         return error_body(self.message, self.type, None, self.code)
 
 
-class ChunkStream(ABC):
-    """An admitted streaming request: an async iterator of OpenAI chunk dicts.
+Chunk = tuple[dict[str, Any], bytes | None]
+"""One OpenAI chunk and its SSE event as received (relayed unchanged), or ``None`` (the
+gateway encodes the chunk)."""
 
-    Iteration ends after the last chunk (the gateway adds ``data: [DONE]``).
+
+class ChunkStream(ABC):
+    """An admitted streaming request: OpenAI chunk dicts, in batches as they arrive.
+
+    The end comes after the last chunk (the gateway adds ``data: [DONE]``).
     :meth:`aclose` must stop the generation and release its resources; the gateway
     always calls it, also after a normal end, so make it idempotent.
     """
 
-    def __aiter__(self) -> ChunkStream:
-        return self
-
     @abstractmethod
-    async def __anext__(self) -> dict[str, Any]: ...
+    async def next_batch(self) -> list[Chunk]:
+        """The chunks that have arrived: at least one (waiting for it), or ``[]`` at the end.
+
+        A remote stream returns every event one socket read brought, so under load the
+        relay handles (and sends) several chunks at once.
+        """
 
     @abstractmethod
     async def aclose(self) -> None: ...
 
-    def last_event(self) -> bytes | None:
-        """The SSE event of the chunk :meth:`__anext__` returned last, as received.
-
-        The gateway then relays these bytes unchanged; ``None`` (the default) makes it
-        encode the chunk dict instead.
-        """
-        return None
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """Every chunk, one at a time (for a caller that does not relay them)."""
+        while batch := await self.next_batch():
+            for chunk, _ in batch:
+                yield chunk
 
 
 class GeneratorChunkStream(ChunkStream):
@@ -157,8 +163,14 @@ class GeneratorChunkStream(ChunkStream):
         self._agen = agen
         self._closed = False
 
-    async def __anext__(self) -> dict[str, Any]:
-        return await self._agen.__anext__()
+    async def next_batch(self) -> list[Chunk]:
+        try:
+            chunk = await self._agen.__anext__()
+        except StopAsyncIteration:
+            return []
+        if not isinstance(chunk, dict):
+            raise BackendError("The backend sent a chunk that is not an object.")
+        return [(chunk, None)]
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -260,7 +272,7 @@ class InProcessBackend(Backend):
         stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         stream = await self.open_stream(endpoint, stream_body, ctx)
         try:
-            return aggregate_chunks(endpoint, [chunk async for chunk in stream])
+            return aggregate_chunks(endpoint, [chunk async for chunk in stream.chunks()])
         finally:
             await stream.aclose()
 
@@ -342,106 +354,38 @@ def _origin(url: str) -> str:
     return f"{u.scheme}://{u.host}" + (f":{u.port}" if u.port else "")
 
 
-class _CountedStream(httpx.AsyncByteStream):
-    """A response body that tells its pool shard when it is closed."""
-
-    def __init__(self, stream: httpx.AsyncByteStream, on_close: Callable[[], None]) -> None:
-        self._stream = stream
-        self._on_close: Callable[[], None] | None = on_close
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._stream.__aiter__()
-
-    async def aclose(self) -> None:
-        if self._on_close is not None:
-            self._on_close()
-            self._on_close = None
-        await self._stream.aclose()
-
-
-def _asyncio_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
-    """httpx's transport with its connections on :class:`AsyncioBackend`, not anyio.
-
-    httpx takes no network backend argument; its httpcore pool does, and reads it from
-    this attribute for every new connection (tests/test_asyncio_network.py checks it).
-    """
-    transport = httpx.AsyncHTTPTransport(limits=limits, retries=0)
-    transport._pool._network_backend = AsyncioBackend()
-    return transport
-
-
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """One origin's connections in several small pools; a request goes to the least busy.
-
-    httpcore's pool walks all of its connections on every request and every response
-    close, and for each idle connection counts all of them again: quadratic in the pool
-    size. With hundreds of streams to one backend that walk took about a third of the
-    gateway's CPU (bench/gateway_load.py, 256 streams). Pools of at most
-    :data:`POOL_SHARD_SIZE` connections keep each walk short; the limits are split
-    evenly between them, and a request goes to the pool with the fewest requests in
-    flight, so none waits for a connection while another pool has one free.
-    """
-
-    def __init__(self, limits: httpx.Limits) -> None:
-        max_conn = limits.max_connections or POOL_SHARD_SIZE
-        keepalive = limits.max_keepalive_connections or 0
-        n = -(-max_conn // POOL_SHARD_SIZE)
-        shard_limits = httpx.Limits(
-            max_connections=-(-max_conn // n),
-            max_keepalive_connections=-(-keepalive // n),
-            keepalive_expiry=limits.keepalive_expiry,
-        )
-        self._shards = [_asyncio_transport(shard_limits) for _ in range(n)]
-        self._in_flight = [0] * n
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        i = min(range(len(self._shards)), key=self._in_flight.__getitem__)
-        self._in_flight[i] += 1
-
-        def done() -> None:
-            self._in_flight[i] -= 1
-
-        try:
-            resp = await self._shards[i].handle_async_request(request)
-        except BaseException:
-            done()
-            raise
-        assert isinstance(resp.stream, httpx.AsyncByteStream)
-        resp.stream = _CountedStream(resp.stream, done)
-        return resp
-
-    async def aclose(self) -> None:
-        for shard in self._shards:
-            await shard.aclose()
-
-
 def build_http_client(config: GatewayConfig) -> httpx.AsyncClient:
-    """The one shared client, with a connection pool per backend origin."""
+    """The one shared client: an aiohttp connection pool per backend origin.
+
+    (gateway/upstream.py says why aiohttp carries the bytes.) Two backends behind one
+    origin share its pool, sized by the larger of their ``max_connections``.
+    """
     t = config.timeouts
     timeout = httpx.Timeout(
         connect=t.connect_s, read=t.request_s, write=t.connect_s, pool=t.connect_s
     )
-    limits_by_origin: dict[str, httpx.Limits] = {}
+    max_by_origin: dict[str, int] = {}
     for b in config.backends:
-        if b.kind != "http" or not b.url:
-            continue
-        origin = _origin(b.url)
-        prev = limits_by_origin.get(origin)
-        max_conn, keepalive = b.max_connections, b.max_keepalive_connections
-        if prev is not None:  # two backends behind one origin share its pool
-            max_conn = max(max_conn, prev.max_connections or 0)
-            keepalive = max(keepalive, prev.max_keepalive_connections or 0)
-        # Idle connections expire before uvicorn's default 5 s keep-alive (vLLM's server)
-        # closes them: reusing one the server already closed fails the request.
-        limits_by_origin[origin] = httpx.Limits(
-            max_connections=max_conn, max_keepalive_connections=keepalive, keepalive_expiry=4.0
-        )
+        if b.kind == "http" and b.url:
+            origin = _origin(b.url)
+            max_by_origin[origin] = max(max_by_origin.get(origin, 0), b.max_connections)
     mounts: dict[str, httpx.AsyncBaseTransport | None] = {
-        origin: ShardedTransport(limits) for origin, limits in limits_by_origin.items()
+        origin: _transport(n) for origin, n in max_by_origin.items()
     }
     return httpx.AsyncClient(
-        timeout=timeout, mounts=mounts, follow_redirects=False, trust_env=False
+        timeout=timeout,
+        transport=_transport(DEFAULT_MAX_CONNECTIONS),
+        mounts=mounts,
+        follow_redirects=False,
+        trust_env=False,
     )
+
+
+def _transport(max_connections: int) -> UpstreamTransport:
+    # Idle connections expire before uvicorn's default 5 s keep-alive (vLLM's server)
+    # closes them: reusing one the server already closed fails the request.
+    limits = httpx.Limits(max_connections=max_connections, keepalive_expiry=4.0)
+    return UpstreamTransport(limits=limits, trust_env=False)
 
 
 def _is_openai_error(body: Any) -> bool:
@@ -527,7 +471,7 @@ class HttpBackend(Backend):
                 raw += part
                 if len(raw) > _MAX_ERROR_BODY:
                     break
-            body = json.loads(raw) if raw else None
+            body = orjson.loads(raw) if raw else None
         except (httpx.HTTPError, ValueError):
             body = None
         status = resp.status_code
@@ -558,8 +502,12 @@ class HttpBackend(Backend):
         request = self.client.build_request(
             "POST",
             self.url_for(endpoint),
-            content=json.dumps(body, separators=(",", ":")).encode(),
-            headers={**self._request_headers(ctx), "Accept": "text/event-stream"},
+            content=orjson.dumps(body),
+            headers={
+                **self._request_headers(ctx),
+                "Accept": "text/event-stream",
+                "Accept-Encoding": "identity",  # relayed as read: no decoding on the way
+            },
             # No read timeout: the caller bounds the wait for the response headers
             # (gateway.dispatch.open_attempt) and the relay the first-chunk and
             # between-chunk gaps; a per-read timer here would cost every chunk.
@@ -594,7 +542,7 @@ class HttpBackend(Backend):
                 async with self.client.stream(
                     "POST",
                     self.url_for(endpoint),
-                    content=json.dumps(body, separators=(",", ":")).encode(),
+                    content=orjson.dumps(body),
                     headers=self._request_headers(ctx),
                     timeout=httpx.Timeout(
                         connect=t.connect_s, read=t.request_s, write=t.connect_s, pool=t.connect_s
@@ -613,7 +561,7 @@ class HttpBackend(Backend):
         except httpx.HTTPError as exc:
             raise self._transport_error(exc, "non-streaming request") from exc
         try:
-            result = json.loads(raw)
+            result = orjson.loads(raw)
         except ValueError:
             result = None
         if not isinstance(result, dict) or _is_openai_error(result):
@@ -627,41 +575,43 @@ class HttpBackend(Backend):
 class HttpChunkStream(ChunkStream):
     """Server-sent events from an upstream response, parsed into chunk dicts.
 
-    The body is split into events as bytes (SSE is UTF-8 by definition, and
-    ``json.loads`` takes bytes): one pass over each read instead of httpx's per-line
-    text decoding, which was a large share of the relay's CPU per chunk. After
-    ``data: [DONE]``, :meth:`aclose` reads the end of the body (normally just the
+    Each :meth:`next_batch` is one read of the body (:func:`gateway.upstream.body_reader`:
+    everything the connection has buffered), split into events as bytes (SSE is UTF-8 by
+    definition) and parsed by orjson (the json module's parsing was a third of the
+    gateway's CPU at saturation). A failure after some good events of a read is raised
+    at the next call, after those events are relayed. After ``data:
+    [DONE]``, :meth:`aclose` reads the end of the body (normally just the
     chunked-encoding terminator, already received) so that the connection goes back to
-    the pool; closing it half-read made every stream open a new TCP connection.
+    the pool; closing it half-read would make every stream open a new TCP connection.
     """
 
     def __init__(self, backend: str, resp: httpx.Response) -> None:
         self._backend = backend
         self._resp = resp
-        self._parts = resp.aiter_bytes()
+        self._read = body_reader(resp)
         self._buf = b""  # an incomplete line
         self._data: list[bytes] = []  # the data lines of the event being read
         self._events: deque[bytes] = deque()  # complete event payloads, not yet returned
-        self._last_event: bytes | None = None
+        self._error: BackendError | None = None  # raised at the next call
+        self._eof = False
         self._done = False
         self._clean_end = False  # [DONE] arrived
         self._closed = False
 
-    async def __anext__(self) -> dict[str, Any]:
-        if self._done:
-            raise StopAsyncIteration
+    async def next_batch(self) -> list[Chunk]:
+        if self._error is not None:
+            raise self._error
         while not self._events:
-            try:
-                part = await self._parts.__anext__()
-            except StopAsyncIteration:
-                self._feed(b"\n\n")  # a last event without its blank line
-                if self._events:
-                    break
+            if self._done:
+                return []
+            if self._eof:
                 self._done = True
                 raise BackendError(
                     f"Backend {self._backend!r} closed the stream before [DONE].",
                     code="upstream_truncated",
-                ) from None
+                )
+            try:
+                part = await self._read()
             except httpx.HTTPError as exc:
                 self._done = True
                 raise BackendError(
@@ -669,16 +619,32 @@ class HttpChunkStream(ChunkStream):
                     code="upstream_truncated",
                     unhealthy=not isinstance(exc, httpx.TimeoutException),
                 ) from exc
-            self._feed(part)
-        payload = self._events.popleft()
-        chunk = self._event(payload)
-        # One data line per event, relayed as it came (a payload split over several
-        # data lines is re-encoded instead).
-        self._last_event = None if b"\n" in payload else b"data: " + payload + b"\n\n"
-        return chunk
-
-    def last_event(self) -> bytes | None:
-        return self._last_event
+            if part:
+                self._feed(part)
+            else:
+                self._eof = True
+                self._feed(b"\n\n")  # a last event without its blank line
+        batch: list[Chunk] = []
+        events = self._events
+        while events:
+            payload = events.popleft()
+            if payload.strip() == b"[DONE]":
+                self._done = self._clean_end = True
+                events.clear()
+                break
+            try:
+                chunk = self._event(payload)
+            except BackendError as exc:
+                self._done = True
+                events.clear()
+                if not batch:
+                    raise
+                self._error = exc
+                break
+            # One data line per event: relayed as it came (a payload split over several
+            # data lines is re-encoded instead).
+            batch.append((chunk, None if b"\n" in payload else b"data: " + payload + b"\n\n"))
+        return batch
 
     def _feed(self, part: bytes) -> None:
         """Split ``part`` into lines (LF, CRLF or CR) and complete events."""
@@ -706,25 +672,19 @@ class HttpChunkStream(ChunkStream):
             # comments (":"), "event:", "id:", "retry:" carry nothing for OpenAI streams
 
     def _event(self, payload: bytes) -> dict[str, Any]:
-        if payload.strip() == b"[DONE]":
-            self._done = self._clean_end = True
-            raise StopAsyncIteration
         try:
-            chunk = json.loads(payload)
+            chunk = orjson.loads(payload)
         except ValueError:
-            self._done = True
             raise BackendError(
                 f"Backend {self._backend!r} sent malformed data in its stream.",
                 code="upstream_bad_response",
             ) from None
         if not isinstance(chunk, dict):
-            self._done = True
             raise BackendError(
                 f"Backend {self._backend!r} sent a stream event that is not an object.",
                 code="upstream_bad_response",
             )
         if _is_openai_error(chunk):
-            self._done = True
             err = chunk["error"]
             raise BackendError(
                 str(err.get("message") or "the backend reported an error"),
@@ -740,12 +700,8 @@ class HttpChunkStream(ChunkStream):
         if self._clean_end:  # read the rest of the body, so the connection can be reused
             with contextlib.suppress(Exception), anyio.move_on_after(_DRAIN_S):
                 left = _MAX_ERROR_BODY
-                async for part in self._parts:
+                while left >= 0 and (part := await self._read()):
                     left -= len(part)
-                    if left < 0:
-                        break
-        with contextlib.suppress(Exception):
-            await self._parts.aclose()
         await self._resp.aclose()
 
 

@@ -185,8 +185,7 @@ class BackendConfig(_Strict):
     max_waiting: int | None = Field(
         None, ge=0, description="no admission while vLLM has more requests waiting than this"
     )
-    max_connections: int = Field(256, ge=1)
-    max_keepalive_connections: int = Field(64, ge=0)
+    max_connections: int = Field(256, ge=1, description="upstream connections to its origin")
     throughput_tps: float | None = Field(
         None, gt=0, description="token throughput for the waiting-time estimate"
     )

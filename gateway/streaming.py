@@ -1,8 +1,8 @@
 """The SSE relay: backend chunks out to the client as they come, nothing added to them.
 
 One :class:`StreamRelay` per streaming request. A pump task reads the backend's
-:class:`~gateway.backends.ChunkStream` into a small queue; the response generator
-waits on that queue with deadlines, which is what lets it
+:class:`~gateway.backends.ChunkStream` into a small queue, a batch of chunks per read;
+the response generator waits on that queue with deadlines, which is what lets it
 
 - send ``: ping`` comments while it waits (``timeouts.ping_interval_s``), before the
   first token above all, so proxies and clients keep the connection;
@@ -25,7 +25,6 @@ times and, at the end of a completed stream, the gateway-side QoE
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from array import array
@@ -35,8 +34,9 @@ from typing import Any
 
 import anyio
 import numpy as np
+import orjson
 
-from gateway.backends import BackendError, ChunkStream, RequestContext
+from gateway.backends import BackendError, Chunk, ChunkStream, RequestContext
 from gateway.dispatch import CLOSE_TIMEOUT_S, Attempt, open_attempt
 from gateway.errors import TIMEOUT, sse_error_event
 from gateway.metrics import UNKNOWN
@@ -52,9 +52,7 @@ _END = object()
 
 
 def encode_chunk(chunk: dict[str, Any]) -> bytes:
-    return (
-        b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-    )
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
 def chunk_tokens(chunk: dict[str, Any]) -> int:
@@ -127,9 +125,9 @@ class _Channel:
                 return None
         return self._take()
 
-    def take_chunk(self) -> tuple[dict[str, Any], bytes | None] | None:
-        """The next item if it is a chunk already queued (no waiting), else ``None``."""
-        if self._items and isinstance(self._items[0], tuple):
+    def take_batch(self) -> list[Chunk] | None:
+        """The next item if it is a batch already queued (no waiting), else ``None``."""
+        if self._items and isinstance(self._items[0], list):
             return self._take()
         return None
 
@@ -141,16 +139,10 @@ class _Channel:
 
 
 async def _pump(stream: ChunkStream, queue: _Channel) -> None:
-    """Backend stream -> queue, ending with ``_END`` or a :class:`BackendError`.
-
-    A chunk is queued with its event bytes as received (``stream.last_event()``), which
-    the relay sends unchanged; ``None`` makes it encode the chunk.
-    """
+    """Backend stream -> queue: batches of chunks, then ``_END`` or a :class:`BackendError`."""
     try:
-        async for chunk in stream:
-            if not isinstance(chunk, dict):
-                raise BackendError("The backend sent a chunk that is not an object.")
-            await queue.put((chunk, stream.last_event()))
+        while batch := await stream.next_batch():
+            await queue.put(batch)
         await queue.put(_END)
     except BackendError as exc:
         await queue.put(exc)
@@ -233,10 +225,9 @@ class StreamRelay:
                         break
                     # Chunks already queued go out in the same write: under load, one
                     # send (and one syscall) for several chunks; never a wait to batch.
-                    out = [self._emit(item)]
-                    while (more := queue.take_chunk()) is not None:
-                        out.append(self._emit(more))
-                    yield out[0] if len(out) == 1 else b"".join(out)
+                    while (more := queue.take_batch()) is not None:
+                        item.extend(more)
+                    yield self._emit(item)
                 if failure is None:
                     self.info["outcome"] = "completed"
                     yield DONE
@@ -281,35 +272,43 @@ class StreamRelay:
             _pump(self.attempt.stream, self._queue), name=f"tokenpace-pump-{self.ctx.request_id}"
         )
 
-    def _emit(self, item: tuple[dict[str, Any], bytes | None]) -> bytes:
-        """Account for a queued chunk (tokens, times, usage); return its event bytes."""
-        chunk, event = item
+    def _emit(self, batch: list[Chunk]) -> bytes:
+        """Account for queued chunks (tokens, times, usage); return their event bytes."""
         now = time.monotonic()
-        n = chunk_tokens(chunk)
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
-            total = usage.get("completion_tokens")
-            if n and isinstance(total, int) and total > self.n_tokens + n:
-                # Several tokens in one chunk (vLLM's --stream-interval > 1) and a running
-                # count to tell how many (continuous usage stats): count them all.
-                n = total - self.n_tokens
-        if n:
-            if self.n_tokens == 0:
-                self._ttft.observe(now - self.ctx.received_at)
-            else:
-                self._itl.observe(now - self._last_token_at)
-            self._last_token_at = now
+        itl = self._itl
+        n_batch = 0
+        out: list[bytes] = []
+        for chunk, event in batch:
+            n = chunk_tokens(chunk)
+            usage = chunk.get("usage")
+            if isinstance(usage, dict):
+                self.usage = usage
+                total = usage.get("completion_tokens")
+                sent = self.n_tokens + n_batch
+                if n and isinstance(total, int) and total > sent + n:
+                    # Several tokens in one chunk (vLLM's --stream-interval > 1) and a
+                    # running count to tell how many (continuous usage stats): count all.
+                    n = total - sent
+            if n:
+                if self.n_tokens + n_batch == 0:
+                    self._ttft.observe(now - self.ctx.received_at)
+                else:  # chunks sent together: the gap since the previous write, then 0s
+                    itl.observe(now - self._last_token_at)
+                self._last_token_at = now
+                n_batch += n
+            out.append(event if event is not None else encode_chunk(chunk))
+        if n_batch:
+            # Tokens sent in one write reach the client together: one point of the timeline.
             self.times.append(now - self.ctx.received_at)
-            self.counts.append(n)
-            self.n_tokens += n
+            self.counts.append(n_batch)
+            self.n_tokens += n_batch
             if self.attempt is not None:
-                self.attempt.lease.tokens(n)
+                self.attempt.lease.tokens(n_batch)
             if self.on_tokens is not None:
-                self.on_tokens(n)
+                self.on_tokens(n_batch)
         self.sent_any = True
         self._last_emit = now
-        return event if event is not None else encode_chunk(chunk)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     # -- teardown ------------------------------------------------------------------
     async def _close_attempt(self) -> None:

@@ -340,12 +340,13 @@ async def test_shutdown_ends_live_streams_and_the_engine_task():
     await engine.start(None)  # type: ignore[arg-type] - the runtime is not used
     assert await engine.check_health()
     stream = await engine.open_stream("chat.completions", body, _ctx("b"))
-    assert (await stream.__anext__())["choices"][0]["delta"]["role"] == "assistant"
+    [(first, _)] = await stream.next_batch()
+    assert first["choices"][0]["delta"]["role"] == "assistant"
     await engine.aclose()
     assert not await engine.check_health()
     with pytest.raises(BackendError, match="shut down"):
         while True:
-            await stream.__anext__()
+            await stream.next_batch()
     await stream.aclose()
     assert _idle(engine)
     assert not [t for t in asyncio.all_tasks() if t.get_name() == "tokenpace-embedded-embedded"]

@@ -1,4 +1,4 @@
-"""HttpChunkStream's byte-level SSE parsing: line endings, split reads, end of body."""
+"""HttpChunkStream's byte-level SSE parsing: line endings, split reads, batches, end of body."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _response(parts: list[bytes]) -> httpx.Response:
 async def _chunks(parts: list[bytes]) -> list[dict]:
     stream = HttpChunkStream("b", _response(parts))
     try:
-        return [chunk async for chunk in stream]
+        return [chunk async for chunk in stream.chunks()]
     finally:
         await stream.aclose()
 
@@ -45,12 +45,32 @@ async def test_nothing_after_done_is_read() -> None:
 
 
 async def test_last_event_without_blank_line_then_truncated() -> None:
-    stream = HttpChunkStream("b", _response([b'data: {"n": 1}\n\ndata: {"n": 2}']))
-    assert await stream.__anext__() == {"n": 1}
-    assert await stream.__anext__() == {"n": 2}
+    stream = HttpChunkStream("b", _response([b'data: {"n": 1}\n\n', b'data: {"n": 2}']))
+    assert [c for c, _ in await stream.next_batch()] == [{"n": 1}]
+    assert [c for c, _ in await stream.next_batch()] == [{"n": 2}]
     with pytest.raises(BackendError) as err:
-        await stream.__anext__()
+        await stream.next_batch()
     assert err.value.code == "upstream_truncated"
+    await stream.aclose()
+
+
+async def test_a_batch_is_what_one_read_brought() -> None:
+    stream = HttpChunkStream(
+        "b", _response([b'data: {"n": 1}\n\ndata: {"n": 2}\n\ndata: {"n"', b": 3}\n\n"])
+    )
+    assert [c for c, _ in await stream.next_batch()] == [{"n": 1}, {"n": 2}]
+    assert [c for c, _ in await stream.next_batch()] == [{"n": 3}]
+    await stream.aclose()
+
+
+async def test_good_events_before_a_bad_one_come_first() -> None:
+    """A read with good events then a malformed one: the good ones, then the error."""
+    stream = HttpChunkStream("b", _response([b'data: {"n": 1}\n\ndata: {oops\n\n']))
+    assert [c for c, _ in await stream.next_batch()] == [{"n": 1}]
+    for _ in range(2):  # and it stays failed
+        with pytest.raises(BackendError) as err:
+            await stream.next_batch()
+        assert err.value.code == "upstream_bad_response"
     await stream.aclose()
 
 
@@ -66,9 +86,8 @@ async def test_malformed_and_error_events() -> None:
 async def test_last_event_is_the_event_as_received() -> None:
     """One-line events are relayed byte for byte; a multi-line one is re-encoded."""
     stream = HttpChunkStream("b", _response([EVENTS.replace(b"\n", b"\r\n")]))
-    seen = []
-    async for chunk in stream:
-        seen.append((chunk, stream.last_event()))
+    seen = await stream.next_batch()
+    assert await stream.next_batch() == []
     await stream.aclose()
     assert seen == [
         ({"n": 1}, b'data: {"n": 1}\n\n'),
