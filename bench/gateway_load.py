@@ -1,7 +1,9 @@
-"""What the gateway costs: one run, direct vs tokenpace gateway vs LiteLLM proxy.
+"""What the gateway costs: one run, direct vs stack floor vs tokenpace vs LiteLLM proxy.
 
 Starts, on free loopback ports, the fixed-rate upstream (``bench/fixed_rate_upstream.py``),
-the tokenpace gateway (``tokenpace serve`` with a generated configuration: one tenant,
+the stack floor (``bench/stack_floor.py``: FastAPI + sse-starlette + httpx relaying the
+upstream's bytes, none of the gateway's work: what the libraries alone add), the
+tokenpace gateway (``tokenpace serve`` with a generated configuration: one tenant,
 one HTTP backend with ``tokenpace: false``, WARNING logging) and the LiteLLM proxy
 (``litellm --config``, an OpenAI-compatible model on the same upstream, no database),
 then for each N and each target drives N concurrent streams from a load generator in a
@@ -62,9 +64,10 @@ from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "bench" / "fixed_rate_upstream.py"
+FLOOR = ROOT / "bench" / "stack_floor.py"
 BENCH_KEY = "tp-bench-key-0001"
 LITELLM_KEY = "sk-tokenpace-bench-0001"  # the proxy's master key (it refuses to run without one)
-TARGETS = ("direct", "gateway", "litellm")
+TARGETS = ("direct", "floor", "gateway", "litellm")
 _STAMP = re.compile(rb'"content": ?"(\d+)"')
 
 
@@ -610,6 +613,26 @@ class Bench:
                 self.proxy_cpus,
             )
             self.ports["gateway"] = port
+        if "floor" in targets:
+            port = free_port()
+            self.servers["floor"] = Server(
+                "floor",
+                [
+                    sys.executable,
+                    str(FLOOR),
+                    "--port",
+                    str(port),
+                    "--upstream",
+                    f"http://127.0.0.1:{up_port}/v1",
+                    "--max-connections",
+                    str(conc),
+                ],
+                port,
+                "/healthz",
+                self.tmp,
+                self.proxy_cpus,
+            )
+            self.ports["floor"] = port
         if "litellm" in targets and litellm_bin is not None:
             port = free_port()
             cfg = self.tmp / "litellm.yaml"
@@ -990,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Gateway cost: direct vs tokenpace vs LiteLLM.")
     p.add_argument("--loadgen", metavar="SPEC", help=argparse.SUPPRESS)
     p.add_argument("--ns", default="64,256", help="concurrent streams, comma-separated")
-    p.add_argument("--targets", default=",".join(TARGETS), help="subset of direct,gateway,litellm")
+    p.add_argument("--targets", default=",".join(TARGETS), help="subset of " + ",".join(TARGETS))
     p.add_argument("--rate", type=float, default=25.0, help="tokens/s per stream, fixed phase")
     p.add_argument("--tokens", type=int, default=200, help="tokens per stream")
     p.add_argument("--fixed-s", type=float, default=8.0, help="recorded stream starts, s")

@@ -81,6 +81,11 @@ def digestion_deficit(timeline: TimelineInput, expected_ttft: float, expected_td
     """
     times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
+    return _deficit(times, expected_ttft, expected_tds)
+
+
+def _deficit(times: np.ndarray, expected_ttft: float, expected_tds: float) -> float:
+    """:func:`digestion_deficit` of validated per-token ``times``."""
     starts = digestion_starts(times, expected_tds, hold_until=expected_ttft)
     expected = expected_ttft + np.arange(times.size, dtype=float) / expected_tds
     return float(np.sum(starts - expected))
@@ -94,10 +99,11 @@ def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: fl
     token is digested on or ahead of schedule; 0.5 when the reading falls behind by as
     much area as the whole expected reading. See docs/qoe.md for why it exists.
     """
-    deficit = digestion_deficit(timeline, expected_ttft, expected_tds)
-    n = token_times(timeline, name="timeline").size
+    times = token_times(timeline, name="timeline")
+    check_expectation(expected_ttft, expected_tds)
+    n = times.size
     area = n * n / (2.0 * expected_tds)
-    return area / (area + deficit)
+    return area / (area + _deficit(times, expected_ttft, expected_tds))
 
 
 def token_deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) -> np.ndarray:
