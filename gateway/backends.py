@@ -647,17 +647,35 @@ class HttpChunkStream(ChunkStream):
         return batch
 
     def _feed(self, part: bytes) -> None:
-        """Split ``part`` into lines (LF, CRLF or CR) and complete events."""
+        """Add ``part`` of the body; complete events go to ``_events``.
+
+        The usual event, one ``data: {...}`` line and a blank line, is cut out by one
+        split of the whole read; anything else (other fields, comments, several data
+        lines, CR line ends) goes through the line parser.
+        """
         buf = self._buf + part
+        if b"\r" in buf or self._data:
+            self._buf = self._feed_lines(buf)
+            return
+        *blocks, rest = buf.split(b"\n\n")
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                self._events.append(block[6:])
+            else:
+                self._feed_lines(block + b"\n\n")
+        self._buf = rest
+
+    def _feed_lines(self, buf: bytes) -> bytes:
+        """Split ``buf`` into lines (LF, CRLF or CR) and events; return the incomplete end."""
         if b"\r" in buf:
             held = b"\r" if buf.endswith(b"\r") else b""  # may be the first half of CRLF
             if held:
                 buf = buf[:-1]
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             *lines, rest = buf.split(b"\n")
-            self._buf = rest + held
+            rest += held
         else:
-            *lines, self._buf = buf.split(b"\n")
+            *lines, rest = buf.split(b"\n")
         data = self._data
         for line in lines:
             if not line:
@@ -670,6 +688,7 @@ class HttpChunkStream(ChunkStream):
             elif line == b"data":
                 data.append(b"")
             # comments (":"), "event:", "id:", "retry:" carry nothing for OpenAI streams
+        return rest
 
     def _event(self, payload: bytes) -> dict[str, Any]:
         try:
