@@ -17,8 +17,10 @@ tokens/s (a reader F times faster), batch 60/F s and F×2 tokens/s. Every reques
 
 Reported per scheduler and arrival process: average and p10 client-measured Andes QoE,
 p90 TTFT, token throughput (tokens received over the span from the first request to
-the last token), preemptions per request, and the scheduler's own time per step
-(schedule(), the policy included) against the whole step (schedule + model + update).
+the last token; and "loaded": tokens received up to the last arrival over the span of
+arrivals, the rate while the load lasts, without the drain at the end), preemptions
+per request, and the scheduler's own time per step (schedule(), the policy included)
+against the whole step (schedule + model + update).
 Results go to ``--out`` (JSON and a markdown table).
 
 CPU (default, what docs/benchmarks.md reports)::
@@ -52,6 +54,7 @@ FIGURES = (
     ("p10_qoe", "p10 QoE", "{:.3f}"),
     ("p90_ttft_s", "p90 TTFT (s)", "{:.2f}"),
     ("throughput_tok_s", "tokens/s", "{:.0f}"),
+    ("loaded_tok_s", "tokens/s loaded", "{:.0f}"),
     ("preemptions_per_request", "preemptions/req", "{:.2f}"),
     ("schedule_ms_per_step", "schedule ms/step", "{:.3f}"),
     ("step_ms", "step ms", "{:.2f}"),

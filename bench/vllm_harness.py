@@ -347,6 +347,11 @@ def summarize(results: Sequence[JobResult], stats: dict[str, Any]) -> dict[str, 
     tokens = sum(r.completion_tokens for r in results)
     start = min(r.job.at_s for r in results)
     end = max(r.job.at_s + r.elapsed_s for r in results)
+    last_arrival = max(r.job.at_s for r in results)
+    # tokens received while requests still arrive: the engine's rate under the load itself,
+    # without the drain after the last arrival (whose length depends on which requests a
+    # policy left for the end)
+    loaded = sum(n for r in results for t, n in r.times if r.job.at_s + t <= last_arrival)
     steps = max(int(stats.get("steps", 0)), 1)
     step_s = stats.get("schedule_s", 0.0) + stats.get("model_s", 0.0) + stats.get("update_s", 0.0)
     return {
@@ -355,6 +360,7 @@ def summarize(results: Sequence[JobResult], stats: dict[str, Any]) -> dict[str, 
         "p10_qoe": float(np.percentile(qoe, 10)),
         "p90_ttft_s": float(np.percentile(ttft, 90)),
         "throughput_tok_s": tokens / (end - start),
+        "loaded_tok_s": loaded / (last_arrival - start) if last_arrival > start else 0.0,
         "preemptions_per_request": stats.get("preemptions", 0) / len(results),
         "schedule_ms_per_step": 1e3 * stats.get("schedule_s", 0.0) / steps,
         "policy_ms_per_step": 1e3 * stats.get("policy_s", 0.0) / steps,
