@@ -15,6 +15,7 @@ import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ WORKLOADS = ("chat", "voice")
 def run_one(args: tuple[str, float, dict]) -> dict:
     """One simulation (in a worker process): policy at rate on the configured workload."""
     policy_name, rate, cfg = args
-    profile = get_profile(cfg["profile"])
+    profile = bench_profile(cfg)
     entries = load_andes_trace(cfg["trace"])
     tier_mix = {"voice": (1.0, SPEAKING_TDS, 1.0)} if cfg["workload"] == "voice" else None
     workload = build_workload(
@@ -49,6 +50,16 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     summary.update(policy=policy_name, rate=rate, wall_s=time.perf_counter() - started)
     summary["expected_tds_mean"] = float(np.mean([r.tds for r in workload]))
     return summary
+
+
+def bench_profile(cfg: dict) -> LatencyProfile:
+    """The named profile, with the KV size and batch limit the run overrides (if any)."""
+    profile = get_profile(cfg["profile"])
+    overrides = {k: cfg[k] for k in ("kv_capacity_tokens", "max_batch") if cfg.get(k) is not None}
+    if not overrides:
+        return profile
+    suffix = ",".join(f"{k}={v}" for k, v in overrides.items())
+    return replace(profile, name=f"{profile.name}[{suffix}]", **overrides)
 
 
 def capacity_at(rates: list[float], qoe: list[float], threshold: float = QOE_THRESHOLD) -> float:
@@ -178,6 +189,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default="fcfs,round-robin,andes", help=", ".join(POLICIES))
     parser.add_argument("--rates", default="1.5,2,2.5,3,3.5,4", help="requests/s, comma-separated")
     parser.add_argument("--profile", default="opt-66b-4xa100")
+    parser.add_argument(
+        "--kv-tokens", type=int, default=None, help="override the profile's KV capacity M"
+    )
+    parser.add_argument(
+        "--max-batch", type=int, default=None, help="override the profile's batch limit"
+    )
     parser.add_argument("--workload", choices=WORKLOADS, default="chat")
     parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson")
     parser.add_argument(
@@ -206,9 +223,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
     if not rates or min(rates) <= 0:
         raise SystemExit("--rates: every rate must be > 0")
-    profile = get_profile(args.profile)
     cfg = {
         "profile": args.profile,
+        "kv_capacity_tokens": args.kv_tokens,
+        "max_batch": args.max_batch,
         "workload": args.workload,
         "arrivals": args.arrivals,
         "cv": args.cv,
@@ -216,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "trace": args.trace,
     }
+    try:
+        profile = bench_profile(cfg)
+    except ValueError as exc:
+        raise SystemExit(f"--profile/--kv-tokens/--max-batch: {exc}") from None
     table_rate = args.table_rate if args.table_rate is not None else rates[len(rates) // 2]
     jobs = [(p, r, cfg) for r in reversed(rates) for p in policies]  # slowest first
     out_dir = Path(args.out)
@@ -224,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
         runs = list(tqdm(pool.map(run_one, jobs), total=len(jobs), desc="simulating", unit="run"))
     elapsed = time.perf_counter() - started
-    title = f"{args.workload} · {args.profile} · {args.arrivals} (simulated)"
+    title = f"{args.workload} · {profile.name} · {args.arrivals} (simulated)"
     report = {
         "simulation": "qos.sim discrete-event engine; latency from the named profile, no GPU",
         "config": {**cfg, "rates": rates, "policies": policies},
