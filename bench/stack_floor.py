@@ -35,7 +35,7 @@ def create_app(upstream: str, max_connections: int) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        transport = UpstreamTransport(limits=httpx.Limits(max_connections=max_connections))
+        transport = UpstreamTransport(max_connections=max_connections, keepalive_expiry=4.0)
         async with httpx.AsyncClient(transport=transport, timeout=None) as client:
             state["client"] = client
             yield

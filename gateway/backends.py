@@ -143,7 +143,9 @@ class ChunkStream(ABC):
         """The chunks that have arrived: at least one (waiting for it), or ``[]`` at the end.
 
         A remote stream returns every event one socket read brought, so under load the
-        relay handles (and sends) several chunks at once.
+        relay handles (and sends) several chunks at once. Must be cancel-safe: the
+        relay waits with a deadline (pings, timeouts), and a call cancelled while
+        waiting must lose nothing, so that the next call returns what arrived.
         """
 
     @abstractmethod
@@ -157,27 +159,43 @@ class ChunkStream(ABC):
 
 
 class GeneratorChunkStream(ChunkStream):
-    """A :class:`ChunkStream` over an async generator (closing it closes the generator)."""
+    """A :class:`ChunkStream` over an async generator (closing it closes the generator).
+
+    Each step of the generator runs as a task that a cancelled :meth:`next_batch` leaves
+    running (shielded), so the next call picks up its chunk: a generator itself would
+    end at the first cancelled step.
+    """
 
     def __init__(self, agen: AsyncIterator[dict[str, Any]]) -> None:
         self._agen = agen
+        self._step: asyncio.Future[dict[str, Any]] | None = None
         self._closed = False
 
     async def next_batch(self) -> list[Chunk]:
+        if self._step is None:
+            self._step = asyncio.ensure_future(self._agen.__anext__())
         try:
-            chunk = await self._agen.__anext__()
+            chunk = await asyncio.shield(self._step)
         except StopAsyncIteration:
             return []
+        finally:
+            if self._step.done():
+                self._step = None
         if not isinstance(chunk, dict):
             raise BackendError("The backend sent a chunk that is not an object.")
         return [(chunk, None)]
 
     async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            aclose = getattr(self._agen, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        if self._closed:
+            return
+        self._closed = True
+        step, self._step = self._step, None
+        if step is not None and not step.done():
+            step.cancel()  # CancelledError at the generator's await: the generation stops
+            await asyncio.gather(step, return_exceptions=True)
+        aclose = getattr(self._agen, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 @dataclass
@@ -384,8 +402,7 @@ def build_http_client(config: GatewayConfig) -> httpx.AsyncClient:
 def _transport(max_connections: int) -> UpstreamTransport:
     # Idle connections expire before uvicorn's default 5 s keep-alive (vLLM's server)
     # closes them: reusing one the server already closed fails the request.
-    limits = httpx.Limits(max_connections=max_connections, keepalive_expiry=4.0)
-    return UpstreamTransport(limits=limits, trust_env=False)
+    return UpstreamTransport(max_connections=max_connections, keepalive_expiry=4.0)
 
 
 def _is_openai_error(body: Any) -> bool:

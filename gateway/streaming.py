@@ -1,21 +1,26 @@
 """The SSE relay: backend chunks out to the client as they come, nothing added to them.
 
-One :class:`StreamRelay` per streaming request. A pump task reads the backend's
-:class:`~gateway.backends.ChunkStream` into a small queue, a batch of chunks per read;
-the response generator waits on that queue with deadlines, which is what lets it
+One :class:`StreamRelay` per streaming request. Its response generator reads the
+backend's :class:`~gateway.backends.ChunkStream` a batch at a time (every chunk that
+has arrived) and waits for the next batch with a deadline. Reads are cancel-safe (the
+``ChunkStream`` contract), so a deadline that passes costs nothing, which is what lets
+the relay
 
 - send ``: ping`` comments while it waits (``timeouts.ping_interval_s``), before the
   first token above all, so proxies and clients keep the connection;
 - enforce the first-chunk (``timeouts.first_byte_s``) and between-chunk
-  (``timeouts.idle_s``) deadlines without cancelling a read half-way;
+  (``timeouts.idle_s``) deadlines;
 - fail over to another backend when the stream fails before its first chunk (only
   pings went out, so the client cannot tell), and otherwise end the stream with an
   OpenAI-style error event and ``data: [DONE]``: the client never hangs.
 
-When the client goes away sse-starlette cancels the generator; the relay then cancels
-the pump and closes the backend stream (for HTTP backends: the upstream connection, so
-vLLM aborts the generation) within :data:`~gateway.dispatch.CLOSE_TIMEOUT_S`. Nothing
-outlives the request: the pump is awaited, the lease on the backend released, once.
+No task of its own: the reading happens in the response's task (an HTTP backend's
+socket is read by its connection's callbacks in any case, so a slow client does not
+stall the upstream until the connection's buffer fills, which is the backpressure).
+When the client goes away sse-starlette cancels the generator; the relay then closes
+the backend stream (for HTTP backends: the upstream connection, so vLLM aborts the
+generation) within :data:`~gateway.dispatch.CLOSE_TIMEOUT_S`. Nothing outlives the
+request: the lease on the backend is released once.
 
 Every chunk carrying tokens is timed when it is handed to the client: TTFT, inter-token
 times and, at the end of a completed stream, the gateway-side QoE
@@ -28,16 +33,14 @@ import asyncio
 import logging
 import time
 from array import array
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio
 import numpy as np
 import orjson
 
 from gateway.backends import BackendError, Chunk, ChunkStream, RequestContext
-from gateway.dispatch import CLOSE_TIMEOUT_S, Attempt, open_attempt
+from gateway.dispatch import Attempt, open_attempt
 from gateway.errors import TIMEOUT, sse_error_event
 from gateway.metrics import UNKNOWN
 from gateway.state import GatewayState
@@ -47,8 +50,6 @@ log = logging.getLogger("tokenpace.gateway")
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
-_QUEUE_SIZE = 32
-_END = object()
 
 
 def encode_chunk(chunk: dict[str, Any]) -> bytes:
@@ -80,75 +81,20 @@ def chunk_tokens(chunk: dict[str, Any]) -> int:
     return n
 
 
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-class _Channel:
-    """The pump's bounded queue to the relay: one producer, one consumer, a timed get.
-
-    What ``asyncio.Queue`` under ``anyio.move_on_after`` did, for a fraction of the CPU
-    per chunk (no cancel scope, no task lookup): a chunk already waiting is taken at
-    once, and a wait costs one future and one timer.
-    """
-
-    __slots__ = ("_getter", "_items", "_loop", "_maxsize", "_putter")
-
-    def __init__(self, maxsize: int) -> None:
-        self._items: deque[Any] = deque()
-        self._maxsize = maxsize
-        self._loop = asyncio.get_running_loop()
-        self._getter: asyncio.Future[None] | None = None
-        self._putter: asyncio.Future[None] | None = None
-
-    async def put(self, item: Any) -> None:
-        """Append ``item``, first waiting while ``maxsize`` items are queued."""
-        while len(self._items) >= self._maxsize:
-            self._putter = self._loop.create_future()
-            await self._putter
-        self._items.append(item)
-        if self._getter is not None:
-            _wake(self._getter)
-
-    async def get(self, timeout: float) -> Any:
-        """The next item, or ``None`` when none came within ``timeout`` seconds."""
-        if not self._items:
-            self._getter = fut = self._loop.create_future()
-            timer = self._loop.call_later(timeout, _wake, fut)
-            try:
-                await fut
-            finally:
-                timer.cancel()
-                self._getter = None
-            if not self._items:
-                return None
-        return self._take()
-
-    def take_batch(self) -> list[Chunk] | None:
-        """The next item if it is a batch already queued (no waiting), else ``None``."""
-        if self._items and isinstance(self._items[0], list):
-            return self._take()
-        return None
-
-    def _take(self) -> Any:
-        item = self._items.popleft()
-        if self._putter is not None:
-            _wake(self._putter)
-        return item
-
-
-async def _pump(stream: ChunkStream, queue: _Channel) -> None:
-    """Backend stream -> queue: batches of chunks, then ``_END`` or a :class:`BackendError`."""
+async def _read(stream: ChunkStream, wait: float) -> list[Chunk] | BackendError | None:
+    """The stream's next batch (``[]`` at its end), ``None`` when none came within
+    ``wait`` seconds (the read is cancelled; reads are cancel-safe), or its failure."""
+    timeout = asyncio.timeout(wait)
     try:
-        while batch := await stream.next_batch():
-            await queue.put(batch)
-        await queue.put(_END)
+        async with timeout:
+            return await stream.next_batch()
     except BackendError as exc:
-        await queue.put(exc)
+        return exc
     except Exception as exc:
+        if isinstance(exc, TimeoutError) and timeout.expired():
+            return None
         log.warning("backend stream raised %r", exc, exc_info=exc)
-        await queue.put(BackendError(f"The backend failed mid-stream ({type(exc).__name__})."))
+        return BackendError(f"The backend failed mid-stream ({type(exc).__name__}).")
 
 
 class StreamRelay:
@@ -173,8 +119,6 @@ class StreamRelay:
         self.info = info  # labels for the access log / request counter
         info["backend"] = attempt.state.name
         info["outcome"] = "aborted"  # until it completes or errs
-        self._pump: asyncio.Task[None] | None = None
-        self._queue: _Channel | None = None
         self.sent_any = False  # a chunk reached the client: no more failover
         self.times = array("d")  # emission times of token-carrying chunks, s since receipt
         self.counts = array("q")  # tokens in each
@@ -194,7 +138,7 @@ class StreamRelay:
         try:
             while True:
                 assert self.attempt is not None
-                self._start_pump()
+                stream = self.attempt.stream
                 opened = time.monotonic()
                 failure: BackendError | None = None
                 while True:
@@ -211,23 +155,19 @@ class StreamRelay:
                             type=TIMEOUT,
                         )
                         break
-                    queue = self._queue
-                    assert queue is not None
-                    item = await queue.get(min(remaining, ping) if ping > 0 else remaining)
-                    if item is None:  # a deadline passed: a ping, or the timeout above
+                    got = await _read(stream, min(remaining, ping) if ping > 0 else remaining)
+                    if got is None:  # a deadline passed: a ping, or the timeout above
                         if time.monotonic() < deadline:
                             yield PING
                         continue
-                    if item is _END:
+                    if isinstance(got, BackendError):
+                        failure = got
                         break
-                    if isinstance(item, BackendError):
-                        failure = item
+                    if not got:
                         break
-                    # Chunks already queued go out in the same write: under load, one
-                    # send (and one syscall) for several chunks; never a wait to batch.
-                    while (more := queue.take_batch()) is not None:
-                        item.extend(more)
-                    yield self._emit(item)
+                    # Everything that arrived goes out in one write: under load, one send
+                    # (and one syscall) for several chunks; never a wait to batch.
+                    yield self._emit(got)
                 if failure is None:
                     self.info["outcome"] = "completed"
                     yield DONE
@@ -264,13 +204,6 @@ class StreamRelay:
         self.info["backend"] = name
         self._ttft = self.gw.metrics.ttft.labels(self.ctx.tenant, self.ctx.tier.name, name)
         self._itl = self.gw.metrics.itl.labels(self.ctx.tier.name, name)
-
-    def _start_pump(self) -> None:
-        assert self.attempt is not None
-        self._queue = _Channel(_QUEUE_SIZE)
-        self._pump = asyncio.get_running_loop().create_task(
-            _pump(self.attempt.stream, self._queue), name=f"tokenpace-pump-{self.ctx.request_id}"
-        )
 
     def _emit(self, batch: list[Chunk]) -> bytes:
         """Account for queued chunks (tokens, times, usage); return their event bytes."""
@@ -312,15 +245,9 @@ class StreamRelay:
 
     # -- teardown ------------------------------------------------------------------
     async def _close_attempt(self) -> None:
-        pump, self._pump = self._pump, None
         attempt, self.attempt = self.attempt, None
-        with anyio.CancelScope(shield=True):
-            if pump is not None and not pump.done():
-                pump.cancel()
-                with anyio.move_on_after(CLOSE_TIMEOUT_S):
-                    await asyncio.wait([pump])
-            if attempt is not None:
-                await attempt.close()
+        if attempt is not None:
+            await attempt.close()  # shielded, bounded by CLOSE_TIMEOUT_S
 
     async def finish(self) -> None:
         """Close everything and record the stream's metrics (idempotent).

@@ -24,7 +24,7 @@ from test_gateway_support import (
     upstream,
 )
 
-from gateway.backends import HttpChunkStream, Lease
+from gateway.backends import GeneratorChunkStream, HttpChunkStream, Lease
 from gateway.dispatch import Attempt
 from gateway.streaming import StreamRelay
 
@@ -262,3 +262,35 @@ async def test_many_concurrent_streams():
 async def _metrics(gw) -> str:
     async with gw.client(key="") as client:
         return (await client.get("/metrics")).text
+
+
+async def test_generator_stream_reads_are_cancel_safe_and_close_stops_it():
+    """An in-process generator: cancelled waits lose nothing; aclose cancels the step."""
+    steps: list[str] = []
+
+    async def slow_tokens():
+        try:
+            for i in range(2):
+                await asyncio.sleep(0.2)
+                yield {"choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+            await asyncio.sleep(10)
+            yield {"choices": []}
+        except asyncio.CancelledError:
+            steps.append("cancelled")
+            raise
+
+    stream = GeneratorChunkStream(slow_tokens())
+    got = []
+    while len(got) < 2:
+        try:
+            async with asyncio.timeout(0.05):  # the relay's ping deadline, shorter than a step
+                got += [c["choices"][0]["delta"]["content"] for c, _ in await stream.next_batch()]
+        except TimeoutError:
+            steps.append("ping")
+    assert got == ["t0", "t1"] and steps.count("ping") >= 4
+    with pytest.raises(TimeoutError):  # waiting on the long step, then the client leaves
+        async with asyncio.timeout(0.05):
+            await stream.next_batch()
+    await stream.aclose()
+    assert steps[-1] == "cancelled"
+    await stream.aclose()  # idempotent

@@ -3,7 +3,8 @@
 What the relay relies on: the client built by ``build_http_client`` reuses pooled
 connections and drops one the server closed while idle; a streamed body arrives piece
 by piece as the server writes it, and several pieces already buffered come in one read;
-abandoning a body half-way closes the connection (so vLLM aborts the generation); every
+a read cancelled while waiting loses nothing; abandoning a body half-way closes the
+connection (so vLLM aborts the generation); every
 failure is an ``httpx`` exception of the right kind, never an aiohttp one; TLS works
 (a certificate made by the openssl command).
 """
@@ -143,6 +144,33 @@ async def test_streamed_body_arrives_as_written_and_buffered_pieces_together() -
         await resp.aclose()
 
 
+async def test_a_read_cancelled_while_waiting_loses_nothing() -> None:
+    """The relay's deadlines cancel waiting reads; the next read gets the data."""
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await release.wait()
+        writer.write(b"5\r\nlater\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async with serve(handle) as srv, gateway_client(srv.port) as client:
+        request = client.build_request("GET", f"http://127.0.0.1:{srv.port}/v1/x")
+        resp = await client.send(request, stream=True)
+        read = body_reader(resp)
+        for _ in range(3):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await read()
+        release.set()
+        assert await read() == b"later"
+        assert await read() == b""
+        await resp.aclose()
+    assert srv.connections == 1
+
+
 async def test_abandoning_a_body_closes_the_connection() -> None:
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
@@ -220,7 +248,7 @@ async def test_tls(tmp_path: Path) -> None:
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
     client_ctx = ssl.create_default_context(cafile=str(cert))
-    transport = UpstreamTransport(verify=client_ctx, limits=httpx.Limits(max_connections=4))
+    transport = UpstreamTransport(verify=client_ctx, max_connections=4, keepalive_expiry=30)
     async with (
         serve(keepalive_handler(b"secret"), ssl_ctx=server_ctx) as srv,
         httpx.AsyncClient(transport=transport) as client,
@@ -230,7 +258,7 @@ async def test_tls(tmp_path: Path) -> None:
             assert r.status_code == 200 and r.content == b"secret"
         with pytest.raises(httpx.ConnectError):  # an unknown certificate is refused
             async with httpx.AsyncClient(
-                transport=UpstreamTransport(limits=httpx.Limits(max_connections=1))
+                transport=UpstreamTransport(max_connections=1, keepalive_expiry=30)
             ) as strict:
                 await strict.get(f"https://localhost:{srv.port}/")
     assert srv.connections == 1  # both requests on one connection (no handshake: no handler)
