@@ -53,6 +53,7 @@ import httpx
 import orjson
 
 from gateway import config as config_mod
+from gateway.cancel_safe import ShieldedSteps
 from gateway.config import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.errors import TIMEOUT, UPSTREAM_ERROR, error_body
 from gateway.tiers import ResolvedTier
@@ -161,26 +162,20 @@ class ChunkStream(ABC):
 class GeneratorChunkStream(ChunkStream):
     """A :class:`ChunkStream` over an async generator (closing it closes the generator).
 
-    Each step of the generator runs as a task that a cancelled :meth:`next_batch` leaves
-    running (shielded), so the next call picks up its chunk: a generator itself would
-    end at the first cancelled step.
+    The generator is stepped in :class:`~gateway.cancel_safe.ShieldedSteps`, so a
+    cancelled :meth:`next_batch` does not end it: the next call picks up the chunk.
     """
 
     def __init__(self, agen: AsyncIterator[dict[str, Any]]) -> None:
         self._agen = agen
-        self._step: asyncio.Future[dict[str, Any]] | None = None
+        self._steps = ShieldedSteps(agen)
         self._closed = False
 
     async def next_batch(self) -> list[Chunk]:
-        if self._step is None:
-            self._step = asyncio.ensure_future(self._agen.__anext__())
         try:
-            chunk = await asyncio.shield(self._step)
+            chunk = await self._steps.next()
         except StopAsyncIteration:
             return []
-        finally:
-            if self._step.done():
-                self._step = None
         if not isinstance(chunk, dict):
             raise BackendError("The backend sent a chunk that is not an object.")
         return [(chunk, None)]
@@ -189,10 +184,7 @@ class GeneratorChunkStream(ChunkStream):
         if self._closed:
             return
         self._closed = True
-        step, self._step = self._step, None
-        if step is not None and not step.done():
-            step.cancel()  # CancelledError at the generator's await: the generation stops
-            await asyncio.gather(step, return_exceptions=True)
+        await self._steps.cancel()  # CancelledError at the generator's await: it stops
         aclose = getattr(self._agen, "aclose", None)
         if aclose is not None:
             await aclose()

@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import httpx
 
+from gateway.cancel_safe import ShieldedSteps
+
 READ_EXTENSION = "tokenpace.read"  # response.extensions key of the body's read function
 
 # aiohttp's exceptions, most specific first, and the httpx exception each becomes.
@@ -141,20 +143,21 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
 
 
 def body_reader(response: httpx.Response) -> Callable[[], Awaitable[bytes]]:
-    """A function returning the next part of a streamed ``response``'s body, b"" at EOF.
+    """A cancel-safe function returning the next part of a streamed ``response``'s body,
+    b"" at the end.
 
-    On :class:`UpstreamTransport` it is the connection's own cancel-safe read, past
-    httpx's layers of async iterators; on any other transport it steps
-    ``response.aiter_bytes()`` (not cancel-safe: a cancelled read ends the iteration).
+    On :class:`UpstreamTransport` it is the connection's own read, past httpx's layers
+    of async iterators; on any other transport it steps ``response.aiter_bytes()`` in
+    shielded tasks (:class:`~gateway.cancel_safe.ShieldedSteps`).
     """
     read = response.extensions.get(READ_EXTENSION)
     if read is not None:
         return read
-    parts = response.aiter_bytes()
+    steps = ShieldedSteps(response.aiter_bytes())
 
     async def next_part() -> bytes:
         try:
-            return await parts.__anext__()
+            return await steps.next()
         except StopAsyncIteration:
             return b""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
@@ -94,3 +95,20 @@ async def test_last_event_is_the_event_as_received() -> None:
         ({"n": 2}, None),
         ({"n": 3}, b'data: {"n": 3}\n\n'),
     ]
+
+
+async def test_a_cancelled_wait_loses_nothing_on_any_transport() -> None:
+    """The relay cancels waits at its ping deadline; the events still arrive, whole."""
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        await asyncio.sleep(0.2)
+        yield b'data: {"n": 1}\n\ndata: [DONE]\n\n'
+
+    stream = HttpChunkStream("b", httpx.Response(200, content=slow_body()))
+    for _ in range(2):
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await stream.next_batch()
+    assert [c for c, _ in await stream.next_batch()] == [{"n": 1}]
+    assert await stream.next_batch() == []
+    await stream.aclose()
