@@ -15,13 +15,18 @@ chat and 30 % batch tier, arriving at ``--rate`` requests/s. Tiers are scaled by
 tokens/s (a reader F times faster), batch 60/F s and F×2 tokens/s. Every request uses
 ``ignore_eos`` so its length is exact.
 
-Reported per scheduler and arrival process: average and p10 client-measured Andes QoE,
-p90 TTFT, token throughput (tokens received over the span from the first request to
-the last token; and "loaded": tokens received up to the last arrival over the span of
-arrivals, the rate while the load lasts, without the drain at the end), preemptions
-per request, and the scheduler's own time per step (schedule(), the policy included)
-against the whole step (schedule + model + update).
-Results go to ``--out`` (JSON and a markdown table).
+Each server runs the workload ``--repeats`` times per arrival process, the servers'
+order rotated from one repeat to the next (on a shared or noisy machine one run's
+throughput moves by ±20 %). Reported per scheduler and arrival process, as the median
+over the repeats: average and p10 client-measured Andes QoE, p90 TTFT, token
+throughput (tokens received over the span from the first request to the last token;
+and "loaded": tokens received up to the last arrival over the span of arrivals, the
+rate while the load lasts, without the drain at the end), preemptions per request,
+tokens the engine computed per token delivered (recompute after preemptions shows
+here), and the scheduler's own time per step (schedule(), the policy included) against
+the whole step (schedule + model + update). Then each scheduler's QoE and throughput
+over FCFS's in the same repeat: median (min–max) of those ratios.
+Results go to ``--out`` (JSON with every repeat, and markdown tables).
 
 CPU (default, what docs/benchmarks.md reports)::
 
@@ -56,6 +61,7 @@ FIGURES = (
     ("throughput_tok_s", "tokens/s", "{:.0f}"),
     ("loaded_tok_s", "tokens/s loaded", "{:.0f}"),
     ("preemptions_per_request", "preemptions/req", "{:.2f}"),
+    ("computed_per_token", "computed/token", "{:.2f}"),
     ("schedule_ms_per_step", "schedule ms/step", "{:.3f}"),
     ("step_ms", "step ms", "{:.2f}"),
     ("schedule_share", "schedule share", "{:.1%}"),
@@ -91,7 +97,12 @@ def workload(args: argparse.Namespace, arrivals: str) -> list[Job]:
 
 
 async def measure(args: argparse.Namespace, servers: list[VllmServer]) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+    """Every server on the same jobs, ``--repeats`` times per arrival process.
+
+    Each repeat runs the servers in turn, the order rotated by one from the repeat
+    before, so a slow stretch of the machine does not always land on the same scheduler.
+    """
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     async with serve_gateway(gateway_config(servers, tiers(args.speedup))) as url:
         for server in servers:  # warm-up: every batch size up to max_num_seqs compiles
             n = args.max_num_seqs
@@ -99,31 +110,57 @@ async def measure(args: argparse.Namespace, servers: list[VllmServer]) -> dict[s
             await run_jobs(url, server.name, warm)
         for arrivals in args.arrivals:
             jobs = workload(args, arrivals)
-            for server in servers:
-                before = server.stats()
-                runs = await run_jobs(url, server.name, jobs)
-                await asyncio.sleep(STATS_SETTLE_S)  # stats are rewritten when the engine idles
-                after = server.stats()
-                delta = {
-                    k: after[k] - before.get(k, 0)
-                    for k in after
-                    if isinstance(after[k], int | float) and not isinstance(after[k], bool)
-                }
-                incomplete = sum(r.completion_tokens != r.job.max_tokens for r in runs)
-                figures = summarize(runs, delta)
-                figures["incomplete"] = incomplete
-                label = server.name.removeprefix("bench-")
-                results.setdefault(arrivals, {})[label] = figures
-                print(f"{arrivals:8s} {label:9s} " + _row(figures), flush=True)
-                save(args, results)  # as it goes: a long run keeps what it measured
-    return results
+            for repeat in range(args.repeats):
+                turn = repeat % len(servers)
+                for server in servers[turn:] + servers[:turn]:
+                    figures = await run_once(url, server, jobs)
+                    label = server.name.removeprefix("bench-")
+                    runs.setdefault(arrivals, {}).setdefault(label, []).append(figures)
+                    print(f"{arrivals:8s} {label:9s} #{repeat} " + _row(figures), flush=True)
+                    save(args, runs)  # as it goes: a long run keeps what it measured
+    return runs
 
 
-def save(args: argparse.Namespace, results: dict[str, Any]) -> None:
+async def run_once(url: str, server: VllmServer, jobs: list[Job]) -> dict[str, float]:
+    """The jobs through the gateway to one server; its figures (``summarize``)."""
+    before = server.stats()
+    results = await run_jobs(url, server.name, jobs)
+    await asyncio.sleep(STATS_SETTLE_S)  # stats are rewritten when the engine idles
+    after = server.stats()
+    delta = {
+        k: after[k] - before.get(k, 0)
+        for k in after
+        if isinstance(after[k], int | float) and not isinstance(after[k], bool)
+    }
+    figures = summarize(results, delta)
+    figures["incomplete"] = sum(r.completion_tokens != r.job.max_tokens for r in results)
+    return figures
+
+
+def medians(repeats: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the repeats."""
+    return {k: float(np.median([f[k] for f in repeats])) for k in repeats[0]}
+
+
+def ratios(runs: dict[str, list[dict[str, float]]], key: str, label: str) -> list[float]:
+    """``label``'s figure over FCFS's in the same repeat, one per repeat."""
+    return [f[key] / base[key] for f, base in zip(runs[label], runs["fcfs"], strict=False)]
+
+
+def save(args: argparse.Namespace, runs: dict[str, Any]) -> None:
     out = Path(args.out)
-    report = {"command": " ".join(sys.argv), "settings": vars(args), "results": results}
+    summary = {
+        arrivals: {label: medians(repeats) for label, repeats in by_label.items()}
+        for arrivals, by_label in runs.items()
+    }
+    report = {
+        "command": " ".join(sys.argv),
+        "settings": vars(args),
+        "results": summary,  # medians over the repeats
+        "repeats": runs,
+    }
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "results.md").write_text(markdown(results))
+    (out / "results.md").write_text(markdown(runs))
 
 
 STATS_SETTLE_S = 1.5
@@ -133,14 +170,40 @@ def _row(figures: dict[str, float]) -> str:
     return "  ".join(f"{label} {fmt.format(figures[key])}" for key, label, fmt in FIGURES)
 
 
-def markdown(results: dict[str, Any]) -> str:
+def markdown(runs: dict[str, dict[str, list[dict[str, float]]]]) -> str:
+    """Medians over the repeats, then each scheduler against FCFS repeat by repeat."""
     head = "| arrivals | scheduler | " + " | ".join(label for _, label, _ in FIGURES) + " |"
     lines = [head, "|" + " --- |" * (len(FIGURES) + 2)]
-    for arrivals, by_mode in results.items():
-        for mode, f in by_mode.items():
+    for arrivals, by_label in runs.items():
+        for label, repeats in by_label.items():
+            f = medians(repeats)
             cells = " | ".join(fmt.format(f[key]) for key, _, fmt in FIGURES)
-            lines.append(f"| {arrivals} | {mode} | {cells} |")
+            lines.append(f"| {arrivals} | {label} | {cells} |")
+    lines += ["", "| arrivals | scheduler | " + " | ".join(c for _, c in VERSUS) + " |"]
+    lines.append("|" + " --- |" * (len(VERSUS) + 2))
+    for arrivals, by_label in runs.items():
+        if "fcfs" not in by_label:
+            continue
+        for label in by_label:
+            if label == "fcfs":
+                continue
+            cells = " | ".join(_spread(ratios(by_label, key, label)) for key, _ in VERSUS)
+            lines.append(f"| {arrivals} | {label} | {cells} |")
     return "\n".join(lines) + "\n"
+
+
+VERSUS = (
+    ("avg_qoe", "avg QoE / FCFS"),
+    ("throughput_tok_s", "tokens/s / FCFS"),
+    ("loaded_tok_s", "tokens/s loaded / FCFS"),
+)
+
+
+def _spread(values: list[float]) -> str:
+    """Median (min–max) of per-repeat ratios."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{np.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=120)
     p.add_argument("--rate", type=float, default=10.0, help="requests per second")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="runs of each server per arrival process")
     p.add_argument("--length-scale", type=float, default=0.25)
     p.add_argument("--speedup", type=float, default=10.0, help="tier scale F (1: human)")
     p.add_argument("--kv-blocks", type=int, default=48)
@@ -175,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_compare"))
     args = p.parse_args(argv)
     args.arrivals = args.arrivals.split(",")
+    if args.repeats < 1:
+        p.error(f"--repeats: must be at least 1, got {args.repeats}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plugin_env = dict(kv.split("=", 1) for kv in args.plugin_env)

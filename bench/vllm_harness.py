@@ -362,6 +362,9 @@ def summarize(results: Sequence[JobResult], stats: dict[str, Any]) -> dict[str, 
         "throughput_tok_s": tokens / (end - start),
         "loaded_tok_s": loaded / (last_arrival - start) if last_arrival > start else 0.0,
         "preemptions_per_request": stats.get("preemptions", 0) / len(results),
+        # tokens the engine computed (prompts, outputs, recomputes after preemptions) per
+        # token delivered
+        "computed_per_token": stats.get("scheduled_tokens", 0) / max(tokens, 1),
         "schedule_ms_per_step": 1e3 * stats.get("schedule_s", 0.0) / steps,
         "policy_ms_per_step": 1e3 * stats.get("policy_s", 0.0) / steps,
         "step_ms": 1e3 * step_s / steps,

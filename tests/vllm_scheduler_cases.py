@@ -7,9 +7,10 @@ project's .venv, where vLLM is not installed.
 The scheduler is constructed directly against the tiny model's configuration (no model
 weights, no worker): each test feeds it fake model-runner outputs (one token per
 request that finished its prefill), on a fake clock that advances a fixed time per
-step. What is checked is the plugin's contract: vLLM preempts exactly the running
-requests the qos policy dropped and admits exactly the waiting ones it chose, and
-preempted requests resume and finish with their full output.
+step. What is checked is the plugin's contract: vLLM schedules exactly the requests the
+qos policy chose; the running ones it dropped are paused (KV kept, nothing recomputed
+on resume) while the cache has room, preempted otherwise (or always, with
+``TOKENPACE_PAUSE=0``); and every request finishes with its full output.
 """
 
 from __future__ import annotations
@@ -42,13 +43,25 @@ STEP_S = 0.05  # fake duration of one engine step
 class Decision:
     keys: list[str]
     running: np.ndarray
+    paused: np.ndarray  # not running, KV kept (table.pause)
     run: np.ndarray
 
+    def _keys(self, mask: np.ndarray) -> set[str]:
+        return {k for k, m in zip(self.keys, mask, strict=True) if m}
+
     def preempt(self) -> set[str]:
-        return {k for k, r in zip(self.keys, self.running & ~self.run, strict=True) if r}
+        """The running requests it dropped."""
+        return self._keys(self.running & ~self.run)
+
+    def stop(self) -> set[str]:
+        """The requests holding KV that it does not run: running or paused."""
+        return self._keys((self.running | self.paused) & ~self.run)
 
     def admit(self) -> set[str]:
-        return {k for k, a in zip(self.keys, self.run & ~self.running, strict=True) if a}
+        return self._keys(self.run & ~self.running)
+
+    def chosen(self) -> set[str]:
+        return self._keys(self.run)
 
 
 @dataclass
@@ -61,7 +74,9 @@ class Recorder(Policy):
 
     def schedule(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
         run = self.inner.schedule(table, capacity, now)
-        decision = Decision(list(table.keys), table.running.copy(), run.copy())
+        running = table.running.copy()
+        paused = ~running & (table.col("computed") > 0)
+        decision = Decision(list(table.keys), running, paused, run.copy())
         self.decisions.append((self.step, decision))
         return run
 
@@ -96,8 +111,13 @@ def vllm_config() -> VllmConfig:
 
 
 def make_scheduler(
-    config: VllmConfig, blocks: int, monkeypatch: pytest.MonkeyPatch, interval: float = 0.0
+    config: VllmConfig,
+    blocks: int,
+    monkeypatch: pytest.MonkeyPatch,
+    interval: float = 0.0,
+    pause: bool = True,
 ):
+    monkeypatch.setenv("TOKENPACE_PAUSE", "1" if pause else "0")
     monkeypatch.setenv("TOKENPACE_PROFILE", "llama-3.1-8b-h100")  # fixed: deterministic
     monkeypatch.setenv("TOKENPACE_DEFAULT_TTFT", "1.0")
     monkeypatch.setenv("TOKENPACE_DEFAULT_TDS", "4.8")
@@ -180,8 +200,27 @@ def contended_workload(now: float) -> list[tuple[int, Request]]:
     return long + chat
 
 
-def test_vllm_applies_exactly_the_policy_decisions(vllm_config, monkeypatch):
-    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch)
+def scheduled(out: SchedulerOutput) -> set[str]:
+    return set(out.num_scheduled_tokens)
+
+
+def many_requests_workload(now: float) -> list[tuple[int, Request]]:
+    """More requests than the batch limit (8), few enough for the KV cache to hold them all:
+    eight relaxed requests, then a burst of four chat requests."""
+    relaxed = [
+        (0, request(f"long{i}", 16, 60, now, tp_ttft=30.0, tp_tds=2.0, tp_tier="batch"))
+        for i in range(8)
+    ]
+    chat = [
+        (20 + i, request(f"chat{i}", 16, 24, now, tp_ttft=0.5, tp_tds=10.0, tp_tier="chat"))
+        for i in range(4)
+    ]
+    return relaxed + chat
+
+
+@pytest.mark.parametrize("pause", [False, True], ids=["preempt", "pause"])
+def test_vllm_applies_exactly_the_policy_decisions(vllm_config, monkeypatch, pause):
+    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch, pause=pause)
     assert isinstance(scheduler.qos_policy, Andes)
     recorder = Recorder(scheduler.qos_policy)
     scheduler.qos_policy = recorder
@@ -195,10 +234,15 @@ def test_vllm_applies_exactly_the_policy_decisions(vllm_config, monkeypatch):
         if decision is None:  # nothing in the engine at that step
             assert out.total_num_scheduled_tokens == 0
             continue
-        assert set(out.preempted_req_ids) == decision.preempt(), step
-        assert admitted(out) == decision.admit(), step
-        preemptions += len(decision.preempt())
-    assert preemptions > 0, "the workload must make Andes preempt"
+        assert scheduled(out) == decision.chosen(), step
+        if pause:  # dropped: paused or preempted; paused ones may be preempted later
+            assert set(out.preempted_req_ids) <= decision.stop(), step
+            assert admitted(out) <= decision.admit(), step
+        else:
+            assert set(out.preempted_req_ids) == decision.preempt(), step
+            assert admitted(out) == decision.admit(), step
+        preemptions += len(out.preempted_req_ids)
+    assert preemptions + scheduler.stats["pauses"] > 0, "the workload must make Andes preempt"
     assert scheduler.stats["preemptions"] == preemptions
     for rid, req in reqs.items():
         assert req.num_output_tokens == req.max_tokens, rid
@@ -206,7 +250,7 @@ def test_vllm_applies_exactly_the_policy_decisions(vllm_config, monkeypatch):
 
 
 def test_preempted_requests_resume_with_their_output(vllm_config, monkeypatch):
-    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch)
+    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch, pause=False)
     outputs, reqs = run_workload(scheduler, clock, contended_workload(clock[0]))
     preempted = {rid for rid, r in reqs.items() if r.num_preemptions > 0}
     assert preempted, "the workload must preempt someone"
@@ -219,6 +263,61 @@ def test_preempted_requests_resume_with_their_output(vllm_config, monkeypatch):
         assert len(resumed_at) == req.num_preemptions + 1
         for i in resumed_at[1:]:
             assert outputs[i].num_scheduled_tokens[rid] > 1
+
+
+def test_paused_requests_keep_their_kv_and_resume_without_recompute(vllm_config, monkeypatch):
+    """The batch limit binds, not the cache: the policy's dropped requests are paused,
+    none is preempted, and each resumes with one token per step (no prefill again)."""
+    scheduler, clock = make_scheduler(vllm_config, blocks=64, monkeypatch=monkeypatch)
+    recorder = Recorder(scheduler.qos_policy)
+    scheduler.qos_policy = recorder
+    outputs, reqs = run_workload(scheduler, clock, many_requests_workload(clock[0]))
+    assert scheduler.stats["pauses"] > 0, "the workload must make Andes pause"
+    assert scheduler.stats["preemptions"] == 0
+    decisions = dict(recorder.decisions)
+    seen: set[str] = set()
+    for step, out in enumerate(outputs):
+        if step in decisions:
+            assert scheduled(out) == decisions[step].chosen(), step
+        for rid, n in out.num_scheduled_tokens.items():
+            if rid in seen:
+                assert n == 1, (step, rid, n)  # a decode step, never a recompute
+            seen.add(rid)
+    for rid, req in reqs.items():
+        assert list(req.output_token_ids) == [11] * req.max_tokens, rid
+        assert req.num_preemptions == 0, rid
+    assert scheduler.table.n == 0 and not scheduler._paused and not scheduler.running
+
+
+def test_paused_requests_are_preempted_when_the_running_ones_need_their_blocks(
+    vllm_config, monkeypatch
+):
+    """A cache too small to keep the paused requests and grow the running ones: the paused
+    ones give way (preempted, recomputed later), vLLM never has to preempt on its own,
+    and everyone finishes."""
+    scheduler, clock = make_scheduler(vllm_config, blocks=34, monkeypatch=monkeypatch)
+    own: list[int] = []  # vLLM's own preemptions, per step
+    was_paused: list[bool] = []  # per preemption by the plugin
+    schedule_step, preempt = scheduler._schedule_step, scheduler._preempt
+
+    def count_vllm_preemptions(throttle_prefills=False):
+        before = scheduler.stats["policy_preemptions"]
+        out = schedule_step(throttle_prefills)
+        own.append(len(out.preempted_req_ids) - (scheduler.stats["policy_preemptions"] - before))
+        return out
+
+    def note_preemption(request, row, now):
+        was_paused.append(request in scheduler._paused)
+        preempt(request, row, now)
+
+    scheduler._schedule_step = count_vllm_preemptions
+    scheduler._preempt = note_preemption
+    _, reqs = run_workload(scheduler, clock, many_requests_workload(clock[0]))
+    assert scheduler.stats["pauses"] > 0
+    assert any(was_paused), "the cache must force paused requests out"
+    assert sum(own) == 0, "vLLM preempted on its own"
+    for rid, req in reqs.items():
+        assert list(req.output_token_ids) == [11] * req.max_tokens, rid
 
 
 def test_chat_burst_is_served_before_relaxed_requests(vllm_config, monkeypatch):
@@ -279,8 +378,8 @@ def test_between_decisions_only_chosen_requests_are_admitted(vllm_config, monkey
     for step, out in enumerate(outputs):
         decision = decisions.get(step)
         if decision is not None:
-            chosen = {k for k, r in zip(decision.keys, decision.run, strict=True) if r}
-            assert set(out.preempted_req_ids) >= decision.preempt(), step
-        assert admitted(out) <= chosen, step
+            chosen = decision.chosen()
+            assert not scheduled(out) & decision.stop(), step
+        assert scheduled(out) <= chosen, step
     for rid, req in reqs.items():
         assert list(req.output_token_ids) == [11] * req.max_tokens, rid

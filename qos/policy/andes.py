@@ -150,7 +150,6 @@ class Andes(Policy):
 
     def forecast(self, table: RequestTable, now: float) -> Forecast:
         """Q_wait / Q_serve forecaster for this decision (waiting requests pay a prefill first)."""
-        running = table.running
         output = table.col("output")
         max_tokens = table.col("max_tokens")
         held = self.qoe == "monotone"
@@ -164,8 +163,9 @@ class Andes(Policy):
             arrival=table.col("arrival"),
             now=now,
             horizon=now + self.horizon_s,
-            # (re)compute prefill of the waiting requests: p·l_i, 0 for the running ones
-            first_delay=self.profile.prefill_per_token_s * (table.context * ~running),
+            # the prefill of what is not in the KV cache: p·l_i for a waiting request, 0
+            # for a running one or one paused with its KV kept (``RequestTable.pause``)
+            first_delay=self.profile.prefill_per_token_s * (table.context - table.col("computed")),
             remaining=np.where(max_tokens >= 0, max_tokens - output, np.inf),
         )
 

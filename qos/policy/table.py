@@ -198,6 +198,13 @@ class RequestTable:
         c["preemptions"][row] += 1
         c["queued_at"][row] = now
 
+    def pause(self, row: int, now: float) -> None:
+        """Back to waiting with its KV kept (``computed`` unchanged): on resume it decodes
+        at once, nothing to recompute. Not a preemption (no KV is lost)."""
+        c = self._cols
+        c["running"][row] = False
+        c["queued_at"][row] = now
+
     def record_tokens(self, row: int, now: float, n: int = 1) -> None:
         """``n`` tokens of this request reached the user at ``now``.
 

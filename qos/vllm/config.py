@@ -22,6 +22,11 @@ its settings from the engine's environment (defaults in brackets):
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is
   preempted and only the requests it chose may be admitted.
+- ``TOKENPACE_PAUSE``: ``1`` (default) or ``0``. With 1, a running request the policy
+  drops is *paused*: it keeps its KV blocks and simply is not scheduled, and resumes
+  where it stopped, as long as the cache has room for the requests the policy runs (the
+  paused ones needed soonest keep theirs); the others are preempted the vLLM way (KV
+  freed, recomputed on resume). With 0 every dropped request is preempted.
 - ``TOKENPACE_DEFAULT_TIER`` [default], ``TOKENPACE_DEFAULT_TTFT`` [1.0 s],
   ``TOKENPACE_DEFAULT_TDS`` [4.8 tokens/s], ``TOKENPACE_DEFAULT_TENANT`` [default]:
   the expectations of requests that carry no tags.
@@ -45,6 +50,16 @@ from qos.policy.registry import POLICIES, make_policy
 from qos.vllm.tags import RequestTags
 
 OBJECTIVES = ("average", "max-min", "perfect")
+_FLAGS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,7 @@ class PluginConfig:
     preemption_cost: float | None = None
     horizon_s: float | None = None
     decision_interval_s: float = 0.05
+    pause: bool = True
     defaults: RequestTags = field(default_factory=RequestTags)
     stats_file: str | None = None
 
@@ -114,6 +130,9 @@ class PluginConfig:
         interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
         if interval < 0:
             raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
+        pause = env.get("TOKENPACE_PAUSE", "1").strip().lower()
+        if pause not in _FLAGS:
+            raise ValueError(f"TOKENPACE_PAUSE: must be 1 or 0 (or true/false), got {pause!r}")
         return cls(
             policy=env.get("TOKENPACE_POLICY", base.policy),
             objective=env.get("TOKENPACE_OBJECTIVE", base.objective),
@@ -123,6 +142,7 @@ class PluginConfig:
             preemption_cost=cost,
             horizon_s=horizon,
             decision_interval_s=interval,
+            pause=_FLAGS[pause],
             defaults=defaults,
             stats_file=env.get("TOKENPACE_STATS_FILE") or None,
         )

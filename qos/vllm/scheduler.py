@@ -16,9 +16,20 @@ those mechanisms get to work on. Each iteration:
    ``max_num_seqs``. At most one decision per ``TOKENPACE_DECISION_INTERVAL_S``
    (0.05 s), sooner when a request arrives or leaves or vLLM preempted on its own; in
    between the last decision stands.
-3. **Preempt.** Running requests outside the mask are taken out of ``running`` and
-   preempted with vLLM's own ``_preempt_request`` (KV freed, recompute on resume, sent
-   to the workers in ``preempted_req_ids``), before vLLM schedules anything.
+3. **Pause or preempt.** Running requests outside the mask stop being scheduled. With
+   ``TOKENPACE_PAUSE`` on (the default) they are *paused*: they keep their KV blocks
+   and stay in ``running`` between steps, but are taken out of it while vLLM's
+   ``schedule()`` runs, so vLLM does not schedule them, and its model runner keeps
+   their state for when they come back (vLLM's own path for running requests that a
+   step leaves out); a paused request the policy runs again decodes at once, nothing
+   recomputed. Pausing is how the Andes paper's preemption (a swap to host memory in
+   the vLLM it was built on, §5) costs little on vLLM v1, which only recomputes.
+   Paused requests keep their blocks only while the cache has room for the requests
+   the policy runs plus a block of growth each: the ones whose user needs tokens
+   soonest (earliest digestion end, Eq. 1) keep theirs, the rest, and any paused
+   request whose blocks the running ones need before the next decision, are
+   preempted with vLLM's own ``_preempt_request`` (KV freed, recompute on resume,
+   sent to the workers in ``preempted_req_ids``), before vLLM schedules anything.
 4. **Admit.** Waiting requests outside the mask are held out of the ``waiting`` queue
    while vLLM's ``schedule()`` runs, so vLLM admits only the policy's admissions (in
    its queue order: resumed requests first, then arrival order) and as many of them as
@@ -186,6 +197,9 @@ class AndesScheduler(TimedScheduler):
         self._prefilled: set[str] = set()
         self._synced: set[Request] = set()  # the requests the table marks running
         self._chosen: set[Request] = set()  # the requests the last decision runs
+        # dropped by a decision with their KV kept: in ``running`` between steps, out of
+        # it while vLLM schedules, ``running = False`` in the table (``table.pause``)
+        self._paused: set[Request] = set()
         self._decided_at = -np.inf
         self._dirty = True  # a request arrived or left since the last decision
         self.stats.update(
@@ -193,6 +207,7 @@ class AndesScheduler(TimedScheduler):
             policy_s=0.0,
             decisions=0,
             policy_preemptions=0,
+            pauses=0,
             profile=_describe(profile),
         )
         logger.info(
@@ -236,17 +251,22 @@ class AndesScheduler(TimedScheduler):
             self._prefilled.discard(key)
             self._synced.discard(request)
             self._chosen.discard(request)
+            self._paused.discard(request)
             self._dirty = True
         return super()._free_request(request, delay_free_blocks=delay_free_blocks)
 
     def _sync_running(self, now: float) -> None:
-        """Mirror vLLM's ``running`` list into the table (admissions and preemptions).
+        """Mirror vLLM's ``running`` list, less the paused requests, into the table
+        (admissions, resumptions and vLLM's own preemptions).
 
         Compares it with the last sync's as sets of requests (in C), so a step that
         changed nothing costs O(running) in C and the table sees O(changes) updates,
-        preemptions first, each in row order.
+        preemptions first, each in row order. (The plugin's own pauses and preemptions
+        update the table and ``_synced`` when it makes them.)
         """
         running = set(self.running)
+        if self._paused:
+            running -= self._paused
         left, joined = self._synced - running, running - self._synced
         if not (left or joined):
             return
@@ -272,11 +292,14 @@ class AndesScheduler(TimedScheduler):
             interval = self.qos_config.decision_interval_s
             if self._dirty or now - self._decided_at >= interval:
                 preempted = self._decide(now)
+            preempted += self._make_room(now)
             held = self._hold_out()
+        paused = self._step_aside()
         try:
             output = super()._schedule_step(throttle_prefills)
         finally:
             self._put_back(held)
+            self.running.extend(paused)
         if len(output.preempted_req_ids) > preempted:
             self._dirty = True  # vLLM preempted on its own: decide again next step
         self._sync_running(now)
@@ -292,22 +315,83 @@ class AndesScheduler(TimedScheduler):
         self._decided_at, self._dirty = now, False
         rows = np.flatnonzero(run).tolist()
         self._chosen = set(map(self.requests.__getitem__, map(table.keys.__getitem__, rows)))
-        return self._preempt_dropped(run)
+        return self._stop_dropped(run, now)
 
-    def _preempt_dropped(self, run: np.ndarray) -> int:
-        """Preempt the running requests outside ``run`` (vLLM's own preemption); count them."""
-        table = self.table
-        stamp = time.monotonic()
+    def _stop_dropped(self, run: np.ndarray, now: float) -> int:
+        """Pause or preempt the requests outside ``run`` that hold KV; resume the paused
+        ones inside it (module docstring, step 3). Returns how many it preempted."""
+        table, requests, paused = self.table, self.requests, self._paused
+        held = np.zeros(table.n, dtype=bool)  # the paused requests' rows
+        if paused:
+            held[[table.row(request.request_id) for request in paused]] = True
+            paused.difference_update(requests[table.keys[r]] for r in np.flatnonzero(held & run))
+        stop = np.flatnonzero((table.running | held) & ~run)
+        if stop.size == 0:
+            return 0
+        keep = np.zeros(table.n, dtype=bool)
+        if self.qos_config.pause:
+            # room for the requests it runs plus a block of growth each; the paused
+            # requests whose users need tokens soonest (Eq. 1's digestion) keep theirs
+            demand = self.capacity.demand(table)
+            running = demand[run]
+            room = self.capacity.kv_tokens - int(running.sum()) - self.block_size * running.size
+            order = stop[np.argsort(table.col("dig_last")[stop], kind="stable")]
+            keep[order[np.cumsum(demand[order]) <= room]] = True
         count = 0
-        for r in np.flatnonzero(table.running & ~run).tolist():
-            request = self.requests[table.keys[r]]
+        for r in stop.tolist():
+            request = requests[table.keys[r]]
             if request.status != RequestStatus.RUNNING:
                 continue
-            self.running.remove(request)
-            self._preempt_request(request, stamp, drop_stale_output=self.requires_kv_delivery)
+            if keep[r]:
+                if not held[r]:
+                    paused.add(request)
+                    self._synced.discard(request)
+                    table.pause(r, now)
+                    self.stats["pauses"] += 1
+                continue
+            self._preempt(request, r, now)
             count += 1
-        self.stats["policy_preemptions"] += count
         return count
+
+    def _preempt(self, request: Request, row: int, now: float) -> None:
+        """Preempt a running or paused request the vLLM way (KV freed, recompute on resume)."""
+        self.running.remove(request)
+        self._paused.discard(request)
+        self._synced.discard(request)
+        self._preempt_request(
+            request, time.monotonic(), drop_stale_output=self.requires_kv_delivery
+        )
+        self.table.preempt(row, now)
+        self.stats["policy_preemptions"] += 1
+
+    def _make_room(self, now: float) -> int:
+        """Preempt paused requests, the ones needed last first, while the requests that
+        run may need more blocks this step (one each at most) than are free."""
+        if not self._paused:
+            return 0
+        pool = self.kv_cache_manager.block_pool
+        need = len(self.running) - len(self._paused)
+        if pool.get_num_free_blocks() >= need:
+            return 0
+        table = self.table
+        dig_last = table.col("dig_last")
+        rows = {request: table.row(request.request_id) for request in self._paused}
+        count = 0
+        for request in sorted(rows, key=lambda q: dig_last[rows[q]], reverse=True):
+            self._preempt(request, rows[request], now)
+            count += 1
+            if pool.get_num_free_blocks() >= need:
+                break
+        return count
+
+    def _step_aside(self) -> list[Request]:
+        """Take the paused requests out of ``running`` while vLLM schedules (in order)."""
+        if not self._paused:
+            return []
+        paused = self._paused
+        aside = [request for request in self.running if request in paused]
+        self.running = [request for request in self.running if request not in paused]
+        return aside
 
     def _hold_out(self) -> list[Request]:
         """Take the waiting requests the last decision did not choose out of ``waiting``.
