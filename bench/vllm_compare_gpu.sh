@@ -10,12 +10,15 @@
 # trace's own lengths, the KV cache vLLM sizes itself, and a load you choose with RATE
 # (requests/s; overload is where the schedulers differ: raise it until FCFS's QoE drops).
 # Async scheduling is turned off (the plugin decides on the tokens of the step before).
+# One run per server and arrival process by default (a GPU is quieter than a shared CPU;
+# a run is ~3 min at the defaults): REPEATS=3 for medians over rotated runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODEL:?set MODEL to a local model directory or hub name}"
 PYTHON=${PYTHON:-python}
 RATE=${RATE:-4}
 REQUESTS=${REQUESTS:-600}
+REPEATS=${REPEATS:-1}
 MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
 "$PYTHON" bench/vllm_compare.py \
     --python "$PYTHON" \
@@ -25,6 +28,7 @@ MAX_NUM_SEQS=${MAX_NUM_SEQS:-256}
     --length-scale 1 \
     --rate "$RATE" \
     --requests "$REQUESTS" \
+    --repeats "$REPEATS" \
     --max-num-seqs "$MAX_NUM_SEQS" \
     --max-model-len 4096 \
     --kv-blocks 0 \

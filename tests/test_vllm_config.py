@@ -84,9 +84,11 @@ def test_config_from_environment() -> None:
             "TOKENPACE_DEFAULT_TENANT": "anon",
             "TOKENPACE_STATS_FILE": "/tmp/x.json",
             "TOKENPACE_DECISION_INTERVAL_S": "0",
+            "TOKENPACE_PAUSE": "off",
         }
     )
     assert cfg.decision_interval_s == 0.0
+    assert cfg.pause is False and PluginConfig.from_env({"TOKENPACE_PAUSE": " True "}).pause
     assert cfg.defaults == RequestTags(tier="default", ttft=2.0, tds=10.0, tenant="anon")
     assert (cfg.kv_watermark, cfg.horizon_s, cfg.stats_file) == (0.8, 5.0, "/tmp/x.json")
     policy = cfg.build_policy(OnlineProfile(kv_capacity_tokens=1024, max_batch=8).profile)
@@ -138,6 +140,7 @@ def test_andes_options_apply_to_the_named_policy() -> None:
         ({"TOKENPACE_PREEMPTION_CAP": "-1"}, "TOKENPACE_PREEMPTION_CAP"),
         ({"TOKENPACE_PREEMPTION_COST": "-1"}, "TOKENPACE_PREEMPTION_COST"),
         ({"TOKENPACE_HORIZON_S": "0"}, "TOKENPACE_HORIZON_S"),
+        ({"TOKENPACE_PAUSE": "maybe"}, "TOKENPACE_PAUSE"),
         ({"TOKENPACE_DECISION_INTERVAL_S": "-0.1"}, "TOKENPACE_DECISION_INTERVAL_S"),
         ({"TOKENPACE_DEFAULT_TDS": "0"}, "TOKENPACE_DEFAULT"),
         ({"TOKENPACE_DEFAULT_TTFT": "nan"}, "TOKENPACE_DEFAULT_TTFT"),

@@ -22,12 +22,13 @@ those mechanisms get to work on. Each iteration:
    ``schedule()`` runs, so vLLM does not schedule them, and its model runner keeps
    their state for when they come back (vLLM's own path for running requests that a
    step leaves out); a paused request the policy runs again decodes at once, nothing
-   recomputed. Pausing is how the Andes paper's preemption (a swap to host memory in
-   the vLLM it was built on, §5) costs little on vLLM v1, which only recomputes.
+   recomputed. The Andes paper preempts by swapping KV to host memory (§4.2
+   "Preemption overhead", §6.1), at about one iteration's cost; vLLM v1 only
+   recomputes, so pausing is what keeps preemption that cheap here.
    Paused requests keep their blocks only while the cache has room for the requests
-   the policy runs plus a block of growth each: the ones whose user needs tokens
-   soonest (earliest digestion end, Eq. 1) keep theirs, the rest, and any paused
-   request whose blocks the running ones need before the next decision, are
+   the policy runs: the ones whose user needs tokens soonest (earliest digestion end,
+   Eq. 1) keep theirs; the rest, and at any step the paused requests whose blocks the
+   running ones need for that step's tokens (the ones needed last go first), are
    preempted with vLLM's own ``_preempt_request`` (KV freed, recompute on resume,
    sent to the workers in ``preempted_req_ids``), before vLLM schedules anything.
 4. **Admit.** Waiting requests outside the mask are held out of the ``waiting`` queue
@@ -330,11 +331,10 @@ class AndesScheduler(TimedScheduler):
             return 0
         keep = np.zeros(table.n, dtype=bool)
         if self.qos_config.pause:
-            # room for the requests it runs plus a block of growth each; the paused
-            # requests whose users need tokens soonest (Eq. 1's digestion) keep theirs
+            # what the requests it runs leave of the cache (their next token included);
+            # the paused requests whose users need tokens soonest (Eq. 1) keep theirs
             demand = self.capacity.demand(table)
-            running = demand[run]
-            room = self.capacity.kv_tokens - int(running.sum()) - self.block_size * running.size
+            room = self.capacity.kv_tokens - int(demand[run].sum())
             order = stop[np.argsort(table.col("dig_last")[stop], kind="stable")]
             keep[order[np.cumsum(demand[order]) <= room]] = True
         count = 0
@@ -366,11 +366,17 @@ class AndesScheduler(TimedScheduler):
 
     def _make_room(self, now: float) -> int:
         """Preempt paused requests, the ones needed last first, while the requests that
-        run may need more blocks this step (one each at most) than are free."""
+        run may need more new blocks this step than are free: a block for each whose KV
+        fills its blocks (a decode step's token starts a new one), more for a prefill
+        (at most its whole remaining prompt)."""
         if not self._paused:
             return 0
-        pool = self.kv_cache_manager.block_pool
-        need = len(self.running) - len(self._paused)
+        pool, paused, size = self.kv_cache_manager.block_pool, self._paused, self.block_size
+        need = sum(
+            -(-request.num_tokens // size) - -(-request.num_computed_tokens // size)
+            for request in self.running
+            if request not in paused
+        )
         if pool.get_num_free_blocks() >= need:
             return 0
         table = self.table
