@@ -10,10 +10,18 @@ turn, for each arrival process (Poisson, then bursty Gamma with CV 3, Andes §6.
 
 Workload: the Andes ShareGPT QoE trace (``qos.sim.workload``): its prompt and reply
 lengths scaled by ``--length-scale`` (the model's context is short), requests drawn 70 %
-chat and 30 % batch tier, arriving at ``--rate`` requests/s. Tiers are scaled by
-``--speedup`` to the engine's speed: chat expects its first token in 1/F s and F×4.8
-tokens/s (a reader F times faster), batch 60/F s and F×2 tokens/s. Every request uses
-``ignore_eos`` so its length is exact.
+chat and 30 % batch tier. Every request uses ``ignore_eos`` so its length is exact.
+
+Scaled to the engine's speed, measured first (``calibrate``): the first server streams
+a full batch (``--max-num-seqs`` requests at once) and S is the median request's
+tokens/s after its first token. Tiers are scaled by F = S / (4.8·``--speed-ratio``):
+chat expects its first token in 1/F s and F×4.8 tokens/s, so a full batch streams
+``--speed-ratio`` times faster than a chat reader reads (1.75: the engine of the first
+runs, 85 tokens/s against chat's 48; in the paper's Table 4 vLLM delivered 6.45
+tokens/s against 4.8 under load, prefills included); batch 60/F s and F×2 tokens/s.
+Requests arrive at ``--load`` times the full batch's decode capacity (``max_num_seqs``
+× S tokens/s over the mean reply length). ``--speedup`` and ``--rate`` fix F and the
+rate instead.
 
 Each server runs the workload ``--repeats`` times per arrival process, the servers'
 order rotated from one repeat to the next (on a shared or noisy machine one run's
@@ -75,12 +83,13 @@ def tiers(speedup: float) -> dict[str, dict[str, float]]:
     }
 
 
-def workload(args: argparse.Namespace, arrivals: str) -> list[Job]:
-    """The trace's lengths, scaled, arriving by ``arrivals``, 70 % chat / 30 % batch."""
+def workload(args: argparse.Namespace, arrivals: str, rate: float | None = None) -> list[Job]:
+    """The trace's lengths, scaled, arriving by ``arrivals`` at ``rate`` (default
+    ``args.rate``) requests/s, 70 % chat / 30 % batch."""
     mix = {"chat": (1.0, 4.8, 0.7), "batch": (60.0, 2.0, 0.3)}  # tier names and shares
     requests = build_workload(
         load_andes_trace(),
-        args.rate,
+        args.rate if rate is None else rate,
         arrivals=arrivals,
         seed=args.seed,
         n=args.requests,
@@ -96,18 +105,50 @@ def workload(args: argparse.Namespace, arrivals: str) -> list[Job]:
     return jobs
 
 
+CALIBRATION_TOKENS = 96  # reply length of the calibration's requests
+
+
+async def calibrate(args: argparse.Namespace, servers: list[VllmServer]) -> None:
+    """Warm every server up, measure S on the first, and set ``args.speedup`` and
+    ``args.rate`` from it where not given (module docstring)."""
+    n = args.max_num_seqs
+    async with serve_gateway(gateway_config(servers, tiers(1.0))) as url:
+        for server in servers:  # warm-up: every batch size up to max_num_seqs compiles
+            warm = [Job(0.0, "batch", "warm up " * (i + 1), 4 + 2 * i) for i in range(n)]
+            await run_jobs(url, server.name, warm)
+        batch = [Job(0.0, "batch", f"{i}: calibrate", CALIBRATION_TOKENS) for i in range(n)]
+        runs = await run_jobs(url, servers[0].name, batch)
+    speeds = [
+        (r.completion_tokens - r.times[0][1]) / (r.times[-1][0] - r.times[0][0])
+        for r in runs
+        if len(r.times) > 1
+    ]
+    if not speeds:
+        raise SystemExit("calibration: no request streamed more than one chunk")
+    full_batch = float(np.median(speeds))
+    mean_reply = float(np.mean([j.max_tokens for j in workload(args, "poisson", rate=1.0)]))
+    if args.speedup is None:
+        args.speedup = full_batch / (4.8 * args.speed_ratio)
+    if args.rate is None:
+        args.rate = args.load * n * full_batch / mean_reply
+    args.calibration = {"full_batch_tok_s": full_batch, "mean_reply_tokens": mean_reply}
+    print(
+        f"calibration: a full batch of {n} streams {full_batch:.1f} tokens/s per request; "
+        f"speedup F = {args.speedup:.2f} (chat {4.8 * args.speedup:.1f} tokens/s), "
+        f"rate {args.rate:.2f} requests/s",
+        flush=True,
+    )
+
+
 async def measure(args: argparse.Namespace, servers: list[VllmServer]) -> dict[str, Any]:
     """Every server on the same jobs, ``--repeats`` times per arrival process.
 
     Each repeat runs the servers in turn, the order rotated by one from the repeat
     before, so a slow stretch of the machine does not always land on the same scheduler.
     """
+    await calibrate(args, servers)
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     async with serve_gateway(gateway_config(servers, tiers(args.speedup))) as url:
-        for server in servers:  # warm-up: every batch size up to max_num_seqs compiles
-            n = args.max_num_seqs
-            warm = [Job(0.0, "batch", "warm up " * (i + 1), 4 + 2 * i) for i in range(n)]
-            await run_jobs(url, server.name, warm)
         for arrivals in args.arrivals:
             jobs = workload(args, arrivals)
             for repeat in range(args.repeats):
@@ -214,11 +255,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--arrivals", default="poisson,gamma")
     p.add_argument("--requests", type=int, default=120)
-    p.add_argument("--rate", type=float, default=10.0, help="requests per second")
+    p.add_argument("--rate", type=float, help="requests per second (default: from --load)")
+    p.add_argument(
+        "--load",
+        type=float,
+        default=1.4,
+        help="offered reply tokens/s over the full batch's decode capacity (without --rate)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3, help="runs of each server per arrival process")
     p.add_argument("--length-scale", type=float, default=0.25)
-    p.add_argument("--speedup", type=float, default=10.0, help="tier scale F (1: human)")
+    p.add_argument("--speedup", type=float, help="tier scale F, 1: human (default: measured)")
+    p.add_argument(
+        "--speed-ratio",
+        type=float,
+        default=1.75,
+        help="a full batch's tokens/s per request over chat's (sets F without --speedup)",
+    )
     p.add_argument("--kv-blocks", type=int, default=48)
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--max-num-seqs", type=int, default=8)
@@ -241,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     args.arrivals = args.arrivals.split(",")
     if args.repeats < 1:
         p.error(f"--repeats: must be at least 1, got {args.repeats}")
+    for flag in ("rate", "load", "speedup", "speed_ratio"):
+        value = getattr(args, flag)
+        if value is not None and not value > 0:
+            p.error(f"--{flag.replace('_', '-')}: must be > 0, got {value}")
+    args.calibration = None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plugin_env = dict(kv.split("=", 1) for kv in args.plugin_env)
