@@ -187,17 +187,28 @@ def admitted(out: SchedulerOutput) -> set[str]:
     return new | set(out.scheduled_cached_reqs.resumed_req_ids)
 
 
-def contended_workload(now: float) -> list[tuple[int, Request]]:
-    """Four long relaxed requests fill the cache; a burst of chat requests arrives later."""
-    long = [
-        (0, request(f"long{i}", 40, 120, now, tp_ttft=30.0, tp_tds=2.0, tp_tier="batch"))
-        for i in range(4)
+def relaxed_then_chat(
+    now: float, relaxed: int, prompt: int, length: int, chat_at: int, chat_prompt: int
+) -> list[tuple[int, Request]]:
+    """``relaxed`` batch-tier requests at step 0, then a burst of four chat requests, one a
+    step from step ``chat_at``."""
+    batch = [
+        (0, request(f"long{i}", prompt, length, now, tp_ttft=30.0, tp_tds=2.0, tp_tier="batch"))
+        for i in range(relaxed)
     ]
     chat = [
-        (30 + i, request(f"chat{i}", 24, 24, now, tp_ttft=0.5, tp_tds=10.0, tp_tier="chat"))
+        (
+            chat_at + i,
+            request(f"chat{i}", chat_prompt, 24, now, tp_ttft=0.5, tp_tds=10.0, tp_tier="chat"),
+        )
         for i in range(4)
     ]
-    return long + chat
+    return batch + chat
+
+
+def contended_workload(now: float) -> list[tuple[int, Request]]:
+    """Four long relaxed requests fill the cache; a burst of chat requests arrives later."""
+    return relaxed_then_chat(now, relaxed=4, prompt=40, length=120, chat_at=30, chat_prompt=24)
 
 
 def scheduled(out: SchedulerOutput) -> set[str]:
@@ -207,15 +218,7 @@ def scheduled(out: SchedulerOutput) -> set[str]:
 def many_requests_workload(now: float) -> list[tuple[int, Request]]:
     """More requests than the batch limit (8), few enough for the KV cache to hold them all:
     eight relaxed requests, then a burst of four chat requests."""
-    relaxed = [
-        (0, request(f"long{i}", 16, 60, now, tp_ttft=30.0, tp_tds=2.0, tp_tier="batch"))
-        for i in range(8)
-    ]
-    chat = [
-        (20 + i, request(f"chat{i}", 16, 24, now, tp_ttft=0.5, tp_tds=10.0, tp_tier="chat"))
-        for i in range(4)
-    ]
-    return relaxed + chat
+    return relaxed_then_chat(now, relaxed=8, prompt=16, length=60, chat_at=20, chat_prompt=16)
 
 
 @pytest.mark.parametrize("pause", [False, True], ids=["preempt", "pause"])
