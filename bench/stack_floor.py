@@ -2,7 +2,7 @@
 
 A FastAPI app with one route, ``POST /v1/chat/completions``, that forwards the body to
 the upstream through an ``httpx.AsyncClient`` on the gateway's own transport
-(:class:`gateway.upstream.UpstreamTransport`) and streams the reply back through
+(``gateway.backends.upstream_transport``) and streams the reply back through
 sse-starlette, relaying the upstream's bytes as read: no authentication, validation,
 tiers, admission, metrics, parsing or QoE. Served by uvicorn with the same settings
 as ``tokenpace serve`` (no access log; start-up objects frozen out of the collector).
@@ -26,8 +26,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from sse_starlette.sse import EventSourceResponse
 
+from gateway.backends import upstream_transport
 from gateway.cli import freeze_startup_objects
-from gateway.upstream import UpstreamTransport, body_reader
+from gateway.upstream import body_reader
 
 
 def create_app(upstream: str, max_connections: int) -> FastAPI:
@@ -35,7 +36,7 @@ def create_app(upstream: str, max_connections: int) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        transport = UpstreamTransport(max_connections=max_connections, keepalive_expiry=4.0)
+        transport = upstream_transport(max_connections)
         async with httpx.AsyncClient(transport=transport, timeout=None) as client:
             state["client"] = client
             yield

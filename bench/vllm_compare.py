@@ -298,7 +298,6 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag)
         if value is not None and not value > 0:
             p.error(f"--{flag.replace('_', '-')}: must be > 0, got {value}")
-    args.calibration = None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plugin_env = dict(kv.split("=", 1) for kv in args.plugin_env)

@@ -380,18 +380,19 @@ def build_http_client(config: GatewayConfig) -> httpx.AsyncClient:
             origin = _origin(b.url)
             max_by_origin[origin] = max(max_by_origin.get(origin, 0), b.max_connections)
     mounts: dict[str, httpx.AsyncBaseTransport | None] = {
-        origin: _transport(n) for origin, n in max_by_origin.items()
+        origin: upstream_transport(n) for origin, n in max_by_origin.items()
     }
     return httpx.AsyncClient(
         timeout=timeout,
-        transport=_transport(DEFAULT_MAX_CONNECTIONS),
+        transport=upstream_transport(DEFAULT_MAX_CONNECTIONS),
         mounts=mounts,
         follow_redirects=False,
         trust_env=False,
     )
 
 
-def _transport(max_connections: int) -> UpstreamTransport:
+def upstream_transport(max_connections: int) -> UpstreamTransport:
+    """The transport of one backend origin, as the gateway configures it."""
     # Idle connections expire before uvicorn's default 5 s keep-alive (vLLM's server)
     # closes them: reusing one the server already closed fails the request.
     return UpstreamTransport(max_connections=max_connections, keepalive_expiry=4.0)
