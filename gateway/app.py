@@ -86,7 +86,8 @@ from gateway.schemas import (
 from gateway.state import GatewayState
 from gateway.store import ResilientStore, StoreUnavailable, build_store
 from gateway.streaming import StreamRelay
-from gateway.telemetry import Telemetry, TelemetryReport
+from gateway.telemetry import Telemetry, TelemetryReport, check_size
+from gateway.telemetry_token import TOKEN_HEADER, TelemetryTokens, missing_credentials, split_token
 from gateway.tiers import TIER_HEADER, resolve_tier
 
 T = TypeVar("T")
@@ -302,6 +303,10 @@ _TP_HEADERS = {
         "description": "expected token delivery speed, tokens/s",
         "schema": {"type": "number"},
     },
+    TOKEN_HEADER: {
+        "description": "authenticates the telemetry report on this request without the API key",
+        "schema": {"type": "string"},
+    },
 }
 _SSE_DOC = (
     "With `stream: true`: `text/event-stream` of `data: {chunk}` events, `data: [DONE]` "
@@ -441,7 +446,11 @@ async def _serve(
         except ClientGone:
             return _client_gone(info)
         ctx.backend = gw.admission.preferred(ticket.backend)
-        headers = {**headers, **ticket.rate.headers()}
+        headers = {
+            **headers,
+            **ticket.rate.headers(),
+            **await gw.telemetry_tokens.header(ctx.request_id, tenant.name),
+        }
         if stream:
             return await _serve_stream(request, gw, raw, ctx, info, headers, ticket)
         return await _serve_complete(request, gw, raw, ctx, info, headers, ticket)
@@ -621,6 +630,10 @@ def _add_routes(app: FastAPI) -> None:
         summary="Report the QoE timelines of one request (SDKs)",
         responses={
             **{k: _ERROR_RESPONSES[k] for k in (400, 401, 413)},
+            403: {
+                "model": ErrorResponse,
+                "description": "The telemetry token is for another request, or already used",
+            },
             404: {"model": ErrorResponse, "description": "Not a request id of this tenant"},
             409: {"model": ErrorResponse, "description": "The request was already reported"},
             429: {"model": ErrorResponse, "description": "Too many reports (Retry-After)"},
@@ -633,11 +646,25 @@ def _add_routes(app: FastAPI) -> None:
         },
     )
     async def telemetry(
-        request: Request, tenant: Annotated[TenantConfig, Security(tenant_dependency)]
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     ) -> dict[str, Any]:
+        """With the API key, or the response's telemetry token (header, or in the body)."""
+        gw = _gw(request)
         body = await request.body()
+        auth = request.headers.get("authorization")
         try:
-            return await _gw(request).telemetry.report(tenant.name, body)
+            if auth:
+                tenant = await authenticate(gw, auth)
+                _info(request)["tenant"] = tenant.name
+                return await gw.telemetry.report(tenant.name, body)
+            check_size(body, gw.config.telemetry.max_body_bytes)
+            sent = split_token(request.headers, body)
+            if sent.token is None:
+                raise missing_credentials()
+            claims = await gw.telemetry_tokens.verify(sent.token)
+            _info(request)["tenant"] = claims.tenant
+            return await gw.telemetry.report(claims.tenant, sent.body, claims.request_id)
         except StoreUnavailable:
             raise store_unavailable() from None
 
@@ -713,6 +740,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     )
     gw.admission = AdmissionController(gw, store)
     gw.telemetry = Telemetry(gw)
+    gw.telemetry_tokens = TelemetryTokens(gw)
     if isinstance(store, ResilientStore):
         store.on_reconnect = gw.admission.renew
 
@@ -779,12 +807,13 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
             CORSMiddleware,
             allow_origins=config.cors.allow_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", TIER_HEADER],
+            allow_headers=["Authorization", "Content-Type", TIER_HEADER, TOKEN_HEADER],
             expose_headers=[
                 "X-Request-Id",
                 "X-TokenPace-Tier",
                 "X-TokenPace-TTFT",
                 "X-TokenPace-TDS",
+                TOKEN_HEADER,
                 "Retry-After",
                 "x-ratelimit-limit-requests",
                 "x-ratelimit-remaining-requests",

@@ -313,6 +313,16 @@ class TelemetryConfig(_Strict):
     max_records: int = Field(1_000_000, ge=100, description="records kept at most")
     buffer_max: int = Field(10000, ge=0, description="records held while Redis is down")
     window_s: int = Field(3600, ge=1, description="default window of GET /v1/tokenpace/qoe")
+    token_ttl_s: int = Field(
+        900, ge=10, le=86400, description="a telemetry token is valid this long after issue"
+    )
+    token_secret: str | None = Field(
+        None,
+        min_length=32,
+        repr=False,
+        description="HMAC key of telemetry tokens, the same on every replica; "
+        "omitted = one created once in the shared store",
+    )
 
 
 class AdminConfig(_Strict):
