@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import gateway.embedded  # noqa: F401 - registers the backend kind "embedded" (the demo)
 from gateway.admin import add_admin_routes, is_admin
+from gateway.admin_status import add_status_route
 from gateway.admission import (
     AdmissionController,
     Ticket,
@@ -73,6 +74,7 @@ from gateway.errors import (
 from gateway.keys import KeyCache
 from gateway.logs import request_id_var
 from gateway.metrics import UNKNOWN, GatewayMetrics
+from gateway.pages import add_page_routes
 from gateway.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -801,6 +803,8 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     install_error_handlers(app, auth_first=_auth_for_validation)
     _add_routes(app)
     add_admin_routes(app)
+    add_status_route(app)
+    add_page_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     if config.cors.allow_origins:
         app.add_middleware(

@@ -543,13 +543,16 @@ def new_api_key(prefix: str = "tp-") -> str:
 
 
 def demo_config(
-    key: str | None = None, backends: list[dict[str, Any]] | None = None
+    key: str | None = None,
+    backends: list[dict[str, Any]] | None = None,
+    admin_key: str | None = None,
 ) -> tuple[GatewayConfig, str]:
     """The configuration ``tokenpace serve`` uses without a file.
 
     One tenant ``demo`` (every tier, custom tiers allowed) whose key is ``key`` or a new
     random one; ``backends`` defaults to the embedded engine when one is registered
-    (kind ``embedded``, model ``tokenpace-sim``), else none. Returns (config, plain key).
+    (kind ``embedded``, model ``tokenpace-sim``), else none; the admin key (the
+    dashboard's) is ``admin_key``, else none. Returns (config, plain key).
     """
     key = key or new_api_key("tp-demo-")
     if backends is None:
@@ -565,4 +568,6 @@ def demo_config(
         ],
         "backends": backends,
     }
+    if admin_key:
+        data["admin"] = {"key": admin_key}
     return parse_config(data, "built-in demo configuration"), key
