@@ -1,0 +1,101 @@
+/**
+ * Cutting streamed text into the pieces the pacing buffer releases: tokens, words or
+ * sentences. Words and sentences are cut with `Intl.Segmenter`, whose dictionary-based
+ * word breaks handle scripts written without spaces (Chinese, Japanese, Thai).
+ *
+ * A word piece is a word with the spaces and punctuation that follow it ("world. "); a
+ * sentence piece is a sentence with its trailing space. A piece is complete once the
+ * next one has begun (or the text has ended), and then carries the tokens whose text
+ * ends inside it: a chunk of n tokens spreads them evenly over its text.
+ */
+
+/** A unit of release: its text, the tokens it holds, and the source of its last character. */
+export interface Piece<S> {
+  text: string;
+  tokens: number;
+  source: S;
+}
+
+/** The pacing unit. */
+export type Unit = "token" | "word" | "sentence";
+
+const graphemes = new Intl.Segmenter(undefined, { granularity: "grapheme" });
+const words = new Intl.Segmenter(undefined, { granularity: "word" });
+const sentences = new Intl.Segmenter(undefined, { granularity: "sentence" });
+
+/** Offsets where a new piece starts after the first, in text that may still grow. */
+function pieceStarts(text: string, unit: "word" | "sentence"): number[] {
+  const starts: number[] = [];
+  if (unit === "sentence") {
+    for (const s of sentences.segment(text)) if (s.index > 0) starts.push(s.index);
+    return starts;
+  }
+  let seenWord = false;
+  for (const s of words.segment(text)) {
+    if (!s.isWordLike) continue;
+    if (seenWord) starts.push(s.index);
+    seenWord = true;
+  }
+  return starts;
+}
+
+/**
+ * `text` of `tokens` tokens cut into at most `tokens` pieces of whole graphemes, the
+ * tokens spread over them (for a chunk that carries several tokens in one delta).
+ */
+export function splitTokens(text: string, tokens: number): Array<{ text: string; tokens: number }> {
+  const parts = Array.from(graphemes.segment(text), (s) => s.segment);
+  const count = Math.max(1, Math.min(tokens, parts.length));
+  const out: Array<{ text: string; tokens: number }> = [];
+  for (let j = 0; j < count; j++) {
+    const from = Math.floor((j * parts.length) / count);
+    const to = Math.floor(((j + 1) * parts.length) / count);
+    const n = Math.floor(((j + 1) * tokens) / count) - Math.floor((j * tokens) / count);
+    out.push({ text: parts.slice(from, to).join(""), tokens: n });
+  }
+  return out;
+}
+
+/** Incremental word or sentence cutter for one text stream (one choice, one field). */
+export class TextCutter<S> {
+  private pending = "";
+  /** End offset (in `pending`) of each token not yet released. */
+  private tokenEnds: number[] = [];
+  /** End offset of each pushed text still in `pending`, with its source. */
+  private spans: Array<{ end: number; source: S }> = [];
+
+  constructor(private readonly unit: "word" | "sentence") {}
+
+  /** Add `text` holding `tokens` tokens; return the pieces it completes. */
+  push(text: string, tokens: number, source: S): Array<Piece<S>> {
+    const start = this.pending.length;
+    for (let i = 1; i <= tokens; i++) {
+      this.tokenEnds.push(start + Math.max(1, Math.round((text.length * i) / tokens)));
+    }
+    this.pending += text;
+    this.spans.push({ end: this.pending.length, source });
+    const out: Array<Piece<S>> = [];
+    let cut = 0;
+    for (const next of pieceStarts(this.pending, this.unit)) {
+      out.push(this.take(next - cut));
+      cut = next;
+    }
+    return out;
+  }
+
+  /** The text ended: what is left, as one piece (none if nothing is left). */
+  flush(): Array<Piece<S>> {
+    return this.pending === "" ? [] : [this.take(this.pending.length)];
+  }
+
+  /** Remove the first `length` characters as a piece. */
+  private take(length: number): Piece<S> {
+    const text = this.pending.slice(0, length);
+    const span = this.spans.find((s) => s.end >= length) as { end: number; source: S };
+    const tokens = this.tokenEnds.filter((end) => end <= length).length;
+    this.pending = this.pending.slice(length);
+    this.tokenEnds = this.tokenEnds.filter((end) => end > length).map((end) => end - length);
+    this.spans = this.spans.filter((s) => s.end > length).map((s) => ({ end: s.end - length, source: s.source }));
+    return { text, tokens, source: span.source };
+  }
+}
