@@ -4,7 +4,7 @@ One JSON document behind the admin key: backend health and load, requests in fli
 and queued, and per tenant its fair-share standing (its weight and its counter, the
 weighted service it has had, shared by every replica: the Virtual Token Counter of
 "Fairness in Serving Large Language Models", Sheng et al.) and the output tokens and
-requests this replica served it. In-flight, queued and token figures are this
+requests this replica served it (completions only). In-flight, queued and token figures are this
 replica's (as on ``/metrics``); a dashboard on several replicas adds them up.
 QoE is ``GET /v1/tokenpace/qoe``.
 """
@@ -24,14 +24,16 @@ from gateway.store import StoreUnavailable
 _SERVED = ("chat.completions", "completions")
 
 
-def _by_tenant(gw: GatewayState, metric: str, sample: str) -> dict[str, float]:
-    """Sum of a labelled counter's samples per tenant label."""
+def _by_tenant(gw: GatewayState, metric: str, **only: tuple[str, ...]) -> dict[str, float]:
+    """A counter's total per tenant, over the samples whose labels are among ``only``'s."""
     out: dict[str, float] = {}
     for family in gw.metrics.registry.collect():
         if family.name != metric:
             continue
         for s in family.samples:
-            if s.name == sample and "tenant" in s.labels:
+            if not s.name.endswith("_total") or "tenant" not in s.labels:
+                continue
+            if all(s.labels.get(label) in values for label, values in only.items()):
                 out[s.labels["tenant"]] = out.get(s.labels["tenant"], 0.0) + s.value
     return out
 
@@ -43,8 +45,8 @@ async def status(gw: GatewayState) -> dict[str, Any]:
         counters = await gw.store.counters()
     except StoreUnavailable:
         raise store_unavailable() from None
-    tokens = _by_tenant(gw, "tokenpace_output_tokens", "tokenpace_output_tokens_total")
-    requests = _by_tenant(gw, "tokenpace_requests", "tokenpace_requests_total")
+    tokens = _by_tenant(gw, "tokenpace_output_tokens")
+    requests = _by_tenant(gw, "tokenpace_requests", endpoint=_SERVED)
     in_flight = sum(
         registry.get_sample_value("tokenpace_requests_in_flight", {"endpoint": e}) or 0.0
         for e in _SERVED

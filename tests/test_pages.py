@@ -60,6 +60,7 @@ async def test_admin_status_shows_backends_load_and_fair_share() -> None:
                 assert (await tenant.get("/v1/tokenpace/admin/status")).status_code == 401
                 r = await tenant.post("/v1/chat/completions", json=CHAT)
                 assert r.status_code == 200
+                assert (await tenant.get("/v1/models")).status_code == 200  # not a completion
                 await asyncio.sleep(0.1)  # output tokens are charged in batches
                 status = (await admin.get("/v1/tokenpace/admin/status")).json()
             assert status["ready"] is True
