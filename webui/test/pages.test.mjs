@@ -162,6 +162,31 @@ describe("demo page", () => {
     await page.close();
   });
 
+  test("a page hidden mid-reply sends the report as a beacon with the token", { timeout: 60_000 }, async () => {
+    const { page, reports } = await openDemo();
+    await enterKey(page, gw.demoKey);
+    await sendMessage(page, { tier: "chat", maxTokens: 400, text: "Another long answer" });
+    await eventually(async () => (await growth(page)).length >= 3, 20_000, "three tokens on screen");
+    // what the browser does when the user switches tabs (headless Chromium is never hidden)
+    await page.evaluate(() => {
+      Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
+      document.dispatchEvent(new Event("visibilitychange"));
+    });
+    const beacon = await eventually(() => reports[0], 10_000, "the beacon");
+    assert.equal(beacon.resourceType(), "ping", "sent with navigator.sendBeacon");
+    const headers = await beacon.allHeaders();
+    assert.equal(headers.authorization, undefined);
+    assert.equal(headers["x-tokenpace-telemetry-token"], undefined);
+    assert.match(headers["content-type"], /^text\/plain/);
+    const body = JSON.parse(beacon.postData());
+    assert.equal(body.outcome, "aborted");
+    assert.ok(body.telemetry_token.startsWith("tpt1."));
+    assert.ok(body.displayed.length >= 3);
+    const response = await eventually(() => beacon.response(), 10_000, "the beacon's answer");
+    assert.equal(response.status(), 200);
+    await page.close();
+  });
+
   test("the voice tier speaks the reply sentence by sentence", { timeout: 60_000 }, async () => {
     const { page } = await openDemo();
     assert.equal(await page.evaluate(() => "speechSynthesis" in window), true);
