@@ -23,19 +23,26 @@ const graphemes = new Intl.Segmenter(undefined, { granularity: "grapheme" });
 const words = new Intl.Segmenter(undefined, { granularity: "word" });
 const sentences = new Intl.Segmenter(undefined, { granularity: "sentence" });
 
-/** Offsets where a new piece starts after the first, in text that may still grow. */
-function pieceStarts(text: string, unit: "word" | "sentence"): number[] {
+/** Offsets where a new piece starts after the first; `final` when the text will not grow. */
+function pieceStarts(text: string, unit: "word" | "sentence", final: boolean): number[] {
   const starts: number[] = [];
   if (unit === "sentence") {
     for (const s of sentences.segment(text)) if (s.index > 0) starts.push(s.index);
     return starts;
   }
-  let seenWord = false;
+  // Each word-like segment after the first starts a piece. Where no space or punctuation
+  // separates it from the previous word (Chinese, Japanese), the break is trusted only
+  // once a further word has begun: the dictionary may still join the two ("と" + "て").
+  const wordStarts: Array<{ index: number; spaced: boolean }> = [];
+  let previousEnd = -1;
   for (const s of words.segment(text)) {
     if (!s.isWordLike) continue;
-    if (seenWord) starts.push(s.index);
-    seenWord = true;
+    wordStarts.push({ index: s.index, spaced: s.index !== previousEnd });
+    previousEnd = s.index + s.segment.length;
   }
+  wordStarts.forEach((w, i) => {
+    if (i > 0 && (final || w.spaced || i < wordStarts.length - 1)) starts.push(w.index);
+  });
   return starts;
 }
 
@@ -74,18 +81,24 @@ export class TextCutter<S> {
     }
     this.pending += text;
     this.spans.push({ end: this.pending.length, source });
+    return this.cut(false);
+  }
+
+  /** The text ended: the pieces left, all of them. */
+  flush(): Array<Piece<S>> {
+    const out = this.cut(true);
+    if (this.pending !== "") out.push(this.take(this.pending.length));
+    return out;
+  }
+
+  private cut(final: boolean): Array<Piece<S>> {
     const out: Array<Piece<S>> = [];
     let cut = 0;
-    for (const next of pieceStarts(this.pending, this.unit)) {
+    for (const next of pieceStarts(this.pending, this.unit, final)) {
       out.push(this.take(next - cut));
       cut = next;
     }
     return out;
-  }
-
-  /** The text ended: what is left, as one piece (none if nothing is left). */
-  flush(): Array<Piece<S>> {
-    return this.pending === "" ? [] : [this.take(this.pending.length)];
   }
 
   /** Remove the first `length` characters as a piece. */
