@@ -15,7 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 from test_gateway_support import MODEL, backend_entry, gateway, make_config, run_server, upstream
 
-from gateway.telemetry_token import TOKEN_HEADER, TokenClaims, sign
+from gateway.telemetry_token import TOKEN_HEADER, TokenClaims, sign, verify
 
 SECRET = "s" * 40
 URL = "/v1/tokenpace/telemetry"
@@ -102,6 +102,18 @@ async def test_forged_malformed_expired_and_missing_tokens_get_401() -> None:
                 # nothing was stored by the refused reports: the real token still works
                 r = await c.post(URL, json=report(rid), headers={TOKEN_HEADER: token})
                 assert r.status_code == 200, r.text
+
+
+async def test_tokens_live_token_ttl_s_and_name_their_request_and_tenant() -> None:
+    async with upstream() as fake:
+        config = make_config(
+            [backend_entry(fake, "up")], telemetry={"token_secret": SECRET, "token_ttl_s": 60}
+        )
+        async with gateway(config) as gw:
+            rid, token = await completion(gw)
+            claims = verify(SECRET.encode(), token, time.time())
+            assert (claims.request_id, claims.tenant) == (rid, "acme")
+            assert abs(claims.expires - (time.time() + 60)) < 5
 
 
 async def test_a_token_for_another_request_or_after_a_key_report_gets_403() -> None:
