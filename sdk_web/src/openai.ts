@@ -33,7 +33,7 @@ export interface OpenAIStreamWithResponse<T> {
  * becomes `.../v1/tokenpace/telemetry`; undefined for any other URL.
  */
 export function telemetryURL(requestURL: string): string | undefined {
-  const match = /^(.*)\/(?:chat\/)?completions(?:\?.*)?$/.exec(requestURL);
+  const match = /^(.*?)\/(?:chat\/)?completions(?:\?.*)?$/.exec(requestURL);
   return match ? `${match[1]}/tokenpace/telemetry` : undefined;
 }
 
