@@ -4,7 +4,7 @@
  */
 import { errorBody, TokenPaceError } from "./errors.js";
 import type { ServerSentEvent } from "./sse.js";
-import type { ChatCompletionChunk, ChunkChoice } from "./types.js";
+import type { ChatCompletionChunk, ChunkChoice, ChunkDelta } from "./types.js";
 
 /** Delta fields that carry streamed text; each is paced as its own text stream. */
 export const TEXT_FIELDS = ["content", "reasoning_content", "reasoning", "refusal"] as const;
@@ -66,7 +66,7 @@ export function chunkTexts(chunk: ChatCompletionChunk): ChunkText[] {
 
 /** Whether a choice delivers a tool call (a token, as the gateway counts it). */
 function hasToolCall(choice: ChunkChoice): boolean {
-  const calls = choice.delta?.["tool_calls"];
+  const calls = choice.delta?.tool_calls;
   return Array.isArray(calls) ? calls.length > 0 : Boolean(calls);
 }
 
@@ -108,10 +108,10 @@ export function withoutText<T extends ChatCompletionChunk>(chunk: T): T | undefi
   const choices = chunk.choices.map((choice) => {
     const copy: ChunkChoice = { ...choice };
     if (choice.delta) {
-      const delta = { ...choice.delta };
+      const delta: ChunkDelta = { ...choice.delta };
       for (const field of TEXT_FIELDS) delete delta[field];
       copy.delta = delta;
-      if (Object.values(delta).some((v) => v !== null && v !== undefined)) rest = true;
+      if (Object.values(delta).some((v: unknown) => v !== null && v !== undefined)) rest = true;
     } else {
       delete copy.text;
     }

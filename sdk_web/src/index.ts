@@ -35,4 +35,4 @@ export type { ReportAuth, TelemetryOptions, TelemetryReport, TelemetryResult } f
 export { DEFAULT_EXPECTATION, DEFAULT_TIER, requestInfo } from "./headers.js";
 export type { RequestInfo } from "./headers.js";
 export { SDK_NAME, SDK_VERSION } from "./version.js";
-export type { ChatCompletionChunk, ChunkChoice, Expectation, Outcome, QoE, Timeline, TimelineEntry } from "./types.js";
+export type { ChatCompletionChunk, ChunkChoice, ChunkDelta, Expectation, Outcome, QoE, Timeline, TimelineEntry } from "./types.js";

@@ -3,24 +3,35 @@
  * `openai` package's own types fit), timelines and QoE.
  */
 
+/** The streamed part of a chat message: what the SDK reads of it (other fields are kept). */
+export interface ChunkDelta {
+  role?: string | null;
+  content?: string | null;
+  reasoning_content?: string | null;
+  reasoning?: string | null;
+  refusal?: string | null;
+  tool_calls?: readonly unknown[] | null;
+}
+
 /** One choice of a streamed chunk; `delta` for chat completions, `text` for completions. */
 export interface ChunkChoice {
   index?: number;
-  delta?: Record<string, unknown> | null;
+  delta?: ChunkDelta | null;
   text?: string | null;
   finish_reason?: string | null;
-  [key: string]: unknown;
 }
 
-/** A `chat.completion.chunk` (or `text_completion`) event, as OpenAI streams it. */
+/**
+ * A `chat.completion.chunk` (or `text_completion`) event, as OpenAI streams it; the
+ * `openai` package's `ChatCompletionChunk` fits it, and every other field is kept.
+ */
 export interface ChatCompletionChunk {
   id?: string;
   object?: string;
   created?: number;
   model?: string;
   choices: ChunkChoice[];
-  usage?: { completion_tokens?: number; [key: string]: unknown } | null;
-  [key: string]: unknown;
+  usage?: { completion_tokens?: number } | null;
 }
 
 /** `[seconds since the request was sent, tokens]`, one entry per chunk or release. */
