@@ -20,6 +20,7 @@ import { requestInfo, type RequestInfo } from "./headers.js";
 import { timelineQoE } from "./qoe.js";
 import { ReleaseSchedule } from "./schedule.js";
 import { splitTokens, TextCutter, type Unit } from "./segment.js";
+import { isReadableStream } from "./sse.js";
 import {
   beaconReport,
   buildReport,
@@ -198,7 +199,7 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
   // -- reading: as fast as the source delivers ------------------------------------------
   private async read(source: ChunkSource<T>): Promise<void> {
     try {
-      if (source instanceof ReadableStream) {
+      if (isReadableStream(source)) {
         const reader = source.getReader();
         this.closeSource = () => void reader.cancel().catch(() => undefined);
         for (;;) {

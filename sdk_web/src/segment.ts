@@ -63,6 +63,21 @@ export function splitTokens(text: string, tokens: number): Array<{ text: string;
   return out;
 }
 
+/** Where a sentence may end (UAX #29: terminators and paragraph separators). */
+const SENTENCE_END = /[\p{Sentence_Terminal}\n\r\u0085\u2028\u2029]/u;
+/** A letter or digit after a sentence end settles whether the sentence ended there. */
+const SETTLES = /[\p{L}\p{N}]/u;
+
+/** Whether `text` leaves a sentence end not yet settled by a letter or digit, given the state before it. */
+function openSentenceEnd(text: string, openBefore: boolean): boolean {
+  let open = openBefore;
+  for (const ch of text) {
+    if (SENTENCE_END.test(ch)) open = true;
+    else if (SETTLES.test(ch)) open = false;
+  }
+  return open;
+}
+
 /** Incremental word or sentence cutter for one text stream (one choice, one field). */
 export class TextCutter<S> {
   private pending = "";
@@ -70,6 +85,8 @@ export class TextCutter<S> {
   private tokenEnds: number[] = [];
   /** End offset of each pushed text still in `pending`, with its source. */
   private spans: Array<{ end: number; source: S }> = [];
+  /** Sentences: a terminator in `pending` not yet followed by a letter or digit. */
+  private openEnd = false;
 
   constructor(private readonly unit: "word" | "sentence") {}
 
@@ -81,7 +98,16 @@ export class TextCutter<S> {
     }
     this.pending += text;
     this.spans.push({ end: this.pending.length, source });
-    return this.cut(false);
+    if (this.unit === "sentence") {
+      // A new sentence can begin only around a sentence end: without one open or new,
+      // skip segmenting (a long sentence would otherwise be scanned again at every token).
+      const open = this.openEnd;
+      this.openEnd = openSentenceEnd(text, open);
+      if (!open && !SENTENCE_END.test(text)) return [];
+    }
+    const pieces = this.cut(false);
+    if (pieces.length > 0 && this.unit === "sentence") this.openEnd = openSentenceEnd(this.pending, false);
+    return pieces;
   }
 
   /** The text ended: the pieces left, all of them. */

@@ -83,9 +83,14 @@ export async function* parseSSE(body: ByteSource): AsyncGenerator<ServerSentEven
   parser.end();
 }
 
+/** Whether `source` is a `ReadableStream` (of any realm or implementation): it has `getReader`. */
+export function isReadableStream<T>(source: ReadableStream<T> | AsyncIterable<T>): source is ReadableStream<T> {
+  return typeof (source as Partial<ReadableStream<T>>).getReader === "function";
+}
+
 /** A `ReadableStream` read chunk by chunk (cancelled when the loop stops), or the iterable itself. */
-export async function* iterateBytes(body: ByteSource): AsyncGenerator<Uint8Array> {
-  if (!(body instanceof ReadableStream)) {
+async function* iterateBytes(body: ByteSource): AsyncGenerator<Uint8Array> {
+  if (!isReadableStream(body)) {
     yield* body;
     return;
   }

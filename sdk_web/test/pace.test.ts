@@ -342,3 +342,28 @@ test("a paced stream is iterated once", () => {
   stream[Symbol.asyncIterator]();
   assert.throws(() => stream[Symbol.asyncIterator](), /only once/);
 });
+
+test("unit word: a last token that carries the finish reason (as vLLM sends it) is flushed before it", async () => {
+  const clock = new VirtualClock();
+  const last: ChatCompletionChunk = {
+    object: "chat.completion.chunk",
+    choices: [{ index: 0, delta: { content: " end" }, finish_reason: "length", logprobs: null } as ChatCompletionChunk["choices"][number]],
+  };
+  const events: Array<[number, ChatCompletionChunk]> = [
+    [0, roleChunk()],
+    [0, contentChunk("The")],
+    [1, last],
+  ];
+  const out = await collect(clock, paceStream(timedSource(clock, events), { clock, tds: 10, unit: "word" }));
+  assert.deepEqual(
+    out.map(([t, c]) => [t, textOf(c), c.choices[0]?.finish_reason ?? null]),
+    [
+      [0, "", null],
+      [1, "The ", null],
+      [101, "end", null],
+      [101, "", "length"],
+    ],
+  );
+  assert.equal(out[0]?.[1], events[0]?.[1], "the role chunk is passed as it came");
+  assert.deepEqual(out[3]?.[1].choices[0]?.delta, {}, "the finish chunk carries no text again");
+});

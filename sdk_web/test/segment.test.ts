@@ -52,6 +52,14 @@ test("sentences, in English, Chinese and Japanese", () => {
   assert.deepEqual(cutter.push("One. Two", 2, 0), [{ text: "One. ", tokens: 1, source: 0 }], "tokens spread over the chunk's text");
 });
 
+test("sentences streamed a character at a time are cut as the whole text is", () => {
+  const text = 'Pi is 3.14 today. Mr. Smith said e.g. this is fine! Really?\nYes. (Quoted.) "Done." Next line';
+  const whole = new TextCutter<number>("sentence");
+  const atOnce = texts([...whole.push(text, 1, 0), ...whole.flush()]);
+  assert.deepEqual(texts(streamed(text, "sentence")), atOnce);
+  assert.deepEqual(atOnce.slice(0, 3), ["Pi is 3.14 today. ", "Mr. ", "Smith said e.g. this is fine! "]);
+});
+
 test("a chunk of several tokens splits into whole graphemes, tokens spread", () => {
   assert.deepEqual(splitTokens("abcdef", 3), [
     { text: "ab", tokens: 1 },
