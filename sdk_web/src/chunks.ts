@@ -40,10 +40,14 @@ export async function* openAIChunks(
   throw new TokenPaceError("The stream ended before data: [DONE]: the connection was closed early.", {}, undefined, requestId);
 }
 
-/** One text stream inside a chunk: which choice, which field, what text. */
-export interface ChunkText {
+/** One text stream of a reply: which choice, which field. */
+export interface TextSlot {
   choice: number;
   field: TextField;
+}
+
+/** A chunk's text in one slot. */
+export interface ChunkText extends TextSlot {
   text: string;
 }
 
@@ -86,8 +90,8 @@ export function chunkTokens(chunk: ChatCompletionChunk, countedBefore: number): 
   return n;
 }
 
-/** A copy of `chunk` whose one choice carries `text` in `field` and nothing else new. */
-export function withText<T extends ChatCompletionChunk>(chunk: T, where: ChunkText, text: string): T {
+/** A copy of `chunk` whose one choice carries `text` in the slot's field and nothing else new. */
+export function withText<T extends ChatCompletionChunk>(chunk: T, where: TextSlot, text: string): T {
   const position = chunk.choices.findIndex((c, i) => (typeof c.index === "number" ? c.index : i) === where.choice);
   const choice = chunk.choices[position] as ChunkChoice;
   const copy: ChunkChoice =

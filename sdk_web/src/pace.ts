@@ -14,7 +14,7 @@
  * Once the stream ends it records when tokens arrived and when they were displayed
  * (seconds since the request was sent), their QoE, and sends the telemetry report.
  */
-import { chunkTexts, chunkTokens, withoutText, withText, type ChunkText } from "./chunks.js";
+import { chunkTexts, chunkTokens, withoutText, withText, type ChunkText, type TextSlot } from "./chunks.js";
 import { systemClock, type Clock } from "./clock.js";
 import { requestInfo, type RequestInfo } from "./headers.js";
 import { timelineQoE } from "./qoe.js";
@@ -106,8 +106,11 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
   private readonly start: number;
   private readonly schedule: ReleaseSchedule;
   private readonly telemetry: TelemetryOptions | undefined;
-  private readonly queue: Array<Item<T>> = [];
-  private readonly cutters = new Map<string, TextCutter<T>>();
+  /** The buffer: items not yet released are `queue[head...]`. */
+  private queue: Array<Item<T>> = [];
+  private head = 0;
+  /** Word and sentence cutters, one per text slot (choice and field). */
+  private readonly cutters = new Map<string, { slot: TextSlot; cutter: TextCutter<T> }>();
   private readonly arrivals: TimelineEntry[] = [];
   private readonly displayed: TimelineEntry[] = [];
   private counted = 0;
@@ -116,6 +119,7 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
   private aborted = false;
   private iterating = false;
   private wakeup: AbortController | undefined;
+  private waitingForData = false;
   private pull: Promise<unknown> = Promise.resolve();
   private closeSource: () => void = () => undefined;
   private reportSent = false;
@@ -217,7 +221,10 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
         }
       }
     } catch (error) {
-      if (!this.aborted) this.sourceError = error;
+      if (!this.aborted) {
+        this.sourceError = error;
+        this.closeSource(); // a chunk we could not read: let go of the request
+      }
     }
     if (!this.aborted) this.flushCutters(this.clock.now());
     this.sourceDone = true;
@@ -225,6 +232,9 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
   }
 
   private arrive(chunk: T): void {
+    if (typeof chunk !== "object" || chunk === null || !Array.isArray(chunk.choices)) {
+      throw new TypeError(`Not a chat completion chunk (no choices array): ${JSON.stringify(chunk)?.slice(0, 200)}`);
+    }
     const now = this.clock.now();
     const tokens = chunkTokens(chunk, this.counted);
     this.counted += tokens;
@@ -245,19 +255,19 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
       texts.forEach((where, i) => {
         const share = Math.floor(((i + 1) * tokens) / texts.length) - Math.floor((i * tokens) / texts.length);
         const key = `${where.choice}:${where.field}`;
-        let cutter = this.cutters.get(key);
-        if (cutter === undefined) {
-          cutter = new TextCutter<T>(this.unit as "word" | "sentence");
-          this.cutters.set(key, cutter);
+        let entry = this.cutters.get(key);
+        if (entry === undefined) {
+          entry = { slot: { choice: where.choice, field: where.field }, cutter: new TextCutter<T>(this.unit as "word" | "sentence") };
+          this.cutters.set(key, entry);
         }
-        for (const piece of cutter.push(where.text, share, chunk)) {
+        for (const piece of entry.cutter.push(where.text, share, chunk)) {
           this.enqueue(withText(piece.source, where, piece.text), piece.tokens, now);
         }
       });
       if (chunk.choices.some((c) => c.finish_reason != null)) this.flushCutters(now);
       this.enqueueRest(chunk, now);
     }
-    this.notify();
+    if (this.waitingForData) this.notify();
   }
 
   /** The role, finish reason or usage of a chunk whose text went out in pieces. */
@@ -267,11 +277,8 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
   }
 
   private flushCutters(now: number): void {
-    for (const [key, cutter] of this.cutters) {
-      const [choice, field] = key.split(":") as [string, ChunkText["field"]];
-      for (const piece of cutter.flush()) {
-        this.enqueue(withText(piece.source, { choice: Number(choice), field, text: piece.text }, piece.text), piece.tokens, now);
-      }
+    for (const { slot, cutter } of this.cutters.values()) {
+      for (const piece of cutter.flush()) this.enqueue(withText(piece.source, slot, piece.text), piece.tokens, now);
     }
   }
 
@@ -279,11 +286,20 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
     this.queue.push({ chunk, tokens, ready });
   }
 
+  /** Take the head of the buffer (dropping released items in bulk, not one shift at a time). */
+  private dequeue(): void {
+    this.head++;
+    if (this.head >= 1024 && this.head * 2 >= this.queue.length) {
+      this.queue = this.queue.slice(this.head);
+      this.head = 0;
+    }
+  }
+
   // -- releasing: on the schedule -------------------------------------------------------
   private async next(): Promise<IteratorResult<T>> {
     for (;;) {
       if (this.aborted) return { done: true, value: undefined };
-      const item = this.queue[0];
+      const item = this.queue[this.head];
       if (item !== undefined) {
         const now = this.clock.now();
         const at = this.sourceDone && this.flushAtEnd ? now : this.schedule.releaseAt(item.ready, item.tokens);
@@ -291,15 +307,17 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
           await this.wait(at - now);
           continue;
         }
-        this.queue.shift();
+        this.dequeue();
         this.schedule.released(now, item.tokens);
         if (item.tokens > 0) this.displayed.push([this.seconds(now), item.tokens]);
         return { done: false, value: item.chunk };
       }
       if (this.sourceDone) {
         if (this.sourceError !== undefined) {
+          const error = this.sourceError;
+          this.sourceError = undefined; // thrown once; the iteration is then done
           this.finish("error");
-          throw this.sourceError;
+          throw error;
         }
         this.finish("completed");
         return { done: true, value: undefined };
@@ -308,12 +326,17 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
     }
   }
 
-  /** Sleep `ms` (or until woken when undefined); anything that changes the buffer wakes it. */
-  private wait(ms: number | undefined): Promise<void> {
+  /**
+   * Sleep `ms`, or until a chunk arrives when `ms` is undefined; the source's end and
+   * `abort()` wake either (under `flush`, the end releases what a sleep was waiting for).
+   */
+  private async wait(ms: number | undefined): Promise<void> {
     const wakeup = new AbortController();
     this.wakeup = wakeup;
-    if (ms !== undefined) return this.clock.sleep(ms, wakeup.signal);
-    return new Promise((resolve) => wakeup.signal.addEventListener("abort", () => resolve(), { once: true }));
+    this.waitingForData = ms === undefined;
+    if (ms !== undefined) await this.clock.sleep(ms, wakeup.signal);
+    else await new Promise<void>((resolve) => wakeup.signal.addEventListener("abort", () => resolve(), { once: true }));
+    this.waitingForData = false;
   }
 
   private notify(): void {
@@ -361,7 +384,7 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
 
   /** The page is going away before the stream ended: report what the user saw, by beacon. */
   private reportOnExit(): void {
-    const report = this.report(this.outcome ?? "aborted");
+    const report = this.report("aborted");
     if (report === undefined) return;
     const url = (this.telemetry as TelemetryOptions & { url: string }).url;
     const token = this.info.telemetryToken;

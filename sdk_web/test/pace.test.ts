@@ -367,3 +367,30 @@ test("unit word: a last token that carries the finish reason (as vLLM sends it) 
   assert.equal(out[0]?.[1], events[0]?.[1], "the role chunk is passed as it came");
   assert.deepEqual(out[3]?.[1].choices[0]?.delta, {}, "the finish chunk carries no text again");
 });
+
+test("a source that yields something other than a chunk: a clear error, and the source is closed", async () => {
+  const clock = new VirtualClock();
+  let closed = false;
+  async function* source(): AsyncGenerator<ChatCompletionChunk> {
+    try {
+      yield contentChunk("ok");
+      yield { id: "x" } as unknown as ChatCompletionChunk;
+      yield contentChunk("never read");
+    } finally {
+      closed = true;
+    }
+  }
+  const stream = paceStream(source(), { clock, tds: 10 });
+  const seen: string[] = [];
+  await assert.rejects(
+    clock.run(
+      (async () => {
+        for await (const c of stream) seen.push(textOf(c));
+      })(),
+    ),
+    /Not a chat completion chunk \(no choices array\): \{"id":"x"\}/,
+  );
+  assert.deepEqual(seen, ["ok"]);
+  assert.ok(closed);
+  assert.equal(stream.outcome, "error");
+});
