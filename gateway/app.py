@@ -641,10 +641,20 @@ def _add_routes(app: FastAPI) -> None:
             429: {"model": ErrorResponse, "description": "Too many reports (Retry-After)"},
         },
         openapi_extra={
+            "parameters": [
+                {
+                    "name": TOKEN_HEADER,
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "the request's telemetry token, instead of the API key "
+                    "(or, text/plain for sendBeacon, as the body's 'telemetry_token')",
+                }
+            ],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": _TELEMETRY_SCHEMA}},
-            }
+            },
         },
     )
     async def telemetry(
