@@ -9,6 +9,9 @@ export interface Clock {
   sleep(ms: number, signal?: AbortSignal): Promise<void>;
 }
 
+/** The longest delay `setTimeout` takes (a longer one fires at once); a longer sleep ends early and is taken again. */
+const MAX_TIMEOUT_MS = 2 ** 31 - 1;
+
 /** `performance.now()` and `setTimeout`: the clock of browsers and Node. */
 export const systemClock: Clock = {
   now: () => performance.now(),
@@ -23,7 +26,7 @@ export const systemClock: Clock = {
         signal?.removeEventListener("abort", done);
         resolve();
       };
-      const timer = setTimeout(done, Math.max(ms, 0));
+      const timer = setTimeout(done, Math.min(Math.max(ms, 0), MAX_TIMEOUT_MS));
       signal?.addEventListener("abort", done, { once: true });
     });
   },

@@ -40,6 +40,7 @@ export function telemetryURL(requestURL: string): string | undefined {
 /**
  * Pace an `openai` stream. Telemetry goes to the URL next to the request's, with the
  * telemetry token from the response, else `telemetry.apiKey`; `telemetry: false` sends none.
+ * The request counts as sent when `paceOpenAI` is called (give `requestStart` otherwise).
  */
 export async function paceOpenAI<T extends ChatCompletionChunk>(
   withResponse: PromiseLike<OpenAIStreamWithResponse<T>> | OpenAIStreamWithResponse<T>,

@@ -59,7 +59,7 @@ export class VirtualClock implements Clock {
       if (settled) return task;
       this.timers.sort((a, b) => a.at - b.at || a.seq - b.seq);
       const next = this.timers.shift();
-      if (next === undefined) throw new Error("virtual clock: the task waits on something that is not a timer");
+      if (next === undefined) throw new Error("virtual clock: the code under test waits on something that is not a timer");
       this.time = Math.max(this.time, next.at);
       next.resolve();
     }
