@@ -30,9 +30,10 @@ export function coalesce(timeline: readonly TimelineEntry[], limit: number): Tim
   return out;
 }
 
-/** Seconds rounded up to the microsecond, as the report writes them. */
+/** Seconds rounded up to the microsecond, as the report writes them (never earlier than measured). */
 export function ceilMicroseconds(seconds: number): number {
-  return Math.ceil(seconds * 1e6) / 1e6;
+  const rounded = Math.round(seconds * 1e6) / 1e6;
+  return rounded >= seconds ? rounded : (Math.round(rounded * 1e6) + 1) / 1e6;
 }
 
 /** A timeline as the report carries it: coalesced to `limit` entries, times rounded up. */

@@ -6,7 +6,8 @@
  * A word piece is a word with the spaces and punctuation that follow it ("world. "); a
  * sentence piece is a sentence with its trailing space. A piece is complete once the
  * next one has begun (or the text has ended), and then carries the tokens whose text
- * ends inside it: a chunk of n tokens spreads them evenly over its text.
+ * ends inside it: a chunk of n tokens spreads them evenly over its text. A piece in which
+ * no token ends joins the next one, so that one token's text goes out at once.
  */
 
 /** A unit of release: its text, the tokens it holds, and the source of its last character. */
@@ -121,6 +122,8 @@ export class TextCutter<S> {
     const out: Array<Piece<S>> = [];
     let cut = 0;
     for (const next of pieceStarts(this.pending, this.unit, final)) {
+      // A piece in which no token ends (one token spanning two words) joins the next one.
+      if (!this.tokenEnds.some((end) => end <= next - cut)) continue;
       out.push(this.take(next - cut));
       cut = next;
     }

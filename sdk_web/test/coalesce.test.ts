@@ -33,6 +33,7 @@ test("times are rounded up to the microsecond, never earlier than measured", () 
     assert.ok(Number.isInteger(Math.round(r * 1e6)) && Math.abs(r * 1e6 - Math.round(r * 1e6)) < 1e-6);
   }
   assert.deepEqual(reportTimeline([[0.4123451, 1]], 10), [[0.412346, 1]]);
+  assert.equal(ceilMicroseconds(0.412), 0.412, "a time already on the microsecond is kept");
 });
 
 test("a 20,000-token reply reports under 64 KiB, and coalescing never flatters the QoE", () => {

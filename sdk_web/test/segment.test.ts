@@ -22,6 +22,13 @@ test("words: a word with the spaces and punctuation after it, complete once the 
   assert.deepEqual(texts(streamed("It's 3.14 today, isn't it?", "word")), ["It's ", "3.14 ", "today, ", "isn't ", "it?"]);
 });
 
+test("a word in which no token ends goes out with the next word", () => {
+  const cutter = new TextCutter<number>("word");
+  assert.deepEqual(cutter.push("Hello big", 1, 0), [], "one token: Hello and big are the same token");
+  assert.deepEqual(cutter.push(" world", 1, 1), [{ text: "Hello big ", tokens: 1, source: 1 }]);
+  assert.deepEqual(cutter.flush(), [{ text: "world", tokens: 1, source: 1 }]);
+});
+
 test("Chinese words are cut by the dictionary, not per character nor per sentence", () => {
   const text = "我们今天去公园散步，然后一起吃晚饭。";
   const pieces = streamed(text, "word");
@@ -55,7 +62,7 @@ test("sentences, in English, Chinese and Japanese", () => {
 test("sentences streamed a character at a time are cut as the whole text is", () => {
   const text = 'Pi is 3.14 today. Mr. Smith said e.g. this is fine! Really?\nYes. (Quoted.) "Done." Next line';
   const whole = new TextCutter<number>("sentence");
-  const atOnce = texts([...whole.push(text, 1, 0), ...whole.flush()]);
+  const atOnce = texts([...whole.push(text, text.length, 0), ...whole.flush()]);
   assert.deepEqual(texts(streamed(text, "sentence")), atOnce);
   assert.deepEqual(atOnce.slice(0, 3), ["Pi is 3.14 today. ", "Mr. ", "Smith said e.g. this is fine! "]);
 });
