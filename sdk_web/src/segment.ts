@@ -48,20 +48,26 @@ function pieceStarts(text: string, unit: "word" | "sentence", final: boolean): n
 }
 
 /**
- * `text` of `tokens` tokens cut into at most `tokens` pieces of whole graphemes, the
- * tokens spread over them (for a chunk that carries several tokens in one delta).
+ * `text` of `tokens` tokens (a chunk that carries several) cut into at most `tokens`
+ * pieces: between words where it can (the longest piece halved, by graphemes, while
+ * there are fewer pieces than tokens; neighbours joined while there are more). A piece a
+ * token, the tokens the text is too short for on the last, as the Python client cuts.
  */
 export function splitTokens(text: string, tokens: number): Array<{ text: string; tokens: number }> {
-  const parts = Array.from(graphemes.segment(text), (s) => s.segment);
-  const count = Math.max(1, Math.min(tokens, parts.length));
-  const out: Array<{ text: string; tokens: number }> = [];
-  for (let j = 0; j < count; j++) {
-    const from = Math.floor((j * parts.length) / count);
-    const to = Math.floor(((j + 1) * parts.length) / count);
-    const n = Math.floor(((j + 1) * tokens) / count) - Math.floor((j * tokens) / count);
-    out.push({ text: parts.slice(from, to).join(""), tokens: n });
+  const bounds = [0, ...pieceStarts(text, "word", true), text.length];
+  let parts = bounds.slice(1).map((end, i) => Array.from(graphemes.segment(text.slice(bounds[i], end)), (g) => g.segment));
+  while (parts.length < tokens) {
+    const longest = parts.reduce((best, part, i) => (part.length > (parts[best] as string[]).length ? i : best), 0);
+    const part = parts[longest] as string[];
+    if (part.length < 2) break;
+    const half = Math.floor(part.length / 2);
+    parts.splice(longest, 1, part.slice(0, half), part.slice(half));
   }
-  return out;
+  if (parts.length > tokens) {
+    const k = parts.length;
+    parts = Array.from({ length: tokens }, (_, j) => parts.slice(Math.floor((j * k) / tokens), Math.floor(((j + 1) * k) / tokens)).flat());
+  }
+  return parts.map((part, i) => ({ text: part.join(""), tokens: i === parts.length - 1 ? tokens - parts.length + 1 : 1 }));
 }
 
 /** Where a sentence may end (UAX #29: terminators and paragraph separators). */

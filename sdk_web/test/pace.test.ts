@@ -112,9 +112,9 @@ test("a chunk of several tokens (running usage) becomes copies of one token each
   assert.deepEqual(
     pieces.map(([t, c]) => [t, textOf(c)]),
     [
-      [0, "Hell"],
-      [500, "o wo"],
-      [1000, "rld!"],
+      [0, "Hel"],
+      [500, "lo "],
+      [1000, "world!"],
     ],
   );
   for (const [, c] of pieces) {

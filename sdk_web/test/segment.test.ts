@@ -67,14 +67,22 @@ test("sentences streamed a character at a time are cut as the whole text is", ()
   assert.deepEqual(atOnce.slice(0, 3), ["Pi is 3.14 today. ", "Mr. ", "Smith said e.g. this is fine! "]);
 });
 
-test("a chunk of several tokens splits into whole graphemes, tokens spread", () => {
-  assert.deepEqual(splitTokens("abcdef", 3), [
-    { text: "ab", tokens: 1 },
-    { text: "cd", tokens: 1 },
-    { text: "ef", tokens: 1 },
+test("a chunk of several tokens splits between words where it can, else within them (whole graphemes)", () => {
+  assert.deepEqual(splitTokens("Hello big world", 3), [
+    { text: "Hello ", tokens: 1 },
+    { text: "big ", tokens: 1 },
+    { text: "world", tokens: 1 },
+  ]);
+  assert.deepEqual(splitTokens("one two three four", 2), [
+    { text: "one two ", tokens: 1 },
+    { text: "three four", tokens: 1 },
+  ]);
+  assert.deepEqual(splitTokens("Hello", 2), [
+    { text: "He", tokens: 1 },
+    { text: "llo", tokens: 1 },
   ]);
   assert.deepEqual(splitTokens("👍🏽!", 4), [
-    { text: "👍🏽", tokens: 2 },
-    { text: "!", tokens: 2 },
+    { text: "👍🏽", tokens: 1 },
+    { text: "!", tokens: 3 },
   ]);
 });
