@@ -105,13 +105,11 @@ async function streamChat(
   let response: Response;
   try {
     response = await fetchFn(url, { method: "POST", headers, body: JSON.stringify(body), signal: controller.signal });
-  } catch (error) {
-    signal?.removeEventListener("abort", onAbort);
-    throw error;
+  } finally {
+    signal?.removeEventListener("abort", onAbort); // from here the paced stream watches it
   }
   const requestId = response.headers.get("X-Request-Id") ?? undefined;
   if (!response.ok || response.body === null) {
-    signal?.removeEventListener("abort", onAbort);
     const text = await response.text().catch(() => "");
     let parsed: unknown;
     try {

@@ -125,6 +125,7 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
   private reportSent = false;
   private resolveReported: (result: TelemetryResult | undefined) => void = () => undefined;
   private stopWatchingPage: () => void = () => undefined;
+  private detachSignal: () => void = () => undefined;
 
   constructor(
     source: ChunkSource<T>,
@@ -153,10 +154,14 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
     });
     if (this.telemetry === undefined) this.resolveReported(undefined);
     else this.stopWatchingPage = onPageExit(() => this.reportOnExit());
+    void this.read(source); // sets closeSource before its first await
     const signal = options.signal;
     if (signal?.aborted) this.abort();
-    else signal?.addEventListener("abort", () => this.abort(), { once: true });
-    void this.read(source);
+    else if (signal !== undefined) {
+      const onAbort = (): void => this.abort();
+      signal.addEventListener("abort", onAbort, { once: true });
+      this.detachSignal = () => signal.removeEventListener("abort", onAbort);
+    }
   }
 
   get requestId(): string | undefined {
@@ -354,6 +359,7 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
     this.timeline = { arrivals: [...this.arrivals], displayed: [...this.displayed] };
     this.qoe = timelineQoE(this.timeline, this.info.expected);
     this.stopWatchingPage();
+    this.detachSignal();
     const report = this.report(outcome);
     if (report !== undefined) void this.post(report);
   }

@@ -394,3 +394,17 @@ test("a source that yields something other than a chunk: a clear error, and the 
   assert.ok(closed);
   assert.equal(stream.outcome, "error");
 });
+
+test("a signal aborted before pacing starts closes the source at once", async () => {
+  let cancelled = false;
+  const source = new ReadableStream<ChatCompletionChunk>({
+    pull: () => new Promise(() => undefined),
+    cancel() {
+      cancelled = true;
+    },
+  });
+  const stream = paceStream(source, { signal: AbortSignal.abort() });
+  assert.equal(stream.outcome, "aborted");
+  assert.ok(cancelled);
+  for await (const _ of stream) assert.fail("nothing is released");
+});
