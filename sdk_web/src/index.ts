@@ -17,7 +17,7 @@ export type { ErrorBody } from "./errors.js";
 export { parseSSE, SSEParser } from "./sse.js";
 export type { ByteSource, ServerSentEvent } from "./sse.js";
 export { chunkTexts, chunkTokens, openAIChunks, withoutText, withText } from "./chunks.js";
-export type { ChunkText, TextField } from "./chunks.js";
+export type { ChunkText, TextField, TextSlot } from "./chunks.js";
 export { splitTokens, TextCutter } from "./segment.js";
 export type { Piece, Unit } from "./segment.js";
 export { ReleaseSchedule, releaseTimes } from "./schedule.js";
