@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint format bench-qoe clean run vllm system-deps bench-gateway
+.PHONY: venv test lint format bench-qoe clean run vllm system-deps bench-gateway webui sdk-web
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,12 +29,41 @@ format: venv
 vllm:
 	PYTHON=$(PYTHON) scripts/setup-vllm.sh
 
-# System packages the tests use (redis-server, from Debian); a no-op when present.
+# System packages the tests use (redis-server and chromium, from Debian; Node.js when it
+# is missing); a no-op when present.
 system-deps:
 	scripts/install-system-deps.sh
 
-test: venv lint vllm system-deps
+# The web SDK (sdk_web/) and the gateway's web pages (webui/: /demo and /dashboard, built
+# with the SDK and uPlot into webui/dist, which the gateway serves). `npm ci` installs
+# each lock file's exact versions; the stamps keep both from being redone every time.
+NPM ?= npm
+NPM_CI := $(NPM) ci --no-audit --no-fund --loglevel=error
+sdk_web/node_modules/.installed: sdk_web/package.json sdk_web/package-lock.json
+	scripts/check-node.sh
+	cd sdk_web && $(NPM_CI)
+	touch $@
+
+webui/node_modules/.installed: webui/package.json webui/package-lock.json
+	scripts/check-node.sh
+	cd webui && $(NPM_CI)
+	touch $@
+
+sdk-web: sdk_web/node_modules/.installed
+	cd sdk_web && $(NPM) run build
+
+WEBUI_SOURCES := $(wildcard webui/src/* sdk_web/src/*.ts) webui/build.mjs
+webui/.built: webui/node_modules/.installed $(WEBUI_SOURCES)
+	cd webui && $(NPM) run build
+	touch $@
+
+webui: webui/.built
+
+# Python tests, then the web SDK's unit tests, then the pages in Chromium (webui/test/).
+test: venv lint vllm system-deps sdk-web webui
 	$(BIN)/pytest -q
+	cd sdk_web && $(NPM) test
+	cd webui && $(NPM) test
 
 bench-qoe: venv
 	$(BIN)/tokenpace bench qoe --out results/qoe
@@ -50,11 +79,12 @@ $(LITELLM_VENV)/bin/litellm:
 bench-gateway: venv $(LITELLM_VENV)/bin/litellm
 	$(BIN)/python bench/gateway_load.py --litellm $(LITELLM_VENV)/bin/litellm --out results/gateway_load
 
-# The gateway on its embedded SIMULATED engine (no model runs); `make run PORT=9000`.
+# The gateway on its embedded SIMULATED engine (no model runs), with its pages /demo and
+# /dashboard; `make run PORT=9000`.
 run: HOST = 127.0.0.1
 run: PORT = 8000
-run: venv
+run: venv webui
 	$(BIN)/tokenpace serve --host $(HOST) --port $(PORT)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache webui/dist webui/.built webui/test-artifacts

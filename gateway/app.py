@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import gateway.embedded  # noqa: F401 - registers the backend kind "embedded" (the demo)
 from gateway.admin import add_admin_routes, is_admin
+from gateway.admin_status import add_status_route
 from gateway.admission import (
     AdmissionController,
     Ticket,
@@ -73,6 +74,7 @@ from gateway.errors import (
 from gateway.keys import KeyCache
 from gateway.logs import request_id_var
 from gateway.metrics import UNKNOWN, GatewayMetrics
+from gateway.pages import add_page_routes
 from gateway.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -86,7 +88,8 @@ from gateway.schemas import (
 from gateway.state import GatewayState
 from gateway.store import ResilientStore, StoreUnavailable, build_store
 from gateway.streaming import StreamRelay
-from gateway.telemetry import Telemetry, TelemetryReport
+from gateway.telemetry import Telemetry, TelemetryReport, check_size
+from gateway.telemetry_token import TOKEN_HEADER, TelemetryTokens, missing_credentials, split_token
 from gateway.tiers import TIER_HEADER, resolve_tier
 
 T = TypeVar("T")
@@ -302,6 +305,10 @@ _TP_HEADERS = {
         "description": "expected token delivery speed, tokens/s",
         "schema": {"type": "number"},
     },
+    TOKEN_HEADER: {
+        "description": "authenticates the telemetry report on this request without the API key",
+        "schema": {"type": "string"},
+    },
 }
 _SSE_DOC = (
     "With `stream: true`: `text/event-stream` of `data: {chunk}` events, `data: [DONE]` "
@@ -441,7 +448,11 @@ async def _serve(
         except ClientGone:
             return _client_gone(info)
         ctx.backend = gw.admission.preferred(ticket.backend)
-        headers = {**headers, **ticket.rate.headers()}
+        headers = {
+            **headers,
+            **ticket.rate.headers(),
+            **await gw.telemetry_tokens.header(ctx.request_id, tenant.name),
+        }
         if stream:
             return await _serve_stream(request, gw, raw, ctx, info, headers, ticket)
         return await _serve_complete(request, gw, raw, ctx, info, headers, ticket)
@@ -621,23 +632,51 @@ def _add_routes(app: FastAPI) -> None:
         summary="Report the QoE timelines of one request (SDKs)",
         responses={
             **{k: _ERROR_RESPONSES[k] for k in (400, 401, 413)},
+            403: {
+                "model": ErrorResponse,
+                "description": "The telemetry token is for another request, or already used",
+            },
             404: {"model": ErrorResponse, "description": "Not a request id of this tenant"},
             409: {"model": ErrorResponse, "description": "The request was already reported"},
             429: {"model": ErrorResponse, "description": "Too many reports (Retry-After)"},
         },
         openapi_extra={
+            "parameters": [
+                {
+                    "name": TOKEN_HEADER,
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "the request's telemetry token, instead of the API key "
+                    "(or, text/plain for sendBeacon, as the body's 'telemetry_token')",
+                }
+            ],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": _TELEMETRY_SCHEMA}},
-            }
+            },
         },
     )
     async def telemetry(
-        request: Request, tenant: Annotated[TenantConfig, Security(tenant_dependency)]
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     ) -> dict[str, Any]:
+        """With the API key, or the response's telemetry token (header, or in the body)."""
+        gw = _gw(request)
         body = await request.body()
+        auth = request.headers.get("authorization")
         try:
-            return await _gw(request).telemetry.report(tenant.name, body)
+            if auth:
+                tenant = await authenticate(gw, auth)
+                _info(request)["tenant"] = tenant.name
+                return await gw.telemetry.report(tenant.name, body)
+            check_size(body, gw.config.telemetry.max_body_bytes)
+            sent = split_token(request.headers, body)
+            if sent.token is None:
+                raise missing_credentials()
+            claims = await gw.telemetry_tokens.verify(sent.token)
+            _info(request)["tenant"] = claims.tenant
+            return await gw.telemetry.report(claims.tenant, sent.body, claims.request_id)
         except StoreUnavailable:
             raise store_unavailable() from None
 
@@ -713,6 +752,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     )
     gw.admission = AdmissionController(gw, store)
     gw.telemetry = Telemetry(gw)
+    gw.telemetry_tokens = TelemetryTokens(gw)
     if isinstance(store, ResilientStore):
         store.on_reconnect = gw.admission.renew
 
@@ -773,18 +813,21 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     install_error_handlers(app, auth_first=_auth_for_validation)
     _add_routes(app)
     add_admin_routes(app)
+    add_status_route(app)
+    add_page_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     if config.cors.allow_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=config.cors.allow_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", TIER_HEADER],
+            allow_headers=["Authorization", "Content-Type", TIER_HEADER, TOKEN_HEADER],
             expose_headers=[
                 "X-Request-Id",
                 "X-TokenPace-Tier",
                 "X-TokenPace-TTFT",
                 "X-TokenPace-TDS",
+                TOKEN_HEADER,
                 "Retry-After",
                 "x-ratelimit-limit-requests",
                 "x-ratelimit-remaining-requests",

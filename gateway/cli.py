@@ -7,9 +7,10 @@ parsed ``argparse.Namespace`` and returning an exit code. :func:`serve` and
 works on its own.
 
 Without ``--config`` (or ``$TOKENPACE_CONFIG``), ``serve`` starts the demo
-configuration: one tenant ``demo`` with a fresh key (or ``$TOKENPACE_DEMO_KEY``) and the
-embedded simulated engine (:mod:`gateway.embedded`, model ``tokenpace-sim``) as the
-backend. It prints the key, the URL and ready-to-paste curl and openai examples.
+configuration: one tenant ``demo`` with a fresh key (or ``$TOKENPACE_DEMO_KEY``), a fresh
+admin key (or ``$TOKENPACE_ADMIN_KEY``) and the embedded simulated engine
+(:mod:`gateway.embedded`, model ``tokenpace-sim``) as the backend. It prints the keys,
+the URLs of the web pages and ready-to-paste curl and openai examples.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ from gateway.config import (
     demo_config,
     hash_key,
     load_config,
+    new_api_key,
 )
+from gateway.pages import PAGES, is_built
 
 DEMO_KEY_ENV = "TOKENPACE_DEMO_KEY"
+ADMIN_KEY_ENV = "TOKENPACE_ADMIN_KEY"
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -86,8 +90,17 @@ def _display_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
-def banner(config: GatewayConfig, url: str, demo_key: str | None) -> str:
-    """What ``serve`` prints: where it listens and, for the demo, how to call it."""
+def _pages(url: str) -> list[str]:
+    if not is_built():
+        return ["  web pages (/demo, /dashboard): not built; run `make webui`"]
+    demo, dashboard = (f"{url}{route}" for route in PAGES)
+    return [f"  demo page:  {demo}", f"  dashboard:  {dashboard} (the admin key)"]
+
+
+def banner(
+    config: GatewayConfig, url: str, demo_key: str | None, admin_key: str | None = None
+) -> str:
+    """What ``serve`` prints: where it listens, its pages and, for the demo, how to call it."""
     models = [m for b in config.backends for m in b.models if m != "*"]
     model = models[0] if models else DEMO_MODEL
     lines = [f"tokenpace gateway listening on {url}"]
@@ -97,6 +110,7 @@ def banner(config: GatewayConfig, url: str, demo_key: str | None) -> str:
     )
     if not config.backends:
         lines.append("  note: no backend configured; /readyz answers 503 and requests 404")
+    lines += _pages(url)
     if any(b.kind == "embedded" for b in config.backends):
         lines.append(
             "  backend: the embedded SIMULATED engine (qos.sim, Andes): placeholder text, "
@@ -112,6 +126,7 @@ def banner(config: GatewayConfig, url: str, demo_key: str | None) -> str:
         "Demo configuration (no --config given):",
         "  tenant: demo",
         f"  API key: {demo_key}",
+        *([f"  admin key (dashboard): {admin_key}"] if admin_key else []),
         "",
         "curl:",
         f"  curl -N {url}/v1/chat/completions \\",
@@ -135,15 +150,18 @@ def banner(config: GatewayConfig, url: str, demo_key: str | None) -> str:
     return "\n".join(lines)
 
 
-def load_serve_config(config_path: str | None) -> tuple[GatewayConfig, str | None]:
-    """The configuration ``serve`` runs: the file, else the demo (returns its key)."""
+def load_serve_config(
+    config_path: str | None,
+) -> tuple[GatewayConfig, str | None, str | None]:
+    """The configuration ``serve`` runs: the file, else the demo (and its two keys)."""
     import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
 
     path = config_path or os.environ.get(CONFIG_ENV) or None
     if path:
-        return load_config(path), None
-    config, key = demo_config(os.environ.get(DEMO_KEY_ENV) or None)
-    return config, key
+        return load_config(path), None, None
+    admin_key = os.environ.get(ADMIN_KEY_ENV) or new_api_key("tp-admin-")
+    config, key = demo_config(os.environ.get(DEMO_KEY_ENV) or None, admin_key=admin_key)
+    return config, key, admin_key
 
 
 def _serve_ns(ns: argparse.Namespace) -> int:
@@ -153,7 +171,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     from gateway.logs import setup_logging
 
     try:
-        config, demo_key = load_serve_config(ns.config)
+        config, demo_key, admin_key = load_serve_config(ns.config)
     except ConfigError as exc:
         print(f"tokenpace serve: {exc}", file=sys.stderr)
         return 2
@@ -167,7 +185,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     except ConfigError as exc:  # backend options are checked when the backend is built
         print(f"tokenpace serve: {exc}", file=sys.stderr)
         return 2
-    print(banner(config, f"http://{_display_host(host)}:{port}", demo_key), flush=True)
+    url = f"http://{_display_host(host)}:{port}"
+    print(banner(config, url, demo_key, admin_key), flush=True)
     freeze_startup_objects()
     server = uvicorn.Server(
         uvicorn.Config(

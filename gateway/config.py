@@ -313,6 +313,16 @@ class TelemetryConfig(_Strict):
     max_records: int = Field(1_000_000, ge=100, description="records kept at most")
     buffer_max: int = Field(10000, ge=0, description="records held while Redis is down")
     window_s: int = Field(3600, ge=1, description="default window of GET /v1/tokenpace/qoe")
+    token_ttl_s: int = Field(
+        900, ge=10, le=86400, description="a telemetry token is valid this long after issue"
+    )
+    token_secret: str | None = Field(
+        None,
+        min_length=32,
+        repr=False,
+        description="HMAC key of telemetry tokens, the same on every replica; "
+        "omitted = one created once in the shared store",
+    )
 
 
 class AdminConfig(_Strict):
@@ -533,13 +543,16 @@ def new_api_key(prefix: str = "tp-") -> str:
 
 
 def demo_config(
-    key: str | None = None, backends: list[dict[str, Any]] | None = None
+    key: str | None = None,
+    backends: list[dict[str, Any]] | None = None,
+    admin_key: str | None = None,
 ) -> tuple[GatewayConfig, str]:
     """The configuration ``tokenpace serve`` uses without a file.
 
     One tenant ``demo`` (every tier, custom tiers allowed) whose key is ``key`` or a new
     random one; ``backends`` defaults to the embedded engine when one is registered
-    (kind ``embedded``, model ``tokenpace-sim``), else none. Returns (config, plain key).
+    (kind ``embedded``, model ``tokenpace-sim``), else none; the admin key (the
+    dashboard's) is ``admin_key``, else none. Returns (config, plain key).
     """
     key = key or new_api_key("tp-demo-")
     if backends is None:
@@ -555,4 +568,6 @@ def demo_config(
         ],
         "backends": backends,
     }
+    if admin_key:
+        data["admin"] = {"key": admin_key}
     return parse_config(data, "built-in demo configuration"), key

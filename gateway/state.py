@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gateway.keys import KeyCache
     from gateway.store import Store
     from gateway.telemetry import Telemetry
+    from gateway.telemetry_token import TelemetryTokens
 
 
 @dataclass(eq=False)
@@ -34,5 +35,6 @@ class GatewayState:
     keys: KeyCache
     admission: AdmissionController = field(init=False)
     telemetry: Telemetry = field(init=False)
+    telemetry_tokens: TelemetryTokens = field(init=False)
     http: httpx.AsyncClient | None = None
     started: bool = field(default=False)

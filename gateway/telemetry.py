@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.backends import RequestContext
-from gateway.errors import GatewayError, bad_request, validation_error
+from gateway.errors import GatewayError, bad_request, forbidden, validation_error
 from gateway.ratelimit import retry_after_header
 from gateway.state import GatewayState
 from gateway.store import QoERecord, StoreUnavailable
@@ -203,15 +203,17 @@ class Telemetry:
                 log.warning("writing QoE records failed", exc_info=True)
 
     # -- client side --------------------------------------------------------------------------
-    async def report(self, tenant: str, body: bytes) -> dict[str, Any]:
-        """Validate, check ownership, recompute, store; raise GatewayError otherwise."""
+    async def report(
+        self, tenant: str, body: bytes, token_request_id: str | None = None
+    ) -> dict[str, Any]:
+        """Validate, check ownership, recompute, store; raise GatewayError otherwise.
+
+        ``token_request_id``: the report came with a telemetry token for that request
+        (:mod:`gateway.telemetry_token`); a report on another request, or a second one on
+        it (the token used again), gets 403.
+        """
         cfg = self.cfg
-        if len(body) > cfg.max_body_bytes:
-            raise GatewayError(
-                413,
-                f"Telemetry report too large: the limit is {cfg.max_body_bytes} bytes.",
-                code="request_too_large",
-            )
+        check_size(body, cfg.max_body_bytes)
         allowed, wait = await self.gw.store.hit(tenant, "tel", cfg.requests_per_minute)
         if not allowed:
             raise GatewayError(
@@ -241,6 +243,13 @@ class Telemetry:
                     param=name,
                     code="invalid_value",
                 )
+        if token_request_id is not None and report.request_id != token_request_id:
+            raise forbidden(
+                f"The telemetry token is for request {token_request_id}, not "
+                f"{report.request_id}: send each report with its own response's token.",
+                "request_id",
+                "telemetry_token_mismatch",
+            )
         info = await self.gw.store.request_info(report.request_id)
         if info is None or info.tenant != tenant:
             raise _unknown_request(report.request_id)
@@ -264,6 +273,13 @@ class Telemetry:
         (result,) = await self.gw.store.add_qoe([record])
         if result == "unknown":
             raise _unknown_request(report.request_id)
+        if result == "duplicate" and token_request_id is not None:
+            raise forbidden(
+                f"The telemetry token was already used: request {report.request_id} was "
+                "already reported.",
+                "request_id",
+                "telemetry_token_used",
+            )
         if result == "duplicate":
             raise GatewayError(
                 409,
@@ -297,6 +313,16 @@ class Telemetry:
         with contextlib.suppress(StoreUnavailable, TimeoutError), anyio.fail_after(2.0):
             records = await self.gw.store.qoe_records(time.time() - self.cfg.window_s)
             self._collector.summary = summarize(records)
+
+
+def check_size(body: bytes, limit: int) -> None:
+    """413 for a report over ``telemetry.max_body_bytes``."""
+    if len(body) > limit:
+        raise GatewayError(
+            413,
+            f"Telemetry report too large: the limit is {limit} bytes.",
+            code="request_too_large",
+        )
 
 
 def _unknown_request(request_id: str) -> GatewayError:

@@ -248,11 +248,14 @@ def test_subparser_hook(tmp_path: Path, capsys):
 def test_demo_config_and_banner(monkeypatch):
     monkeypatch.delenv("TOKENPACE_CONFIG", raising=False)
     monkeypatch.setenv("TOKENPACE_DEMO_KEY", "tp-demo-fixed-key-1")
-    config, key = load_serve_config(None)
+    monkeypatch.setenv("TOKENPACE_ADMIN_KEY", "tp-admin-fixed-key-1")
+    config, key, admin_key = load_serve_config(None)
     assert key == "tp-demo-fixed-key-1"
     assert config.tenant_by_digest()[hash_key(key)].name == "demo"
-    text = banner(config, "http://127.0.0.1:8080", key)
+    assert config.admin.key_sha256 == hash_key("tp-admin-fixed-key-1")
+    text = banner(config, "http://127.0.0.1:8080", key, admin_key)
     assert key in text and "curl -N http://127.0.0.1:8080/v1/chat/completions" in text
+    assert "tp-admin-fixed-key-1" in text
     assert 'OpenAI(base_url="http://127.0.0.1:8080/v1"' in text
     _, key2 = demo_config()
     assert key2.startswith("tp-demo-") and key2 != key

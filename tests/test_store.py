@@ -246,3 +246,10 @@ async def test_hit_and_merge(store: Store) -> None:
     await store.merge_counters({"t": 5.0, "u": 3.0})
     got = await store.counters()
     assert got["t"] == pytest.approx(10.0) and got["u"] == pytest.approx(3.0)
+
+
+async def test_shared_secret_is_set_once(store: Store) -> None:
+    first = await store.shared_secret("telemetry_token", "a" * 64)
+    second = await store.shared_secret("telemetry_token", "b" * 64)
+    assert first == second == "a" * 64
+    assert await store.shared_secret("other", "c" * 64) == "c" * 64

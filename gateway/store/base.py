@@ -236,5 +236,10 @@ class Store(ABC):
         """Records since unix time ``since`` (every tenant's when ``tenant`` is None)."""
 
     @abstractmethod
+    async def shared_secret(self, name: str, candidate: str) -> str:
+        """The secret stored under ``name``, storing ``candidate`` first if there is none
+        (set if absent: every replica ends up with the first one stored)."""
+
+    @abstractmethod
     async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
         """All-time ``(tenant, tier, side) -> (count, Σ andes, Σ monotone)``."""

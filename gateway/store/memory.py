@@ -59,6 +59,7 @@ class MemoryStore(Store):
         self._records: deque[QoERecord] = deque(maxlen=max_records)
         self._retention_s = retention_s
         self._totals: dict[tuple[str, str, str], tuple[int, float, float]] = {}
+        self._secrets: dict[str, str] = {}
 
     # -- keys -----------------------------------------------------------------------------
     async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
@@ -302,6 +303,9 @@ class MemoryStore(Store):
 
     async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
         return dict(self._totals)
+
+    async def shared_secret(self, name: str, candidate: str) -> str:
+        return self._secrets.setdefault(name, candidate)
 
 
 def _stamped(rec: QoERecord, ts: float) -> QoERecord:

@@ -620,3 +620,8 @@ class RedisStore(Store):
             slot = acc.setdefault((tenant, tier, side), [0, 0.0, 0.0])
             slot[{"n": 0, "a": 1, "m": 2}[what]] = float(_s(v))
         return {k: (int(v[0]), v[1], v[2]) for k, v in acc.items()}
+
+    async def shared_secret(self, name: str, candidate: str) -> str:
+        key = self.p + "secret:" + name
+        await self.redis.set(key, candidate, nx=True)
+        return _s(await self.redis.get(key))

@@ -268,6 +268,10 @@ class ResilientStore(Store):
     async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
         return await self._either("qoe_totals")
 
+    async def shared_secret(self, name: str, candidate: str) -> str:
+        """From Redis only (a secret of this replica's own would not verify elsewhere)."""
+        return await self._strict("shared_secret", name, candidate)
+
 
 def _safe_url(url: str) -> str:
     """The URL without a password."""

@@ -1,0 +1,38 @@
+/**
+ * tokenpace-web: paces streamed chat completions to the reader (the client-side token
+ * buffer of Andes, Liu et al. §5) and reports the QoE the user saw to a tokenpace gateway.
+ */
+export { createClient } from "./client.js";
+export type { ChatCompletionCreateParams, ClientOptions, RequestOptions, TokenPaceClient } from "./client.js";
+export { paceOpenAI, telemetryURL } from "./openai.js";
+export type { OpenAIStream, OpenAIStreamWithResponse } from "./openai.js";
+export { paceStream } from "./pace.js";
+export type { ChunkSource, PacedStream, PaceOptions } from "./pace.js";
+export { systemClock } from "./clock.js";
+export type { Clock } from "./clock.js";
+export { TokenPaceError } from "./errors.js";
+export type { ErrorBody } from "./errors.js";
+
+// The composable parts, each usable on its own.
+export { parseSSE, SSEParser } from "./sse.js";
+export type { ByteSource, ServerSentEvent } from "./sse.js";
+export { chunkTexts, chunkTokens, openAIChunks, withoutText, withText } from "./chunks.js";
+export type { ChunkText, TextField, TextSlot } from "./chunks.js";
+export { splitTokens, TextCutter } from "./segment.js";
+export type { Piece, Unit } from "./segment.js";
+export { ReleaseSchedule, releaseTimes } from "./schedule.js";
+export { andesQoE, digestionStarts, monotoneQoE, timelineQoE, tokenTimes } from "./qoe.js";
+export { ceilMicroseconds, coalesce, reportTimeline } from "./coalesce.js";
+export {
+  beaconReport,
+  buildReport,
+  MAX_BODY_BYTES,
+  MAX_POINTS,
+  onPageExit,
+  postReport,
+} from "./telemetry.js";
+export type { ReportAuth, TelemetryOptions, TelemetryReport, TelemetryResult } from "./telemetry.js";
+export { DEFAULT_EXPECTATION, DEFAULT_TIER, requestInfo } from "./headers.js";
+export type { RequestInfo } from "./headers.js";
+export { SDK_NAME, SDK_VERSION } from "./version.js";
+export type { ChatCompletionChunk, ChunkChoice, ChunkDelta, Expectation, Outcome, QoE, Timeline, TimelineEntry } from "./types.js";

@@ -1,0 +1,99 @@
+/**
+ * QoE of a delivery timeline, a dependency-free copy of the project's formulas
+ * (docs/qoe.md), checked against the shared test vectors `tests/vectors/qoe.json`.
+ *
+ * - The digestion schedule (recursion D): token k starts being read at
+ *   d_k = max(t_k, d_(k-1) + 1/TDS); this is also the pacing buffer's release schedule.
+ * - Andes QoE, Andes (Liu et al.) §3.1 Eq. 1: the area under the digested curve over the
+ *   area under the expected curve, both up to the last token's arrival.
+ * - Monotone QoE: E / (E + deficit), which delaying a token can never raise.
+ *
+ * Times are seconds since the request was sent.
+ */
+import type { Expectation, QoE, Timeline, TimelineEntry } from "./types.js";
+
+/** Per-token arrival times of a `[time, tokens]` timeline; throws `RangeError` on bad input. */
+export function tokenTimes(timeline: readonly TimelineEntry[]): number[] {
+  if (timeline.length === 0) throw new RangeError("timeline: empty; a reply needs at least one token");
+  const times: number[] = [];
+  let previous = 0;
+  for (const [t, n] of timeline) {
+    if (!Number.isFinite(t) || t < 0) throw new RangeError(`timeline: time ${t} is not a finite number >= 0`);
+    if (t < previous) throw new RangeError(`timeline: time ${t} comes after ${previous}; times must not decrease`);
+    if (!Number.isInteger(n) || n <= 0) throw new RangeError(`timeline: token count ${n} is not a positive integer`);
+    for (let i = 0; i < n; i++) times.push(t);
+    previous = t;
+  }
+  return times;
+}
+
+function checkExpectation({ ttft, tds }: Expectation): void {
+  if (!Number.isFinite(ttft) || ttft < 0) throw new RangeError(`ttft: must be a finite number >= 0, got ${ttft}`);
+  if (!Number.isFinite(tds) || tds <= 0) throw new RangeError(`tds: must be a finite number > 0, got ${tds}`);
+}
+
+/**
+ * Digestion start of every token (recursion D), in its closed form
+ * d_k = k/TDS + max_(j<=k)(t_j - j/TDS) (k from 0), tokens held until `holdUntil`.
+ */
+export function digestionStarts(times: readonly number[], tds: number, holdUntil = 0): number[] {
+  const starts: number[] = [];
+  let best = -Infinity;
+  times.forEach((t, k) => {
+    const offset = k / tds;
+    best = Math.max(best, Math.max(t, holdUntil) - offset);
+    starts.push(offset + best);
+  });
+  return starts;
+}
+
+/** ∫_0^until of a token's digestion ramp (0 at `start`, 1 at start + 1/TDS). */
+function digestedArea(start: number, until: number, tds: number): number {
+  const u = Math.max(until - start, 0);
+  return u <= 1 / tds ? 0.5 * tds * u * u : u - 0.5 / tds;
+}
+
+/** ∫_0^until min(T(t), l) dt with T(t) = TDS·(t - TTFT)⁺: the denominator of Andes Eq. 1. */
+function expectedArea(until: number, { ttft, tds }: Expectation, length: number): number {
+  const u = Math.max(until - ttft, 0);
+  const ramp = length / tds;
+  return u <= ramp ? 0.5 * tds * u * u : 0.5 * length * ramp + length * (u - ramp);
+}
+
+/** Andes QoE, Andes (Liu et al.) §3.1 Eq. 1, clamped to [0, 1]; 1 if the reply ends by the TTFT. */
+export function andesQoE(timeline: readonly TimelineEntry[], expected: Expectation): number {
+  const times = tokenTimes(timeline);
+  checkExpectation(expected);
+  const ttlt = times[times.length - 1] as number;
+  const sExpected = expectedArea(ttlt, expected, times.length);
+  if (sExpected <= 0) return 1;
+  let sActual = 0;
+  for (const start of digestionStarts(times, expected.tds)) sActual += digestedArea(start, ttlt, expected.tds);
+  return Math.min(Math.max(sActual / sExpected, 0), 1);
+}
+
+/**
+ * Monotone QoE (docs/qoe.md): E / (E + deficit), E = l²/(2·TDS), deficit = Σ_k (d'_k − e_k)
+ * with d' the digestion starts of the arrivals held until the expected TTFT and
+ * e_k = TTFT + k/TDS the schedule. In (0, 1]; delaying a token never raises it.
+ */
+export function monotoneQoE(timeline: readonly TimelineEntry[], expected: Expectation): number {
+  const times = tokenTimes(timeline);
+  checkExpectation(expected);
+  const { ttft, tds } = expected;
+  let deficit = 0;
+  digestionStarts(times, tds, ttft).forEach((start, k) => {
+    deficit += start - (ttft + k / tds);
+  });
+  const area = (times.length * times.length) / (2 * tds);
+  return area / (area + deficit);
+}
+
+/** Both QoEs of both timelines, as the gateway computes them (an empty timeline scores 0). */
+export function timelineQoE(timeline: Timeline, expected: Expectation): QoE {
+  const score = (t: readonly TimelineEntry[]): [number, number] =>
+    t.length === 0 ? [0, 0] : [andesQoE(t, expected), monotoneQoE(t, expected)];
+  const [andes, monotone] = score(timeline.arrivals);
+  const [displayedAndes, displayedMonotone] = score(timeline.displayed);
+  return { andes, monotone, displayedAndes, displayedMonotone };
+}

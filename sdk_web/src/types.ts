@@ -1,0 +1,61 @@
+/**
+ * The shapes the SDK reads: OpenAI chat-completion chunks (structurally, so that the
+ * `openai` package's own types fit), timelines and QoE.
+ */
+
+/** The streamed part of a chat message: what the SDK reads of it (other fields are kept). */
+export interface ChunkDelta {
+  role?: string | null;
+  content?: string | null;
+  reasoning_content?: string | null;
+  reasoning?: string | null;
+  refusal?: string | null;
+  tool_calls?: readonly unknown[] | null;
+}
+
+/** One choice of a streamed chunk; `delta` for chat completions, `text` for completions. */
+export interface ChunkChoice {
+  index?: number;
+  delta?: ChunkDelta | null;
+  text?: string | null;
+  finish_reason?: string | null;
+}
+
+/**
+ * A `chat.completion.chunk` (or `text_completion`) event, as OpenAI streams it; the
+ * `openai` package's `ChatCompletionChunk` fits it, and every other field is kept.
+ */
+export interface ChatCompletionChunk {
+  id?: string;
+  object?: string;
+  created?: number;
+  model?: string;
+  choices: ChunkChoice[];
+  usage?: { completion_tokens?: number } | null;
+}
+
+/** `[seconds since the request was sent, tokens]`, one entry per chunk or release. */
+export type TimelineEntry = [seconds: number, tokens: number];
+
+/** When tokens reached the client (`arrivals`) and when the buffer showed them (`displayed`). */
+export interface Timeline {
+  arrivals: TimelineEntry[];
+  displayed: TimelineEntry[];
+}
+
+/** Andes QoE (Eq. 1) and the monotone QoE of the arrivals and of what was displayed. */
+export interface QoE {
+  andes: number;
+  monotone: number;
+  displayedAndes: number;
+  displayedMonotone: number;
+}
+
+/** What the reader is expected to get: time to first token (s) and delivery speed (tokens/s). */
+export interface Expectation {
+  ttft: number;
+  tds: number;
+}
+
+/** How the stream ended, as the telemetry report names it. */
+export type Outcome = "completed" | "aborted" | "error";

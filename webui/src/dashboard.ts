@@ -1,0 +1,195 @@
+/**
+ * The operator's dashboard (/dashboard): behind the admin key, it polls the gateway's
+ * own APIs every few seconds (GET /v1/tokenpace/qoe for every tenant's QoE, client side
+ * and gateway side; GET /v1/tokenpace/admin/status for backends, load and fair share)
+ * and plots them over time.
+ */
+import { LiveChart } from "./live_chart.js";
+import { askAgain, askForKey, byId, getJSON, HttpError, KeyStore } from "./session.js";
+
+const POLL_MS = 2000;
+const WINDOW_S = 300; // the QoE window: the last 5 minutes
+const KEEP = 900; // samples kept per chart: 30 minutes at POLL_MS
+
+interface Stats {
+  mean: number;
+  p50: number;
+  p90: number;
+  p99: number;
+}
+
+interface Side {
+  count: number;
+  andes?: Stats;
+  monotone?: Stats;
+  displayed_andes?: Stats;
+}
+
+interface Pair {
+  gateway: Side;
+  client: Side;
+}
+
+interface QoESummary {
+  window_s: number;
+  tenants: Record<string, { overall: Pair; tiers: Record<string, Pair> }>;
+}
+
+interface Status {
+  time: number;
+  ready: boolean;
+  requests_in_flight: number;
+  requests_queued: number;
+  backends: Array<{
+    name: string;
+    healthy: boolean;
+    in_flight: number;
+    outstanding_tokens: number;
+    last_error: string | null;
+  }>;
+  tenants: Record<string, { weight: number; vtc_counter: number; output_tokens: number; requests: number }>;
+}
+
+const keys = new KeyStore("tokenpace.adminKey");
+const keyForm = byId<HTMLFormElement>("key-form");
+const problem = byId<HTMLParagraphElement>("problem");
+const qoeChart = new LiveChart(byId("qoe-chart"), {
+  title: `Andes QoE, mean over the last ${WINDOW_S / 60} min`,
+  unit: "QoE",
+  keep: KEEP,
+  range: [0, 1],
+});
+const serviceChart = new LiveChart(byId("service-chart"), {
+  title: "Fair share: output tokens/s served per tenant",
+  unit: "tokens/s",
+  keep: KEEP,
+});
+const loadChart = new LiveChart(byId("load-chart"), {
+  title: "Requests in flight and queued",
+  unit: "requests",
+  keep: KEEP,
+});
+
+let previous: Status | null = null;
+let timer: number | undefined;
+
+function fmt(value: number | undefined, digits = 3): string {
+  return value === undefined ? "–" : value.toFixed(digits);
+}
+
+function cell(row: HTMLTableRowElement, field: string, text: string): void {
+  const td = row.insertCell();
+  td.dataset["field"] = field;
+  td.textContent = text;
+}
+
+function fillTable(id: string, rows: Array<{ key: string; cells: Array<[string, string]> }>): void {
+  const body = byId<HTMLTableSectionElement>(id);
+  body.replaceChildren();
+  for (const { key, cells } of rows) {
+    const row = body.insertRow();
+    row.dataset["key"] = key;
+    for (const [field, text] of cells) cell(row, field, text);
+  }
+}
+
+function showQoE(summary: QoESummary, time: number): void {
+  const sample: Record<string, number | null> = {};
+  const rows: Array<{ key: string; cells: Array<[string, string]> }> = [];
+  for (const [tenant, { tiers }] of Object.entries(summary.tenants)) {
+    for (const [tier, { gateway, client }] of Object.entries(tiers)) {
+      const key = `${tenant}/${tier}`;
+      sample[`${key} client`] = client.andes?.mean ?? null;
+      sample[`${key} gateway`] = gateway.andes?.mean ?? null;
+      rows.push({
+        key,
+        cells: [
+          ["tenant", tenant],
+          ["tier", tier],
+          ["gateway-count", String(gateway.count)],
+          ["gateway-andes", fmt(gateway.andes?.mean)],
+          ["client-count", String(client.count)],
+          ["client-andes", fmt(client.andes?.mean)],
+          ["client-displayed-andes", fmt(client.displayed_andes?.mean)],
+          ["client-andes-p50", fmt(client.andes?.p50)],
+        ],
+      });
+    }
+  }
+  qoeChart.push(time, sample);
+  fillTable("qoe-rows", rows);
+}
+
+function showStatus(status: Status): void {
+  byId("ready").textContent = status.ready ? "ready" : "NOT READY";
+  byId("ready").dataset["ready"] = String(status.ready);
+  byId("in-flight").textContent = String(status.requests_in_flight);
+  byId("queued").textContent = String(status.requests_queued);
+  loadChart.push(status.time, { "in flight": status.requests_in_flight, queued: status.requests_queued });
+  const rates: Record<string, number | null> = {};
+  for (const [tenant, t] of Object.entries(status.tenants)) {
+    const before = previous?.tenants[tenant];
+    const dt = previous ? status.time - previous.time : 0;
+    rates[tenant] = before && dt > 0 ? Math.max(0, t.output_tokens - before.output_tokens) / dt : null;
+  }
+  serviceChart.push(status.time, rates);
+  previous = status;
+  fillTable(
+    "backend-rows",
+    status.backends.map((b) => ({
+      key: b.name,
+      cells: [
+        ["name", b.name],
+        ["healthy", b.healthy ? "healthy" : "DOWN"],
+        ["in-flight", String(b.in_flight)],
+        ["outstanding-tokens", String(b.outstanding_tokens)],
+        ["last-error", b.last_error ?? ""],
+      ],
+    })),
+  );
+  fillTable(
+    "tenant-rows",
+    Object.entries(status.tenants).map(([name, t]) => ({
+      key: name,
+      cells: [
+        ["name", name],
+        ["weight", String(t.weight)],
+        ["vtc-counter", fmt(t.vtc_counter, 1)],
+        ["output-tokens", String(t.output_tokens)],
+        ["requests", String(t.requests)],
+      ],
+    })),
+  );
+}
+
+async function poll(key: string): Promise<void> {
+  try {
+    const [summary, status] = await Promise.all([
+      getJSON<QoESummary>(`/v1/tokenpace/qoe?window=${WINDOW_S}`, key),
+      getJSON<Status>("/v1/tokenpace/admin/status", key),
+    ]);
+    showStatus(status);
+    showQoE(summary, status.time);
+    problem.textContent = "";
+    byId("updated").textContent = new Date(status.time * 1000).toLocaleTimeString();
+    document.body.dataset["polls"] = String(Number(document.body.dataset["polls"] ?? "0") + 1);
+  } catch (error) {
+    if (error instanceof HttpError && (error.status === 401 || error.status === 403)) {
+      window.clearInterval(timer);
+      askAgain(keys, keyForm);
+      problem.textContent = `The admin key was refused: ${error.message}`;
+      return;
+    }
+    problem.textContent = `Refresh failed: ${error instanceof Error ? error.message : String(error)}`;
+  }
+}
+
+askForKey(keys, keyForm, (key) => {
+  window.clearInterval(timer);
+  void poll(key);
+  timer = window.setInterval(() => void poll(key), POLL_MS);
+});
+byId("forget-key").addEventListener("click", () => {
+  window.clearInterval(timer);
+  askAgain(keys, keyForm);
+});

@@ -1,0 +1,166 @@
+/**
+ * The demo chat page (/demo), built from the web SDK's composable parts: the page
+ * fetches the stream, `parseSSE` and `openAIChunks` read its chunks (the page notes when
+ * each arrives, for the live plot), and `paceStream` releases them on the tier's pacing
+ * clock (the headers say which) and, once the reply ends, reports its QoE to the gateway
+ * with the response's telemetry token, never with the key. The plot shows arrivals
+ * against what was displayed and the tier's expected line; the QoE appears at the end.
+ * On the voice tier the reply is spoken sentence by sentence where the browser can.
+ */
+import { openAIChunks, paceStream, parseSSE, type ChatCompletionChunk, type PacedStream } from "../../sdk_web/src/index.js";
+import { askAgain, askForKey, byId, errorMessage, KeyStore } from "./session.js";
+import { SentenceSpeaker } from "./speech.js";
+import { TimelinePlot } from "./timeline_plot.js";
+
+type Tier = "chat" | "voice" | "fast";
+interface Message {
+  role: "user" | "assistant";
+  content: string;
+}
+
+const keys = new KeyStore("tokenpace.apiKey");
+const keyForm = byId<HTMLFormElement>("key-form");
+const ask = byId<HTMLFormElement>("ask");
+const tierSelect = byId<HTMLSelectElement>("tier");
+const maxTokens = byId<HTMLInputElement>("max-tokens");
+const message = byId<HTMLTextAreaElement>("message");
+const send = byId<HTMLButtonElement>("send");
+const stop = byId<HTMLButtonElement>("stop");
+const status = byId<HTMLSpanElement>("status");
+const reply = byId<HTMLDivElement>("reply");
+const problem = byId<HTMLParagraphElement>("problem");
+const plot = new TimelinePlot(byId("plot"));
+
+const history: Message[] = [];
+let apiKey: string | null = null;
+let model: string | null = null;
+let current: AbortController | null = null;
+
+function setStatus(state: "idle" | "waiting" | "streaming" | "done" | "aborted" | "error", text: string): void {
+  status.dataset["state"] = state;
+  status.textContent = text;
+}
+
+async function loadModel(key: string): Promise<void> {
+  const response = await fetch("/v1/models", { headers: { Authorization: `Bearer ${key}` } });
+  if (response.status === 401) {
+    askAgain(keys, keyForm);
+    problem.textContent = `The key was refused: ${await errorMessage(response)}`;
+    return;
+  }
+  if (!response.ok) {
+    problem.textContent = `Listing the models failed: ${await errorMessage(response)}`;
+    return;
+  }
+  const body = (await response.json()) as { data: Array<{ id: string }> };
+  model = body.data[0]?.id ?? null;
+  byId("model").textContent = model ? `model: ${model}` : "no model is served";
+  apiKey = key;
+  problem.textContent = "";
+  send.disabled = model === null;
+}
+
+function showQoE(stream: PacedStream<ChatCompletionChunk>): void {
+  const qoe = stream.qoe;
+  byId("qoe").hidden = qoe === undefined;
+  if (!qoe) return;
+  byId("qoe-displayed").textContent = qoe.displayedAndes.toFixed(3);
+  byId("qoe-arrivals").textContent = qoe.andes.toFixed(3);
+  byId("qoe-displayed-monotone").textContent = qoe.displayedMonotone.toFixed(3);
+  byId("qoe-tier").textContent = `${stream.tier} (TTFT ${stream.expected.ttft} s, TDS ${stream.expected.tds} tokens/s)`;
+  byId("qoe-request").textContent = stream.requestId ?? "";
+  byId("qoe-reported").textContent = "sending…";
+  void stream.reported.then((result) => {
+    byId("qoe-reported").textContent = result
+      ? `recorded by the gateway (its Andes QoE of what was displayed: ${result.qoe.displayed_andes?.toFixed(3) ?? "–"})`
+      : "not recorded";
+  });
+}
+
+/** The reply text a chunk carries (its first choice's `delta.content`). */
+function contentOf(chunk: ChatCompletionChunk): string {
+  const content = chunk.choices[0]?.delta?.["content"];
+  return typeof content === "string" ? content : "";
+}
+
+/** The stream's chunks as they come off the network, each arrival noted on the plot. */
+async function* arriving(body: ReadableStream<Uint8Array>, requestId: string | undefined, sentAt: number) {
+  for await (const chunk of openAIChunks(parseSSE(body), requestId)) {
+    const tokens = chunk.choices.filter((c) => typeof c.delta?.["content"] === "string" && c.delta["content"] !== "").length;
+    if (tokens > 0) plot.addArrived([(performance.now() - sentAt) / 1000, tokens]);
+    yield chunk;
+  }
+}
+
+async function converse(text: string, tier: Tier): Promise<void> {
+  if (!apiKey || !model) return;
+  const speaker = tier === "voice" ? new SentenceSpeaker(document.documentElement.lang) : null;
+  const controller = new AbortController();
+  current = controller;
+  history.push({ role: "user", content: text });
+  reply.textContent = "";
+  byId("qoe").hidden = true;
+  plot.reset(null);
+  setStatus("waiting", "Waiting for the first token…");
+  send.disabled = true;
+  stop.disabled = false;
+  let answer = "";
+  const sentAt = performance.now();
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: {
+        Authorization: `Bearer ${apiKey}`,
+        "Content-Type": "application/json",
+        "X-TokenPace-Tier": tier,
+      },
+      body: JSON.stringify({ model, messages: history, stream: true, max_tokens: Number(maxTokens.value) || 80 }),
+      signal: controller.signal,
+    });
+    if (!response.ok || response.body === null) {
+      if (response.status === 401) askAgain(keys, keyForm);
+      throw new Error(await errorMessage(response));
+    }
+    const requestId = response.headers.get("X-Request-Id") ?? undefined;
+    const stream = paceStream(arriving(response.body, requestId, sentAt), {
+      headers: response.headers,
+      requestStart: sentAt,
+      signal: controller.signal,
+      telemetry: { url: "/v1/tokenpace/telemetry" },
+    });
+    plot.setExpected(stream.expected);
+    setStatus("streaming", `Streaming on the ${stream.tier} tier…`);
+    for await (const chunk of stream) {
+      const piece = contentOf(chunk);
+      if (!piece) continue;
+      answer += piece;
+      reply.textContent = answer;
+      plot.addShown([(performance.now() - sentAt) / 1000, 1]);
+      speaker?.push(piece);
+    }
+    if (stream.outcome === "aborted") speaker?.cancel();
+    else speaker?.flush();
+    if (stream.timeline) plot.setTimelines(stream.timeline.arrivals, stream.timeline.displayed);
+    showQoE(stream);
+    const aborted = stream.outcome === "aborted";
+    setStatus(aborted ? "aborted" : "done", aborted ? "Stopped." : "Done.");
+  } catch (error) {
+    speaker?.cancel();
+    const aborted = controller.signal.aborted;
+    setStatus(aborted ? "aborted" : "error", aborted ? "Stopped." : `Failed: ${error instanceof Error ? error.message : String(error)}`);
+  } finally {
+    history.push({ role: "assistant", content: answer });
+    current = null;
+    send.disabled = false;
+    stop.disabled = true;
+  }
+}
+
+askForKey(keys, keyForm, (key) => void loadModel(key));
+byId("forget-key").addEventListener("click", () => askAgain(keys, keyForm));
+ask.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = message.value.trim();
+  if (text) void converse(text, tierSelect.value as Tier);
+});
+stop.addEventListener("click", () => current?.abort());

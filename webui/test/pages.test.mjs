@@ -1,0 +1,235 @@
+// The demo and the dashboard end to end: a real gateway on its embedded engine, the
+// pages it serves, Debian's Chromium. Timing checks are on medians and rates with
+// tolerances that hold on a loaded 2-core machine; the pacing logic itself is tested on
+// an injectable clock in sdk_web's unit tests.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { counter, eventually, launchBrowser, screenshot, startGateway } from "./support.mjs";
+
+const TIERS = { chat: { ttft: 1.0, tds: 4.8 }, voice: { ttft: 1.0, tds: 3.3 } };
+
+let gw;
+let browser;
+
+before(async () => {
+  gw = await startGateway();
+  browser = await launchBrowser(gw.url);
+});
+
+after(async () => {
+  await browser?.close();
+  await gw?.stop();
+});
+
+/** A new tab on /demo that records when the reply's text grows and what it speaks. */
+async function openDemo() {
+  const page = await browser.context.newPage();
+  await page.addInitScript(() => {
+    window.__shown = [];
+    window.__spoken = [];
+    document.addEventListener("DOMContentLoaded", () => {
+      const reply = document.getElementById("reply");
+      new MutationObserver(() => {
+        window.__shown.push([performance.now(), reply.textContent.length]);
+      }).observe(reply, { childList: true, characterData: true, subtree: true });
+    });
+    if ("speechSynthesis" in window) {
+      const speak = speechSynthesis.speak.bind(speechSynthesis);
+      speechSynthesis.speak = (utterance) => {
+        window.__spoken.push(utterance.text);
+        speak(utterance);
+      };
+    }
+  });
+  const reports = [];
+  page.on("request", (request) => {
+    if (request.url().endsWith("/v1/tokenpace/telemetry")) reports.push(request);
+  });
+  await page.goto(`${gw.url}/demo`);
+  return { page, reports };
+}
+
+async function enterKey(page, key) {
+  await page.fill("#key-form input[name=key]", key);
+  await page.click("#key-form button[type=submit]");
+  await page.waitForSelector("#model:has-text('model:')");
+}
+
+async function sendMessage(page, { tier, maxTokens, text }) {
+  await page.selectOption("#tier", tier);
+  await page.fill("#max-tokens", String(maxTokens));
+  await page.fill("#message", text);
+  await page.evaluate(() => (window.__shown = []));
+  await page.click("#send");
+}
+
+/** [ms, length] each time the reply grew. */
+async function growth(page) {
+  const shown = await page.evaluate(() => window.__shown);
+  const out = [];
+  for (const [t, length] of shown) {
+    if (length > (out.at(-1)?.[1] ?? 0)) out.push([t, length]);
+  }
+  return out;
+}
+
+function median(values) {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.floor(sorted.length / 2)];
+}
+
+describe("demo page", () => {
+  test("asks for the key once, paces the reply at the tier's speed and reports with the token", { timeout: 60_000 }, async (t) => {
+    const { page, reports } = await openDemo();
+    assert.equal(await page.isVisible("#key-form"), true);
+    await enterKey(page, gw.demoKey);
+    await page.reload();
+    await page.waitForSelector("#model:has-text('model:')");
+    assert.equal(await page.isVisible("#key-form"), false, "the key is kept for the tab");
+
+    await sendMessage(page, { tier: "chat", maxTokens: 16, text: "Hello from Chromium" });
+    await page.waitForSelector("#status[data-state=done]", { timeout: 30_000 });
+    const steps = await growth(page);
+    assert.equal(steps.length, 16, "one step on screen per token");
+    const gaps = steps.slice(1).map(([t], i) => (t - steps[i][0]) / 1000);
+    const expectedGap = 1 / TIERS.chat.tds;
+    // never faster than the tier (the buffer paces), not much slower on a loaded machine
+    const rate = (steps.length - 1) / ((steps.at(-1)[0] - steps[0][0]) / 1000);
+    assert.ok(rate <= TIERS.chat.tds * 1.1, `displayed at ${rate.toFixed(2)} tokens/s`);
+    assert.ok(rate >= TIERS.chat.tds * 0.6, `displayed at ${rate.toFixed(2)} tokens/s`);
+    const typical = median(gaps);
+    t.diagnostic(`chat tier: displayed at ${rate.toFixed(2)} tokens/s, median gap ${typical.toFixed(3)} s`);
+    assert.ok(typical >= expectedGap * 0.85 && typical <= expectedGap * 1.5, `median gap ${typical} s`);
+    assert.equal(await page.isVisible("#qoe"), true);
+    const displayedQoE = Number(await page.textContent("#qoe-displayed"));
+    assert.ok(displayedQoE > 0 && displayedQoE <= 1, `QoE ${displayedQoE}`);
+    const requestId = (await page.textContent("#qoe-request")).trim();
+    assert.match(requestId, /^[0-9a-f]{32}$/);
+    await screenshot(page, "demo.png");
+
+    // the report went out with the response's token, never the key
+    const report = await eventually(() => reports[0], 10_000, "the telemetry report");
+    const headers = await report.allHeaders();
+    assert.equal(headers.authorization, undefined);
+    const body = JSON.parse(report.postData());
+    const token = headers["x-tokenpace-telemetry-token"] ?? body.telemetry_token;
+    assert.ok(token, "the report carries the telemetry token");
+    assert.equal(body.request_id, requestId);
+    const sum = (timeline) => timeline.reduce((n, [, k]) => n + k, 0);
+    assert.equal(sum(body.arrivals), 16);
+    assert.equal(sum(body.displayed), 16);
+    // the engine is faster than the tier: the buffer, not the network, set the pace
+    assert.ok(body.arrivals.at(-1)[0] < body.displayed.at(-1)[0]);
+    const response = await eventually(() => report.response(), 10_000, "the report's answer");
+    assert.equal(response.status(), 200, await response.text());
+
+    // the gateway holds the client-side record of this request
+    const summary = await eventually(async () => {
+      const qoe = await gw.get("/v1/tokenpace/qoe?window=600", gw.demoKey);
+      return qoe.tenants.demo?.tiers.chat?.client.count >= 1 ? qoe : null;
+    }, 10_000, "the client-side QoE record");
+    const client = summary.tenants.demo.tiers.chat.client;
+    assert.ok(Math.abs(client.displayed_andes.mean - displayedQoE) < 0.01);
+    assert.deepEqual(browser.refused, [], "the page needs no outside network");
+    await page.close();
+  });
+
+  test("stop aborts the stream and the gateway sees the disconnect", { timeout: 60_000 }, async () => {
+    const { page } = await openDemo();
+    await enterKey(page, gw.demoKey);
+    const before = counter(await gw.get("/metrics", gw.adminKey), "tokenpace_requests_total", {
+      endpoint: "chat.completions",
+      outcome: "aborted",
+    });
+    await sendMessage(page, { tier: "chat", maxTokens: 400, text: "A long answer, please" });
+    await eventually(async () => (await growth(page)).length >= 3, 20_000, "three tokens on screen");
+    await page.click("#stop");
+    await page.waitForSelector("#status[data-state=aborted]", { timeout: 10_000 });
+    const stoppedAt = (await page.textContent("#reply")).length;
+    await eventually(async () => {
+      const metrics = await gw.get("/metrics", gw.adminKey);
+      const aborted = counter(metrics, "tokenpace_requests_total", {
+        endpoint: "chat.completions",
+        outcome: "aborted",
+      });
+      return aborted === before + 1;
+    }, 10_000, "the gateway to count the aborted stream");
+    const status = await gw.get("/v1/tokenpace/admin/status", gw.adminKey);
+    assert.equal(status.requests_in_flight, 0);
+    assert.equal(status.backends[0].in_flight, 0);
+    await page.waitForTimeout(1000);
+    assert.equal((await page.textContent("#reply")).length, stoppedAt, "nothing shown after stop");
+    assert.ok(stoppedAt < 400 * 3, "the reply was cut short");
+    await page.close();
+  });
+
+  test("a page hidden mid-reply sends the report as a beacon with the token", { timeout: 60_000 }, async () => {
+    const { page, reports } = await openDemo();
+    await enterKey(page, gw.demoKey);
+    await sendMessage(page, { tier: "chat", maxTokens: 400, text: "Another long answer" });
+    await eventually(async () => (await growth(page)).length >= 3, 20_000, "three tokens on screen");
+    // what the browser does when the user switches tabs (headless Chromium is never hidden)
+    await page.evaluate(() => {
+      Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
+      document.dispatchEvent(new Event("visibilitychange"));
+    });
+    const beacon = await eventually(() => reports[0], 10_000, "the beacon");
+    assert.equal(beacon.resourceType(), "ping", "sent with navigator.sendBeacon");
+    const headers = await beacon.allHeaders();
+    assert.equal(headers.authorization, undefined);
+    assert.equal(headers["x-tokenpace-telemetry-token"], undefined);
+    assert.match(headers["content-type"], /^text\/plain/);
+    const body = JSON.parse(beacon.postData());
+    assert.equal(body.outcome, "aborted");
+    assert.ok(body.telemetry_token.startsWith("tpt1."));
+    assert.ok(body.displayed.length >= 3);
+    const response = await eventually(() => beacon.response(), 10_000, "the beacon's answer");
+    assert.equal(response.status(), 200);
+    await page.close();
+  });
+
+  test("the voice tier speaks the reply sentence by sentence", { timeout: 60_000 }, async (t) => {
+    const { page } = await openDemo();
+    assert.equal(await page.evaluate(() => "speechSynthesis" in window), true);
+    await enterKey(page, gw.demoKey);
+    await sendMessage(page, { tier: "voice", maxTokens: 12, text: "Say something" });
+    await page.waitForSelector("#status[data-state=done]", { timeout: 30_000 });
+    const spoken = await page.evaluate(() => window.__spoken);
+    const reply = await page.textContent("#reply");
+    assert.ok(spoken.length >= 1);
+    assert.equal(spoken.join(" ").replace(/\s+/g, " ").trim(), reply.replace(/\s+/g, " ").trim());
+    const steps = await growth(page);
+    const rate = (steps.length - 1) / ((steps.at(-1)[0] - steps[0][0]) / 1000);
+    t.diagnostic(`voice tier: displayed at ${rate.toFixed(2)} tokens/s, ${spoken.length} utterance(s)`);
+    assert.ok(rate <= TIERS.voice.tds * 1.1 && rate >= TIERS.voice.tds * 0.6, `${rate} tokens/s`);
+    await page.close();
+  });
+});
+
+describe("dashboard", () => {
+  test("shows the QoE reports, fair share, load and backends, live", { timeout: 60_000 }, async () => {
+    const page = await browser.context.newPage();
+    await page.goto(`${gw.url}/dashboard`);
+    await page.fill("#key-form input[name=key]", gw.demoKey);
+    await page.click("#key-form button[type=submit]");
+    await page.waitForSelector("#problem:has-text('refused')");
+    assert.equal(await page.isVisible("#key-form"), true, "a tenant key does not open it");
+    await page.fill("#key-form input[name=key]", gw.adminKey);
+    await page.click("#key-form button[type=submit]");
+    const cell = 'tr[data-key="demo/chat"] td[data-field="client-count"]';
+    await page.waitForSelector(cell, { timeout: 10_000 });
+    assert.ok(Number(await page.textContent(cell)) >= 1, "the client-side report is shown");
+    const clientQoE = Number(await page.textContent('tr[data-key="demo/chat"] td[data-field="client-andes"]'));
+    assert.ok(clientQoE > 0 && clientQoE <= 1);
+    assert.equal(await page.textContent('tr[data-key="embedded"] td[data-field="healthy"]'), "healthy");
+    assert.ok(Number(await page.textContent('tr[data-key="demo"] td[data-field="output-tokens"]')) >= 16);
+    assert.equal(await page.textContent("#ready"), "ready");
+    // it refreshes by itself
+    const polls = Number(await page.getAttribute("body", "data-polls"));
+    await page.waitForFunction((n) => Number(document.body.dataset.polls) > n + 1, polls, { timeout: 10_000 });
+    assert.equal(await page.locator(".uplot").count(), 3);
+    await screenshot(page, "dashboard.png");
+    assert.deepEqual(browser.refused, []);
+    await page.close();
+  });
+});
