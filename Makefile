@@ -10,8 +10,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev]'
+# The server and, next to it, the client distribution (sdk_python/, tokenpace-client).
+$(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev]' -e './sdk_python[openai]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -29,7 +30,7 @@ format: venv
 vllm:
 	PYTHON=$(PYTHON) scripts/setup-vllm.sh
 
-# System packages the tests use (redis-server, from Debian); a no-op when present.
+# System packages the tests use (redis-server, espeak-ng, from Debian); a no-op when present.
 system-deps:
 	scripts/install-system-deps.sh
 

@@ -1,12 +1,16 @@
 #!/bin/sh
-# System packages the tests need that pip cannot provide: redis-server (Debian package).
-# A no-op when everything is present; uses sudo only when not root.
+# System packages the tests need that pip cannot provide (Debian packages): redis-server,
+# and espeak-ng (the client's voice example speaks with it). A no-op when everything is
+# present; uses sudo only when not root.
 set -eu
-if command -v redis-server >/dev/null 2>&1; then
+missing=""
+command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v espeak-ng >/dev/null 2>&1 || missing="$missing espeak-ng"
+if [ -z "$missing" ]; then
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
-    echo "redis-server is missing and apt-get is not available: install redis-server" >&2
+    echo "missing:$missing and apt-get is not available: install them" >&2
     exit 1
 fi
 SUDO=""
@@ -14,4 +18,5 @@ if [ "$(id -u)" -ne 0 ]; then
     SUDO="sudo"
 fi
 $SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server
+# shellcheck disable=SC2086 # one word per package
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
