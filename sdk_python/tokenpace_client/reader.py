@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+from collections import deque
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
@@ -76,7 +77,12 @@ class ThreadReader:
 
 
 class TaskReader:
-    """Reads an async iterable in a task of the running event loop."""
+    """Reads an async iterable in a task of the running event loop.
+
+    Events go into a deque; a waiting :meth:`get` is woken by the next event or by a
+    timer at its deadline, whichever comes first (one future and one timer handle per
+    wait, no exception on the usual timed-out wait).
+    """
 
     def __init__(
         self,
@@ -86,14 +92,18 @@ class TaskReader:
         close: Callable[[], Awaitable[None]],
     ) -> None:
         self._clock = clock
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._events: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._close = close
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(open_iterable), name="tokenpace-reader"
-        )
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(open_iterable), name="tokenpace-reader")
+
+    def _put(self, event: Event) -> None:
+        self._events.append(event)
+        _wake(self._waiter)
 
     async def _run(self, open_iterable: Callable[[], Awaitable[AsyncIterable[Any]]]) -> None:
-        clock, put = self._clock, self._events.put_nowait
+        clock, put = self._clock, self._put
         try:
             async for chunk in await open_iterable():
                 put(("chunk", clock.now(), chunk))
@@ -105,18 +115,24 @@ class TaskReader:
                 await self._close()
 
     async def get(self, deadline: float | None) -> Event | None:
-        if not self._events.empty():
-            return self._events.get_nowait()
-        if deadline is None:
-            return await self._events.get()
-        delay = deadline - self._clock.now()
-        if delay <= 0:
-            return None
-        try:
-            async with asyncio.timeout(delay):
-                return await self._events.get()
-        except TimeoutError:
-            return None
+        if not self._events:
+            timer = None
+            if deadline is not None:
+                delay = deadline - self._clock.now()
+                if delay <= 0:
+                    return None
+            waiter = self._waiter = self._loop.create_future()
+            if deadline is not None:
+                timer = self._loop.call_later(delay, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self._events:
+                return None
+        return self._events.popleft()
 
     def cancel(self) -> None:
         """Stop reading; the task closes the upstream as it ends."""
@@ -126,3 +142,8 @@ class TaskReader:
         """Stop reading and wait until the upstream is closed."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
