@@ -146,13 +146,15 @@ async def loop_lag(lags: list[float]) -> None:
 
 async def cost_run(base_url: str, tds: float, client_kind: str, args: argparse.Namespace) -> dict:
     """``--streams`` concurrent streams at ``tds``: CPU of this process, release errors."""
-    tokens = max(20, round(tds * args.seconds))
+    tokens = min(args.max_tokens, max(20, round(tds * args.seconds)))
     paced = client_kind != "openai"
     if paced:
         sender = tp.TelemetrySender() if client_kind == "paced+telemetry" else False
-        client = tp.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0, telemetry=sender)
+        client = tp.AsyncOpenAI(
+            base_url=base_url, api_key=KEY, max_retries=0, timeout=120.0, telemetry=sender
+        )
     else:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=120.0)
     body = {"tokenpace": {"tds": tds}}
     await one_stream(client, PACED_MODEL, -1, 5, body)  # warm the connection pool
 
@@ -289,7 +291,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=100)
     parser.add_argument("--tds", type=float, nargs="+", default=[4.8, 50.0])
-    parser.add_argument("--seconds", type=float, default=12.0, help="reading time per stream")
+    parser.add_argument("--seconds", type=float, default=10.0, help="reading time per stream")
+    parser.add_argument("--max-tokens", type=int, default=300, help="cap on tokens per stream")
     parser.add_argument("--ramp", type=float, default=2.0, help="seconds to start the streams")
     parser.add_argument("--overload-requests", type=int, default=80)
     parser.add_argument("--overload-rate", type=float, default=4.0, help="requests per second")

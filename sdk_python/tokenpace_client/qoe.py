@@ -90,6 +90,11 @@ def andes_qoe(timeline: Timeline, ttft: float, tds: float) -> float:
     """
     times = token_times(timeline)
     check_expectation(ttft, tds)
+    return andes_of_times(times, ttft, tds)
+
+
+def andes_of_times(times: Sequence[float], ttft: float, tds: float) -> float:
+    """:func:`andes_qoe` of validated per-token ``times``."""
     ttlt = times[-1]
     s_expected = _expected_area(ttlt, ttft, tds, float(len(times)))
     if s_expected <= 0.0:
@@ -107,6 +112,11 @@ def monotone_qoe(timeline: Timeline, ttft: float, tds: float) -> float:
     """
     times = token_times(timeline)
     check_expectation(ttft, tds)
+    return monotone_of_times(times, ttft, tds)
+
+
+def monotone_of_times(times: Sequence[float], ttft: float, tds: float) -> float:
+    """:func:`monotone_qoe` of validated per-token ``times``."""
     starts = digestion_starts(times, tds, hold_until=ttft)
     deficit = math.fsum(d - (ttft + k / tds) for k, d in enumerate(starts))
     n = len(times)

@@ -79,9 +79,11 @@ class ThreadReader:
 class TaskReader:
     """Reads an async iterable in a task of the running event loop.
 
-    Events go into a deque; a waiting :meth:`get` is woken by the next event or by a
-    timer at its deadline, whichever comes first (one future and one timer handle per
-    wait, no exception on the usual timed-out wait).
+    Events go into a deque; a waiting :meth:`get` is woken by a timer at its deadline
+    (one future and one timer handle per wait, no exception on the usual timed-out
+    wait) or by the next event. While a release is pending (a deadline), a chunk does
+    not wake it: its pieces go out after the pending one, so it is read at the deadline,
+    with the time the reader stamped on it; the end of the stream and errors wake it.
     """
 
     def __init__(
@@ -94,13 +96,15 @@ class TaskReader:
         self._clock = clock
         self._events: deque[Event] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._timed = False  # the waiter has a deadline
         self._close = close
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._run(open_iterable), name="tokenpace-reader")
 
     def _put(self, event: Event) -> None:
         self._events.append(event)
-        _wake(self._waiter)
+        if not (self._timed and event[0] == "chunk"):
+            _wake(self._waiter)
 
     async def _run(self, open_iterable: Callable[[], Awaitable[AsyncIterable[Any]]]) -> None:
         clock, put = self._clock, self._put
@@ -124,10 +128,12 @@ class TaskReader:
             waiter = self._waiter = self._loop.create_future()
             if deadline is not None:
                 timer = self._loop.call_later(delay, _wake, waiter)
+            self._timed = timer is not None
             try:
                 await waiter
             finally:
                 self._waiter = None
+                self._timed = False
                 if timer is not None:
                     timer.cancel()
             if not self._events:

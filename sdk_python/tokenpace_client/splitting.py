@@ -70,8 +70,8 @@ class TokenSplitter:
     """``unit="token"``: a piece per token."""
 
     def push(self, chunk: Any, tokens: int) -> list[Piece]:
-        text = chunk_text(chunk)
-        if text is None or tokens <= 1:
+        text = chunk_text(chunk) if tokens > 1 else None
+        if text is None:
             return [Piece(chunk, tokens)]
         parts = split_text(text, tokens)
         counts = [1] * len(parts)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from tokenpace_client.qoe import andes_qoe, monotone_qoe
+from tokenpace_client.qoe import andes_of_times, monotone_of_times, token_times
 
 Entries = tuple[tuple[float, int], ...]
 
@@ -46,7 +46,8 @@ class QoE:
         def score(entries: Entries) -> tuple[float, float]:
             if not entries:
                 return 0.0, 0.0
-            return andes_qoe(entries, ttft, tds), monotone_qoe(entries, ttft, tds)
+            times = token_times(entries)
+            return andes_of_times(times, ttft, tds), monotone_of_times(times, ttft, tds)
 
         arrived, shown = score(timeline.arrivals), score(timeline.displayed)
         return cls(arrived[0], arrived[1], shown[0], shown[1])
