@@ -39,7 +39,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """``OpenAI`` and ``AsyncOpenAI`` need the ``openai`` extra; imported on first use."""
     if name in ("OpenAI", "AsyncOpenAI"):
-        from tokenpace_client import clients
-
+        try:
+            from tokenpace_client import clients
+        except ImportError as exc:
+            raise ImportError(
+                f"tokenpace_client.{name} needs openai: pip install 'tokenpace-client[openai]'"
+            ) from exc
         return getattr(clients, name)
     raise AttributeError(f"module 'tokenpace_client' has no attribute {name!r}")
