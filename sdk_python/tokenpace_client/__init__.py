@@ -15,8 +15,7 @@ from tokenpace_client.qoe import andes_qoe, digestion_starts, monotone_qoe
 from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
 from tokenpace_client.telemetry import TelemetrySender, default_sender
 from tokenpace_client.timeline import QoE, Timeline
-
-__version__ = "0.1.0"
+from tokenpace_client.version import __version__
 
 __all__ = [
     "AsyncOpenAI",

@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from tokenpace_client.timeline import QoE, Timeline
+from tokenpace_client.version import __version__
 
 try:
     from opentelemetry import metrics as _metrics
@@ -27,8 +28,6 @@ except ImportError:  # optional: no hard dependency on OpenTelemetry
 def _instruments() -> tuple[Any, Any, Any, Any] | None:
     if _metrics is None:
         return None
-    from tokenpace_client import __version__
-
     meter = _metrics.get_meter("tokenpace-client", __version__)
     return (
         meter.create_histogram(

@@ -37,6 +37,7 @@ from tokenpace_client.telemetry import (
     report_body,
 )
 from tokenpace_client.timeline import QoE, Timeline
+from tokenpace_client.version import __version__
 
 log = logging.getLogger("tokenpace_client")
 
@@ -127,8 +128,6 @@ class _Paced:
         target = destination(str(request.url), request.headers, self.response.headers)
         if target is None:
             return
-        from tokenpace_client import __version__
-
         body = report_body(
             self.request_id, self.ttft, self.tds, self.timeline, self.outcome, __version__
         )
