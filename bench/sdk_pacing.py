@@ -10,7 +10,9 @@ SIMULATED engine (qos.sim on the latency profile, no model runs), then in this p
    ideal release time, the digestion schedule d_k = max(t_k, d_(k-1) + 1/TDS) of its
    measured arrival times (Andes (Liu et al.) §3.1, docs/qoe.md). CPU: this process's
    CPU seconds (all threads) per 1,000 tokens and in % of a core; the difference to
-   openai alone is what the client adds. Loop lag: how late a 10 ms timer of the same
+   openai alone is what the client adds. The arrivals of the paced streams are then
+   replayed from memory (no network, no openai), read directly and through ``apace``:
+   the CPU difference is the pacing's own cost. Loop lag: how late a 10 ms timer of the same
    event loop fires (p99), which separates the pacer's error from the process waiting
    for a CPU.
 2. **What the buffer is worth.** An overloaded engine (``--overload-*``: the slower
@@ -187,6 +189,7 @@ async def cost_run(base_url: str, tds: float, client_kind: str, args: argparse.N
     if client_kind == "paced+telemetry":
         out["telemetry"] = dict(sender.stats)
     if paced:
+        out["arrivals"] = [token_times(s.timeline.arrivals) for s, _ in results]
         errors = [e for stream, _ in results for e in release_errors(stream)]
         out["release_error_ms"] = {
             "p50": 1000 * percentile(errors, 50),
@@ -195,6 +198,43 @@ async def cost_run(base_url: str, tds: float, client_kind: str, args: argparse.N
             "min": 1000 * min(errors),
         }
     return out
+
+
+async def replay_run(arrivals: list[list[float]], tds: float, paced: bool) -> dict:
+    """The measured arrival times replayed from memory (no network, no openai parsing).
+
+    Each stream is an async generator that sleeps until each recorded arrival and yields
+    a prebuilt chunk dict; read through ``apace`` (telemetry off) or directly. The CPU
+    difference is the pacing's own cost.
+    """
+    chunk = {"choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
+
+    async def source(times: list[float], start: float):
+        for t in times:
+            delay = start + t - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            yield chunk
+
+    async def read(times: list[float], start: float) -> int:
+        stream = source(times, start)
+        if paced:
+            stream = tp.apace(stream, tds=tds, telemetry=False)
+        return sum([1 async for _ in stream])
+
+    start = time.monotonic() + 0.1
+    cpu, wall = time.process_time(), time.monotonic()
+    tokens = sum(await asyncio.gather(*(read(times, start) for times in arrivals)))
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    return {
+        "tds": tds,
+        "client": "replay, paced" if paced else "replay, not paced",
+        "tokens": tokens,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "cpu_ms_per_1k_tokens": 1000 * cpu / tokens * 1000,
+        "core_percent": 100 * cpu / wall,
+    }
 
 
 async def overload_run(base_url: str, model: str, args: argparse.Namespace) -> dict:
@@ -250,11 +290,11 @@ def table(results: dict) -> str:
     for r in results["cost"]:
         err = r.get("release_error_ms")
         shown = f"{err['p50']:.2f} / {err['p99']:.2f} / {err['max']:.2f}" if err else "-"
-        lag = r["loop_lag_ms"]
+        lag = r.get("loop_lag_ms")
+        lags = f"{lag['p50']:.2f} / {lag['p99']:.2f}" if lag else "-"
         lines.append(
             f"| {r['tds']:g} | {r['client']} | {r['tokens']} | "
-            f"{r['cpu_ms_per_1k_tokens']:.1f} | {r['core_percent']:.2f} | {shown} | "
-            f"{lag['p50']:.2f} / {lag['p99']:.2f} |"
+            f"{r['cpu_ms_per_1k_tokens']:.1f} | {r['core_percent']:.2f} | {shown} | {lags} |"
         )
     lines += [
         "",
@@ -275,9 +315,14 @@ def table(results: dict) -> str:
 
 async def run(base_url: str, args: argparse.Namespace) -> dict:
     results: dict[str, Any] = {"cost": [], "overload": []}
+    recorded: list[list[float]] = []
     for tds in args.tds:
         for kind in ("openai", "paced", "paced+telemetry"):
             results["cost"].append(await cost_run(base_url, tds, kind, args))
+            recorded = results["cost"][-1].pop("arrivals", None) or recorded
+            print(json.dumps(results["cost"][-1]), flush=True)
+        for paced in (False, True):
+            results["cost"].append(await replay_run(recorded, tds, paced))
             print(json.dumps(results["cost"][-1]), flush=True)
     for model in (FCFS_MODEL, ANDES_MODEL) if args.overload_requests else ():
         results["overload"].append(await overload_run(base_url, model, args))
