@@ -10,8 +10,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev]'
+# The server and, next to it, the client distribution (sdk_python/, tokenpace-client).
+$(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev]' -e './sdk_python[openai]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -29,8 +30,8 @@ format: venv
 vllm:
 	PYTHON=$(PYTHON) scripts/setup-vllm.sh
 
-# System packages the tests use (redis-server and chromium, from Debian; Node.js when it
-# is missing); a no-op when present.
+# System packages the tests use (redis-server, chromium and espeak-ng, from Debian); a no-op
+# when present. Node.js >= 20 must be there already (scripts/check-node.sh says so).
 system-deps:
 	scripts/install-system-deps.sh
 

@@ -1,12 +1,14 @@
 #!/bin/sh
 # System packages the tests need that pip and npm cannot provide, from Debian:
-# redis-server (the shared store) and chromium (/usr/bin/chromium, driven by
-# playwright-core in the browser tests; Playwright's own browser download is not used).
+# redis-server (the shared store), chromium (/usr/bin/chromium, driven by playwright-core
+# in the browser tests; Playwright's own browser download is not used) and espeak-ng (the
+# Python client's voice example speaks with it).
 # A no-op when everything is present; uses sudo only when not root.
 set -eu
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 [ -x /usr/bin/chromium ] || missing="$missing chromium"
+command -v espeak-ng >/dev/null 2>&1 || missing="$missing espeak-ng"
 if [ -z "$missing" ]; then
     exit 0
 fi

@@ -1,0 +1,366 @@
+"""What the Python client's pacing costs and how exact it is, and what its buffer is worth.
+
+Starts the gateway (``tokenpace serve --config``, a process of its own) on its embedded
+SIMULATED engine (qos.sim on the latency profile, no model runs), then in this process:
+
+1. **Cost and accuracy.** ``--streams`` concurrent streams (started over ``--ramp``
+   seconds) at each TDS in ``--tds`` (custom tiers), side by side: read with
+   ``openai.AsyncOpenAI`` (not paced), and through ``tokenpace_client.AsyncOpenAI``
+   with telemetry off and on. Release-time error: each token's display time minus its
+   ideal release time, the digestion schedule d_k = max(t_k, d_(k-1) + 1/TDS) of its
+   measured arrival times (Andes (Liu et al.) §3.1, docs/qoe.md). CPU: this process's
+   CPU seconds (all threads) per 1,000 tokens and in % of a core; the difference to
+   openai alone is what the client adds. The arrivals of the paced streams are then
+   replayed from memory (no network, no openai), read directly and through ``apace``:
+   the CPU difference is the pacing's own cost. Loop lag: how late a 10 ms timer of the same
+   event loop fires (p99), which separates the pacer's error from the process waiting
+   for a CPU.
+2. **What the buffer is worth.** An overloaded engine (``--overload-*``: the slower
+   opt-66b profile with a small batch, Poisson arrivals of chat-tier streams), once with
+   FCFS and once with the shipped Andes policy (``andes-tp``), the embedded backend's
+   ``options.policy``. Per policy: rebuffering events (gaps over 2/TDS between
+   consecutive tokens) per 100 tokens in the arrivals and in what the client displayed,
+   with TTFT and QoE beside them.
+
+Run it as ``flock /tmp/tokenpace-bench.lock .venv/bin/python bench/sdk_pacing.py``;
+``--out DIR`` writes ``results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import tokenpace_client as tp
+from tokenpace_client.qoe import digestion_starts, token_times
+from tokenpace_client.timeline import gaps_over
+
+KEY = "tp-bench-sdk-0000000000000001"
+PACED_MODEL, FCFS_MODEL, ANDES_MODEL = "sim", "sim-fcfs", "sim-andes"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gateway_config(port: int, args: argparse.Namespace) -> dict[str, Any]:
+    overload = {
+        "profile": "opt-66b-4xa100",
+        "max_batch": args.overload_batch,
+        "default_output_tokens": [args.overload_tokens[0], args.overload_tokens[1]],
+    }
+    return {
+        "server": {"host": "127.0.0.1", "port": port},
+        "tenants": [{"name": "bench", "api_keys": [{"key": KEY}], "allow_custom": True}],
+        "backends": [
+            {"name": "sim", "kind": "embedded", "models": [PACED_MODEL]},
+            {
+                "name": "fcfs",
+                "kind": "embedded",
+                "models": [FCFS_MODEL],
+                "options": {**overload, "policy": "fcfs"},
+            },
+            {
+                "name": "andes",
+                "kind": "embedded",
+                "models": [ANDES_MODEL],
+                "options": {**overload, "policy": "andes-tp"},
+            },
+        ],
+        "limits": {"max_tokens": 100000},
+        "telemetry": {"requests_per_minute": 100000},
+        "logging": {"level": "WARNING"},
+    }
+
+
+def start_gateway(tmp: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cfg = tmp / "gateway.json"
+    cfg.write_text(json.dumps(gateway_config(port, args)))
+    tokenpace = Path(sys.executable).parent / "tokenpace"
+    proc = subprocess.Popen(
+        [str(tokenpace), "serve", "--config", str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "gateway.log", "w"),  # noqa: SIM115 - closed with the process
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return proc, f"{url}/v1"
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the gateway did not start: {(tmp / 'gateway.log').read_text()}")
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def release_errors(stream: tp.AsyncPacedStream) -> list[float]:
+    """Per token: display time minus the ideal release time of its measured arrival."""
+    ideal = digestion_starts(token_times(stream.timeline.arrivals), stream.tds)
+    shown = token_times(stream.timeline.displayed)
+    return [s - i for s, i in zip(shown, ideal, strict=True)]
+
+
+async def one_stream(client: Any, model: str, i: int, tokens: int, body: dict) -> Any:
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": f"stream {i}"}],
+        max_tokens=tokens,
+        stream=True,
+        extra_body=body,
+    )
+    got = 0
+    async for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+    return stream, got
+
+
+async def loop_lag(lags: list[float]) -> None:
+    """Append how late each 10 ms sleep of this event loop wakes, until cancelled."""
+    while True:
+        started = time.monotonic()
+        await asyncio.sleep(0.01)
+        lags.append(time.monotonic() - started - 0.01)
+
+
+async def cost_run(base_url: str, tds: float, client_kind: str, args: argparse.Namespace) -> dict:
+    """``--streams`` concurrent streams at ``tds``: CPU of this process, release errors."""
+    tokens = min(args.max_tokens, max(20, round(tds * args.seconds)))
+    paced = client_kind != "openai"
+    if paced:
+        sender = tp.TelemetrySender() if client_kind == "paced+telemetry" else False
+        client = tp.AsyncOpenAI(
+            base_url=base_url, api_key=KEY, max_retries=0, timeout=120.0, telemetry=sender
+        )
+    else:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0, timeout=120.0)
+    body = {"tokenpace": {"tds": tds}}
+    await one_stream(client, PACED_MODEL, -1, 5, body)  # warm the connection pool
+
+    async def started(i: int) -> Any:
+        await asyncio.sleep(args.ramp * i / args.streams)
+        return await one_stream(client, PACED_MODEL, i, tokens, body)
+
+    lags: list[float] = []
+    ticker = asyncio.create_task(loop_lag(lags))
+    cpu, wall = time.process_time(), time.monotonic()
+    results = await asyncio.gather(*(started(i) for i in range(args.streams)))
+    if client_kind == "paced+telemetry":
+        await asyncio.to_thread(sender.flush, 30.0)  # its CPU counts
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    ticker.cancel()
+    await client.close()
+    total = sum(got for _, got in results)
+    out = {
+        "tds": tds,
+        "client": client_kind,
+        "streams": args.streams,
+        "tokens_per_stream": tokens,
+        "tokens": total,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "cpu_ms_per_1k_tokens": 1000 * cpu / total * 1000,
+        "core_percent": 100 * cpu / wall,
+        "loop_lag_ms": {"p50": 1000 * percentile(lags, 50), "p99": 1000 * percentile(lags, 99)},
+    }
+    if client_kind == "paced+telemetry":
+        out["telemetry"] = dict(sender.stats)
+    if paced:
+        out["arrivals"] = [token_times(s.timeline.arrivals) for s, _ in results]
+        errors = [e for stream, _ in results for e in release_errors(stream)]
+        out["release_error_ms"] = {
+            "p50": 1000 * percentile(errors, 50),
+            "p99": 1000 * percentile(errors, 99),
+            "max": 1000 * max(errors),
+            "min": 1000 * min(errors),
+        }
+    return out
+
+
+async def replay_run(arrivals: list[list[float]], tds: float, paced: bool) -> dict:
+    """The measured arrival times replayed from memory (no network, no openai parsing).
+
+    Each stream is an async generator that sleeps until each recorded arrival and yields
+    a prebuilt chunk dict; read through ``apace`` (telemetry off) or directly. The CPU
+    difference is the pacing's own cost.
+    """
+    chunk = {"choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
+
+    async def source(times: list[float], start: float):
+        for t in times:
+            delay = start + t - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            yield chunk
+
+    async def read(times: list[float], start: float) -> int:
+        stream = source(times, start)
+        if paced:
+            stream = tp.apace(stream, tds=tds, telemetry=False)
+        return sum([1 async for _ in stream])
+
+    start = time.monotonic() + 0.1
+    cpu, wall = time.process_time(), time.monotonic()
+    tokens = sum(await asyncio.gather(*(read(times, start) for times in arrivals)))
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    return {
+        "tds": tds,
+        "client": "replay, paced" if paced else "replay, not paced",
+        "tokens": tokens,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "cpu_ms_per_1k_tokens": 1000 * cpu / tokens * 1000,
+        "core_percent": 100 * cpu / wall,
+    }
+
+
+async def overload_run(base_url: str, model: str, args: argparse.Namespace) -> dict:
+    """Poisson arrivals of paced chat-tier streams on an overloaded engine."""
+    rng = random.Random(args.seed)
+    client = tp.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0, tier="chat")
+    streams: list[Any] = []
+
+    async def one(i: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        stream, _ = await one_stream(client, model, i, rng_tokens[i], {})
+        streams.append(stream)
+
+    starts, t = [], 0.0
+    for _ in range(args.overload_requests):
+        t += rng.expovariate(args.overload_rate)
+        starts.append(t)
+    lo, hi = args.overload_tokens
+    rng_tokens = [rng.randint(lo, hi) for _ in starts]
+    await asyncio.gather(*(one(i, s) for i, s in enumerate(starts)))
+    await client.close()
+    tds = streams[0].tds
+    limit = 2.0 / tds
+    tokens = sum(n for s in streams for _, n in s.timeline.arrivals)
+
+    def per_100(kind: str) -> float:
+        events = sum(gaps_over(getattr(s.timeline, kind), limit) for s in streams)
+        return 100.0 * events / tokens
+
+    ttfts = [s.timeline.arrivals[0][0] for s in streams]
+    return {
+        "model": model,
+        "requests": len(streams),
+        "tokens": tokens,
+        "rebuffering_per_100_tokens": {
+            "arrivals": per_100("arrivals"),
+            "displayed": per_100("displayed"),
+        },
+        "ttft_s": {"p50": percentile(ttfts, 50), "p90": percentile(ttfts, 90)},
+        "qoe_mean": {
+            name: statistics.fmean(getattr(s.qoe, name) for s in streams)
+            for name in ("andes", "monotone", "displayed_andes", "displayed_monotone")
+        },
+    }
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| TDS | client | tokens | CPU ms / 1k tokens | % of a core "
+        "| release error p50 / p99 / max (ms) | loop lag p50 / p99 (ms) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results["cost"]:
+        err = r.get("release_error_ms")
+        shown = f"{err['p50']:.2f} / {err['p99']:.2f} / {err['max']:.2f}" if err else "-"
+        lag = r.get("loop_lag_ms")
+        lags = f"{lag['p50']:.2f} / {lag['p99']:.2f}" if lag else "-"
+        lines.append(
+            f"| {r['tds']:g} | {r['client']} | {r['tokens']} | "
+            f"{r['cpu_ms_per_1k_tokens']:.1f} | {r['core_percent']:.2f} | {shown} | {lags} |"
+        )
+    lines += [
+        "",
+        "| policy | requests | tokens | rebuffering / 100 tokens: arrivals | displayed "
+        "| TTFT p50 / p90 (s) | QoE arrivals (Andes / monotone) | QoE displayed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results["overload"]:
+        q, reb = r["qoe_mean"], r["rebuffering_per_100_tokens"]
+        lines.append(
+            f"| {r['model']} | {r['requests']} | {r['tokens']} | {reb['arrivals']:.2f} | "
+            f"{reb['displayed']:.2f} | {r['ttft_s']['p50']:.2f} / {r['ttft_s']['p90']:.2f} | "
+            f"{q['andes']:.3f} / {q['monotone']:.3f} | "
+            f"{q['displayed_andes']:.3f} / {q['displayed_monotone']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+async def run(base_url: str, args: argparse.Namespace) -> dict:
+    results: dict[str, Any] = {"cost": [], "overload": []}
+    recorded: list[list[float]] = []
+    for tds in args.tds:
+        for kind in ("openai", "paced", "paced+telemetry"):
+            results["cost"].append(await cost_run(base_url, tds, kind, args))
+            recorded = results["cost"][-1].pop("arrivals", None) or recorded
+            print(json.dumps(results["cost"][-1]), flush=True)
+        for paced in (False, True):
+            results["cost"].append(await replay_run(recorded, tds, paced))
+            print(json.dumps(results["cost"][-1]), flush=True)
+    for model in (FCFS_MODEL, ANDES_MODEL) if args.overload_requests else ():
+        results["overload"].append(await overload_run(base_url, model, args))
+        print(json.dumps(results["overload"][-1]), flush=True)
+    sender = tp.default_sender()
+    await asyncio.to_thread(sender.flush, 30.0)  # the reports, before the gateway goes
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument("--tds", type=float, nargs="+", default=[4.8, 50.0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="reading time per stream")
+    parser.add_argument("--max-tokens", type=int, default=300, help="cap on tokens per stream")
+    parser.add_argument("--ramp", type=float, default=2.0, help="seconds to start the streams")
+    parser.add_argument("--overload-requests", type=int, default=80)
+    parser.add_argument("--overload-rate", type=float, default=4.0, help="requests per second")
+    parser.add_argument("--overload-batch", type=int, default=8)
+    parser.add_argument("--overload-tokens", type=int, nargs=2, default=[30, 90])
+    parser.add_argument("--seed", type=int, default=20261124)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, base_url = start_gateway(Path(tmp), args)
+        try:
+            results = asyncio.run(run(base_url, args))
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    results["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    print(table(results))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

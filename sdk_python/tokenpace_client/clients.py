@@ -1,0 +1,142 @@
+"""Drop-in replacements for openai's clients: change the import, get paced streams.
+
+``tokenpace_client.OpenAI`` / ``AsyncOpenAI`` accept everything openai's clients accept,
+plus ``tier=`` (the default tier, sent as ``tokenpace.tier`` in the body of every
+completions request that names no tier of its own, by header or body) and the pacing
+options of :func:`tokenpace_client.pace` (``unit``, ``end``, ``telemetry``).
+``client.chat.completions.create(..., stream=True)`` returns a paced stream; everything
+else (non-streaming calls, ``with_raw_response``, other resources) is openai's, unchanged.
+The default tier goes through openai's ``_prepare_options`` hook (pinned: openai 3.x).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cached_property
+from typing import Any
+
+import openai
+from openai.resources.chat import AsyncChat, AsyncCompletions, Chat, Completions
+
+from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
+
+_TIER_HEADER = "x-tokenpace-tier"
+
+
+def _with_default_tier(options: Any, tier: str | None) -> Any:
+    """``options`` with ``tokenpace: {"tier": tier}`` added to a completions body naming no tier."""
+    if tier is None or options.method.lower() != "post":
+        return options
+    if not options.url.rstrip("/").endswith("completions"):
+        return options
+    body, extra = options.json_data, options.extra_json or {}
+    if not isinstance(body, dict) or "tokenpace" in body or "tokenpace" in extra:
+        return options
+    headers = options.headers if isinstance(options.headers, dict) else {}
+    if any(str(k).lower() == _TIER_HEADER for k in headers):
+        return options
+    return options.model_copy(update={"extra_json": {**extra, "tokenpace": {"tier": tier}}})
+
+
+class _PacedCompletions(Completions):
+    def create(self, **kwargs: Any) -> Any:  # type: ignore[override]
+        if kwargs.get("stream") is not True:
+            return super().create(**kwargs)
+        sent_at = time.monotonic()
+        stream = super().create(**kwargs)
+        if not isinstance(stream, openai.Stream):  # e.g. a raw response: unchanged
+            return stream
+        return pace(stream, sent_at=sent_at, **self._client._tokenpace_pacing)
+
+
+class _PacedChat(Chat):
+    @cached_property
+    def completions(self) -> _PacedCompletions:
+        return _PacedCompletions(self._client)
+
+
+class _AsyncPacedCompletions(AsyncCompletions):
+    async def create(self, **kwargs: Any) -> Any:  # type: ignore[override]
+        if kwargs.get("stream") is not True:
+            return await super().create(**kwargs)
+        sent_at = time.monotonic()
+        stream = await super().create(**kwargs)
+        if not isinstance(stream, openai.AsyncStream):
+            return stream
+        return apace(stream, sent_at=sent_at, **self._client._tokenpace_pacing)
+
+
+class _AsyncPacedChat(AsyncChat):
+    @cached_property
+    def completions(self) -> _AsyncPacedCompletions:
+        return _AsyncPacedCompletions(self._client)
+
+
+def _pacing(unit: str, end: str, telemetry: Any) -> dict[str, Any]:
+    from tokenpace_client.settings import resolve
+
+    resolve({}, tds=None, ttft=None, unit=unit, end=end)  # ValueError naming a bad argument
+    return {"unit": unit, "end": end, "telemetry": telemetry}
+
+
+class OpenAI(openai.OpenAI):
+    """``openai.OpenAI`` whose streaming chat completions are paced (:class:`PacedStream`)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        tier: str | None = None,
+        unit: str = "token",
+        end: str = "drain",
+        telemetry: Any = True,
+        **kwargs: Any,
+    ) -> None:
+        self.tier = tier
+        self._tokenpace_pacing = _pacing(unit, end, telemetry)
+        super().__init__(*args, **kwargs)
+
+    @cached_property
+    def chat(self) -> _PacedChat:  # type: ignore[override]
+        return _PacedChat(self)
+
+    def _prepare_options(self, options: Any) -> Any:
+        return _with_default_tier(super()._prepare_options(options), self.tier)
+
+    def copy(self, *args: Any, _extra_kwargs: Any = None, **kwargs: Any) -> Any:
+        extra = {"tier": self.tier, **self._tokenpace_pacing, **(_extra_kwargs or {})}
+        return super().copy(*args, _extra_kwargs=extra, **kwargs)
+
+    with_options = copy
+
+
+class AsyncOpenAI(openai.AsyncOpenAI):
+    """``openai.AsyncOpenAI`` whose streaming chat completions are paced (async)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        tier: str | None = None,
+        unit: str = "token",
+        end: str = "drain",
+        telemetry: Any = True,
+        **kwargs: Any,
+    ) -> None:
+        self.tier = tier
+        self._tokenpace_pacing = _pacing(unit, end, telemetry)
+        super().__init__(*args, **kwargs)
+
+    @cached_property
+    def chat(self) -> _AsyncPacedChat:  # type: ignore[override]
+        return _AsyncPacedChat(self)
+
+    async def _prepare_options(self, options: Any) -> Any:
+        return _with_default_tier(await super()._prepare_options(options), self.tier)
+
+    def copy(self, *args: Any, _extra_kwargs: Any = None, **kwargs: Any) -> Any:
+        extra = {"tier": self.tier, **self._tokenpace_pacing, **(_extra_kwargs or {})}
+        return super().copy(*args, _extra_kwargs=extra, **kwargs)
+
+    with_options = copy
+
+
+__all__ = ["AsyncOpenAI", "AsyncPacedStream", "OpenAI", "PacedStream"]

@@ -1,0 +1,124 @@
+"""QoE of a streamed reply, in pure Python: the client's copy of ``qos.timeline``/``qos.metrics``.
+
+The same formulas as the gateway's (docs/qoe.md), checked against the shared test
+vectors ``tests/vectors/qoe.json`` that are generated from ``qos.metrics``:
+
+- the digestion schedule (Andes (Liu et al.) §3.1: the reader takes 1/TDS per token,
+  never before it arrives): d_k = max(t_k, d_(k-1) + 1/TDS), in the closed form
+  d_k = (k-1)/TDS + max_(j<=k) (t_j - (j-1)/TDS);
+- Andes QoE, Andes (Liu et al.) §3.1 Eq. 1, in closed form;
+- the monotone QoE of docs/qoe.md, which delaying a token can never raise.
+
+A timeline is ``[(seconds since the request, tokens), ...]`` per chunk, or per-token times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+Timeline = Sequence[tuple[float, int]] | Sequence[float]
+
+
+def token_times(timeline: Timeline) -> list[float]:
+    """Per-token arrival times of ``timeline``, validated as ``qos.timeline.token_times`` does.
+
+    Raises ``ValueError`` when it is empty, has negative or non-finite times, is not
+    non-decreasing, or a chunk has a non-positive token count.
+    """
+    times: list[float] = []
+    for entry in timeline:
+        if isinstance(entry, tuple | list):
+            t, n = entry
+            if int(n) != n or n <= 0:
+                raise ValueError("timeline: chunk token counts must be positive integers")
+            times.extend([float(t)] * int(n))
+        else:
+            times.append(float(entry))
+    if not times:
+        raise ValueError("timeline: empty timeline; a reply needs at least one token")
+    for i, t in enumerate(times):
+        if not math.isfinite(t) or t < 0:
+            raise ValueError(f"timeline: times must be finite and >= 0, got {t}")
+        if i and t < times[i - 1]:
+            raise ValueError(f"timeline: not non-decreasing (token {i} at {t})")
+    return times
+
+
+def check_expectation(ttft: float, tds: float) -> None:
+    """Raise ``ValueError`` unless TTFT >= 0 and TDS > 0 (both finite)."""
+    if not math.isfinite(ttft) or ttft < 0:
+        raise ValueError(f"ttft: must be a finite number >= 0, got {ttft}")
+    if not math.isfinite(tds) or tds <= 0:
+        raise ValueError(f"tds: must be a finite number > 0, got {tds}")
+
+
+def digestion_starts(times: Sequence[float], tds: float, hold_until: float = 0.0) -> list[float]:
+    """When the reader starts each token: d_k = max(t_k, d_(k-1) + 1/TDS).
+
+    Andes (Liu et al.) §3.1, docs/qoe.md recursion (D); this is the pacing schedule.
+    ``hold_until`` holds earlier tokens until then (the monotone QoE holds them until TTFT).
+    """
+    starts: list[float] = []
+    run = -math.inf
+    for k, t in enumerate(times):
+        offset = k / tds
+        run = max(run, max(t, hold_until) - offset)
+        starts.append(offset + run)
+    return starts
+
+
+def _digested_area(start: float, until: float, tds: float) -> float:
+    """∫_0^until of one token's digestion ramp (0 at its start, 1 a 1/TDS later)."""
+    u = max(until - start, 0.0)
+    step = 1.0 / tds
+    return 0.5 * tds * u * u if u <= step else u - 0.5 * step
+
+
+def _expected_area(until: float, ttft: float, tds: float, length: float) -> float:
+    """∫_0^until min(T(t), l) dt, T(t) = TDS·(t - TTFT)⁺: the denominator of Andes Eq. 1."""
+    u = max(until - ttft, 0.0)
+    ramp = length / tds
+    return 0.5 * tds * u * u if u <= ramp else 0.5 * length * ramp + length * (u - ramp)
+
+
+def andes_qoe(timeline: Timeline, ttft: float, tds: float) -> float:
+    """Andes QoE, Andes (Liu et al.) §3.1 Eq. 1: S_actual / S_expected up to the last token.
+
+    A is the reader's digestion curve, T the expected curve; clamped to [0, 1]; a reply
+    fully delivered before the expected TTFT scores 1 (docs/qoe.md).
+    """
+    times = token_times(timeline)
+    check_expectation(ttft, tds)
+    return andes_of_times(times, ttft, tds)
+
+
+def andes_of_times(times: Sequence[float], ttft: float, tds: float) -> float:
+    """:func:`andes_qoe` of validated per-token ``times``."""
+    ttlt = times[-1]
+    s_expected = _expected_area(ttlt, ttft, tds, float(len(times)))
+    if s_expected <= 0.0:
+        return 1.0
+    starts = digestion_starts(times, tds)
+    s_actual = math.fsum(_digested_area(d, ttlt, tds) for d in starts)
+    return min(max(s_actual / s_expected, 0.0), 1.0)
+
+
+def monotone_qoe(timeline: Timeline, ttft: float, tds: float) -> float:
+    """Monotone QoE (docs/qoe.md): E / (E + deficit), E = l²/(2·TDS).
+
+    deficit = Σ_k (d'_k - e_k): d'_k the digestion start with tokens held until the
+    expected TTFT, e_k = TTFT + (k-1)/TDS (the expected curve of Andes Eq. 1).
+    """
+    times = token_times(timeline)
+    check_expectation(ttft, tds)
+    return monotone_of_times(times, ttft, tds)
+
+
+def monotone_of_times(times: Sequence[float], ttft: float, tds: float) -> float:
+    """:func:`monotone_qoe` of validated per-token ``times``."""
+    starts = digestion_starts(times, tds, hold_until=ttft)
+    deficit = math.fsum(d - (ttft + k / tds) for k, d in enumerate(starts))
+    n = len(times)
+    area = n * n / (2.0 * tds)
+    return area / (area + deficit)

@@ -1,0 +1,155 @@
+"""Readers: a thread (sync) or a task (async) that reads the upstream eagerly.
+
+A reader never waits for the display: it timestamps each chunk with the clock and puts
+it in an unbounded queue, so the HTTP read runs at the network's pace. It owns the
+upstream and closes it when it stops, whether the stream ended, failed or was closed
+(:meth:`ThreadReader.stop`, :meth:`TaskReader.cancel`). The paced stream waits on
+``get(deadline)``: the next event, or ``None`` once ``deadline`` (clock time) passes.
+
+An event is ``(kind, at, payload)``: ``("chunk", at, chunk)``, ``("end", at, None)`` or
+``("error", at, exception)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from typing import Any
+
+from tokenpace_client.clock import Clock
+
+Event = tuple[str, float, Any]
+
+
+class ThreadReader:
+    """Reads a sync iterable in a daemon thread."""
+
+    def __init__(
+        self,
+        iterable: Iterable[Any],
+        clock: Clock,
+        *,
+        close: Callable[[], None],
+        interrupt: Callable[[], None],
+    ) -> None:
+        self._clock = clock
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._stopped = threading.Event()
+        self._close = close
+        self._interrupt = interrupt
+        self._thread = threading.Thread(
+            target=self._run, args=(iterable,), name="tokenpace-reader", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, iterable: Iterable[Any]) -> None:
+        clock, put = self._clock, self._events.put
+        try:
+            for chunk in iterable:
+                if self._stopped.is_set():
+                    return
+                put(("chunk", clock.now(), chunk))
+            put(("end", clock.now(), None))
+        except Exception as exc:  # handed to the consumer, raised after what arrived
+            put(("error", clock.now(), exc))
+        finally:
+            with contextlib.suppress(Exception):
+                self._close()
+
+    def get(self, deadline: float | None) -> Event | None:
+        timeout = None if deadline is None else max(0.0, deadline - self._clock.now())
+        try:
+            return self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def stop(self, wait_s: float) -> None:
+        """Stop reading and close the upstream: wake a blocked read, wait up to ``wait_s``."""
+        self._stopped.set()
+        with contextlib.suppress(Exception):
+            self._interrupt()
+        if wait_s > 0 and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
+
+
+class TaskReader:
+    """Reads an async iterable in a task of the running event loop.
+
+    Events go into a deque; a waiting :meth:`get` is woken by a timer at its deadline
+    (one future and one timer handle per wait, no exception on the usual timed-out
+    wait) or by the next event. While a release is pending (a deadline), a chunk does
+    not wake it: its pieces go out after the pending one, so it is read at the deadline,
+    with the time the reader stamped on it; the end of the stream and errors wake it.
+    """
+
+    def __init__(
+        self,
+        open_iterable: Callable[[], Awaitable[AsyncIterable[Any]]],
+        clock: Clock,
+        *,
+        close: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._clock = clock
+        self._events: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._timed = False  # the waiter has a deadline
+        self._close = close
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(open_iterable), name="tokenpace-reader")
+
+    def _put(self, event: Event) -> None:
+        self._events.append(event)
+        if not (self._timed and event[0] == "chunk"):
+            _wake(self._waiter)
+
+    async def _run(self, open_iterable: Callable[[], Awaitable[AsyncIterable[Any]]]) -> None:
+        clock, put = self._clock, self._put
+        try:
+            async for chunk in await open_iterable():
+                put(("chunk", clock.now(), chunk))
+            put(("end", clock.now(), None))
+        except Exception as exc:
+            put(("error", clock.now(), exc))
+        finally:
+            with contextlib.suppress(Exception):
+                await self._close()
+
+    async def get(self, deadline: float | None) -> Event | None:
+        if not self._events:
+            timer = None
+            if deadline is not None:
+                delay = deadline - self._clock.now()
+                if delay <= 0:
+                    return None
+            waiter = self._waiter = self._loop.create_future()
+            if deadline is not None:
+                timer = self._loop.call_later(delay, _wake, waiter)
+            self._timed = timer is not None
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                self._timed = False
+                if timer is not None:
+                    timer.cancel()
+            if not self._events:
+                return None
+        return self._events.popleft()
+
+    def cancel(self) -> None:
+        """Stop reading; the task closes the upstream as it ends."""
+        self._task.cancel()
+
+    async def stop(self) -> None:
+        """Stop reading and wait until the upstream is closed."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)

@@ -1,0 +1,79 @@
+"""What a stream is paced to: explicit arguments, else the gateway's headers, else the chat tier.
+
+The gateway announces the tier it serves in ``X-TokenPace-Tier``, ``X-TokenPace-TTFT``
+and ``X-TokenPace-TDS`` (docs/protocol.md, "Gateway → client"), and the request id in
+``X-Request-Id``. Without headers or arguments: the chat tier, TTFT 1.0 s, TDS 4.8
+tokens/s (Andes (Liu et al.) Table 1's reading speed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tokenpace_client.pacer import ENDS, End
+from tokenpace_client.splitting import UNITS, Unit
+
+DEFAULT_TIER = "chat"
+DEFAULT_TTFT = 1.0
+DEFAULT_TDS = 4.8
+
+
+@dataclass(frozen=True)
+class Settings:
+    tier: str
+    ttft: float
+    tds: float
+    unit: Unit
+    end: End
+    request_id: str | None
+
+
+def _number(name: str, value: object, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}: must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name}: must be a finite number {bound}, got {value!r}")
+    return number
+
+
+def _header(headers: Mapping[str, str], name: str, *, positive: bool) -> float | None:
+    try:
+        return _number(name, float(headers[name]), positive=positive)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def resolve(
+    headers: Mapping[str, str],
+    *,
+    tds: float | None,
+    ttft: float | None,
+    unit: str,
+    end: str,
+) -> Settings:
+    """The pacing of one stream; ``ValueError`` naming the argument when one is bad."""
+    if tds is not None:
+        tds = _number("tds", tds, positive=True)
+    if ttft is not None:
+        ttft = _number("ttft", ttft, positive=False)
+    if unit not in UNITS:
+        raise ValueError(f"unit: must be one of {', '.join(UNITS)}; got {unit!r}")
+    if end not in ENDS:
+        raise ValueError(f"end: must be one of {', '.join(ENDS)}; got {end!r}")
+    header_tds = _header(headers, "X-TokenPace-TDS", positive=True)
+    header_ttft = _header(headers, "X-TokenPace-TTFT", positive=False)
+    tier = headers.get("X-TokenPace-Tier")
+    if tier is None:
+        tier = DEFAULT_TIER if tds is None and ttft is None else "custom"
+    return Settings(
+        tier=tier,
+        ttft=ttft if ttft is not None else header_ttft if header_ttft is not None else DEFAULT_TTFT,
+        tds=tds if tds is not None else header_tds if header_tds is not None else DEFAULT_TDS,
+        unit=unit,  # type: ignore[arg-type]
+        end=end,  # type: ignore[arg-type]
+        request_id=headers.get("X-Request-Id"),
+    )
