@@ -1,7 +1,7 @@
 """Virtual Token Counter (VTC): weighted fair share of LLM service between tenants.
 
 From "Fairness in Serving Large Language Models" (Sheng et al.), as presented in the
-slides ../shared/papers/001: service W = w_p·n_prefill + w_q·n_decode (w_p = 1,
+slides: service W = w_p·n_prefill + w_q·n_decode (w_p = 1,
 w_q = 2), each tenant's counter grows by its service divided by its weight, the
 tenant with the least counter is served first, and a tenant that becomes active again
 has its counter lifted so it can neither bank idle time nor be punished for it:
