@@ -8,8 +8,8 @@ has room; otherwise it waits in the gateway's queue. The head is the request of 
 tenant with the least virtual token counter, and within a tenant the one with the
 earliest TTFT deadline (arrival + its tier's TTFT); VTC as in the slides of "Fairness in
 Serving Large Language Models" (Sheng et al.): prompt tokens are charged at admission
-(``w_p``), output tokens as they stream (``w_q``), divided by the tenant's weight, and an idle tenant's counter
-is lifted when it queues again.
+(``w_p``), output tokens as they stream (``w_q``), divided by the tenant's weight, and
+an idle tenant's counter is lifted when it queues again.
 
 Across replicas (docs/architecture.md, "Fair share across replicas"): the queue itself
 is in the store. Every queued request has an entry there (tenant, deadline), the

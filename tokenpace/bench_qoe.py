@@ -202,7 +202,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--n", type=int, default=None, help="requests (default: the whole trace)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trace", default=None, help="Andes trace: the authors' JSON or a CSV (default: the shipped CSV)")
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="Andes trace: the authors' JSON or a CSV (default: the shipped CSV)",
+    )
     parser.add_argument(
         "--table-rate", type=float, default=None, help="rate for Table 4 percentiles"
     )
