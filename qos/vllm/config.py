@@ -5,9 +5,9 @@ its settings from the engine's environment (defaults in brackets):
 
 - ``TOKENPACE_POLICY``: the qos policy asked each iteration, by its name in
   :data:`qos.policy.registry.POLICIES`: ``andes-tp`` (default: Andes as tokenpace ships
-  it, :func:`qos.policy.andes.tokenpace_andes`, preemption cap 0.3 and stall charge 4),
-  ``andes`` (the paper's settings), ``fair-andes``, ``fair-andes-tp``, ``fcfs``, ``vtc``,
-  ``round-robin``, ...
+  it, :func:`qos.policy.andes.tokenpace_andes`, preemption cap 0.3, stall charge 4 and
+  the ``tp_weight`` tags acting as tenant weights), ``andes`` (the paper's settings),
+  ``andes-tp-unweighted``, ``fcfs``, ``vtc``, ``round-robin``, ...
 - ``TOKENPACE_OBJECTIVE``: Andes objective, ``average``, ``max-min`` or ``perfect``
   [average].
 - ``TOKENPACE_PROFILE``: latency profile: ``online`` (default: fitted from the engine's
