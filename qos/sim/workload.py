@@ -107,6 +107,10 @@ class Tier:
 
 CHAT = Tier("chat", 1.0, READING_TDS)
 VOICE = Tier("voice", 1.0, SPEAKING_TDS)
+FAST = Tier("fast", 0.5, 25.0)
+BATCH = Tier("batch", 60.0, 50.0)
+TIERS = {t.name: t for t in (CHAT, VOICE, FAST, BATCH)}
+"""The gateway's default tiers (``gateway.config.DEFAULT_TIERS``), by name."""
 
 
 def estimate_prompt_tokens(prompt: str) -> int:
@@ -251,6 +255,37 @@ def _parse_tier_mix(tier_mix: TierMix) -> tuple[list[Tier], np.ndarray]:
     if len({t.name for t in tiers}) != len(tiers):
         raise ValueError("tier_mix: tier names must be unique")
     return tiers, _shares(shares, "tier_mix")
+
+
+def parse_tier_mix(text: str) -> list[tuple[Tier, float]]:
+    """``"chat=0.5,voice=0.3,fast=0.2"`` (names of :data:`TIERS`) as ``[(Tier, share)]``."""
+    mix = []
+    for part in text.split(","):
+        name, _, share = part.strip().partition("=")
+        if name not in TIERS:
+            raise ValueError(f"tier mix: unknown tier {name!r}; use {', '.join(TIERS)}")
+        try:
+            mix.append((TIERS[name], float(share)))
+        except ValueError:
+            raise ValueError(f"tier mix: {part.strip()!r} is not NAME=SHARE") from None
+    _shares([s for _, s in mix], "tier mix")
+    return mix
+
+
+def parse_tenants(text: str) -> list[tuple[str, float, float]]:
+    """``"free:1:0.33,pro:2:0.33,ent:4:0.34"`` (name:weight:share) as a tenant mix."""
+    tenants = []
+    for part in text.split(","):
+        fields = part.strip().split(":")
+        try:
+            name, weight, share = fields[0], float(fields[1]), float(fields[2])
+        except (IndexError, ValueError):
+            raise ValueError(f"tenants: {part.strip()!r} is not NAME:WEIGHT:SHARE") from None
+        if len(fields) != 3 or not name:
+            raise ValueError(f"tenants: {part.strip()!r} is not NAME:WEIGHT:SHARE")
+        tenants.append((name, weight, share))
+    _parse_tenants(tenants)
+    return tenants
 
 
 def _parse_tenants(tenants: TenantMix) -> tuple[list[str], np.ndarray, np.ndarray]:
