@@ -18,7 +18,7 @@ from tokenpace.bench_qoe import main
 
 def test_water_fill_is_weighted_max_min():
     w = np.array([1.0, 2.0, 4.0])
-    np.testing.assert_allclose(water_fill(np.array([10.0, 10.0, 10.0]), w, 21.0), [3, 6, 12])
+    np.testing.assert_allclose(water_fill(np.array([10.0, 10.0, 20.0]), w, 21.0), [3, 6, 12])
     # the weight-4 tenant asks for less than its share: it gets all of it, the rest 1 : 2
     np.testing.assert_allclose(
         water_fill(np.array([10.0, 10.0, 5.0]), w, 21.0), [16 / 3, 32 / 3, 5]
