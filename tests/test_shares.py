@@ -19,9 +19,11 @@ from tokenpace.bench_qoe import main
 def test_water_fill_is_weighted_max_min():
     w = np.array([1.0, 2.0, 4.0])
     np.testing.assert_allclose(water_fill(np.array([10.0, 10.0, 20.0]), w, 21.0), [3, 6, 12])
-    # the weight-4 tenant asks for less than its share: it gets all of it, the rest 1 : 2
+    # the weight-4 tenant asks for less than its share: it gets all of it, the rest goes
+    # 1 : 2 until the weight-2 tenant has all it asks, then to the last one
+    np.testing.assert_allclose(water_fill(np.array([10.0, 10.0, 5.0]), w, 21.0), [6, 10, 5])
     np.testing.assert_allclose(
-        water_fill(np.array([10.0, 10.0, 5.0]), w, 21.0), [16 / 3, 32 / 3, 5]
+        water_fill(np.array([10.0, 20.0, 5.0]), w, 21.0), [16 / 3, 32 / 3, 5]
     )
     # enough for everyone: everyone gets what it asks
     np.testing.assert_allclose(water_fill(np.array([1.0, 2.0, 3.0]), w, 6.0), [1, 2, 3])
