@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from gateway.config import (
     hash_key,
     load_config,
 )
+from gateway.serveability import unservable_tiers
 
 DEMO_KEY_ENV = "TOKENPACE_DEMO_KEY"
 
@@ -168,6 +170,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
         print(f"tokenpace serve: {exc}", file=sys.stderr)
         return 2
     print(banner(config, f"http://{_display_host(host)}:{port}", demo_key), flush=True)
+    for warning in unservable_tiers(config):
+        logging.getLogger("tokenpace.gateway").warning("%s", warning)
     freeze_startup_objects()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -224,6 +228,8 @@ def _check_ns(ns: argparse.Namespace) -> int:
     )
     if not config.backends:
         print(f"{ns.file}: warning: no backends; every request would get 404", file=sys.stderr)
+    for warning in unservable_tiers(config):
+        print(f"{ns.file}: warning: {warning}", file=sys.stderr)
     return 0
 
 
