@@ -114,6 +114,16 @@ def test_every_registry_policy_is_a_plugin_policy(name: str) -> None:
             assert getattr(policy, option) == getattr(expected, option), option
 
 
+def test_fair_share_slack_reaches_the_shipped_policy() -> None:
+    profile = get_profile("llama-3.1-8b-h100")
+    policy = PluginConfig.from_env({"TOKENPACE_FAIR_SHARE_SLACK": "256"}).build_policy(profile)
+    assert isinstance(policy, Andes) and policy.shares is not None
+    assert policy.shares.slack == 256.0
+    assert PluginConfig.from_env({}).build_policy(profile).shares.slack == 16384.0
+    with pytest.raises(ValueError, match="TOKENPACE_FAIR_SHARE_SLACK"):
+        PluginConfig.from_env({"TOKENPACE_FAIR_SHARE_SLACK": "-1"})
+
+
 def test_andes_options_apply_to_the_named_policy() -> None:
     env = {
         "TOKENPACE_POLICY": "andes-tp-unweighted",
