@@ -90,3 +90,11 @@ def test_serve_warns_at_start_up(tmp_path: Path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_price_tiering_example_is_valid_and_warns_about_its_fast_tier(capsys):
+    example = Path(__file__).resolve().parents[1] / "examples" / "price_tiering" / "gateway.yaml"
+    assert check_config([str(example)]) == 0
+    err = capsys.readouterr().err
+    assert "tier 'fast' promises 25 tokens/s, but backend 'sim'" in err
+    assert "tier 'batch'" in err  # enterprise may use every tier
