@@ -21,8 +21,8 @@ the request in the engine at once (KV freed, row removed, queue dropped).
 A request becomes one :class:`qos.sim.workload.SimRequest` per choice (``n`` × prompts,
 batched like vLLM's sequences) with
 
-- the tier's expected TTFT/TDS, the tenant and its weight (what Andes and fair Andes
-  schedule on), arrival = when the gateway received it;
+- the tier's expected TTFT/TDS, the tenant and its weight (what andes-tp, weights
+  included, schedules on), arrival = when the gateway received it;
 - prompt tokens estimated from the text as ``qos.sim.workload`` does (chars/4: the
   contents of the messages, or the prompt; a prompt of token ids counts its ids);
 - output tokens = ``max_completion_tokens`` or ``max_tokens`` exactly (finish reason
