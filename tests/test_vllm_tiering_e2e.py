@@ -6,8 +6,10 @@ plugin with its default policy, ``andes-tp``. The tokenpace gateway in front of 
 two tenants, ``basic`` (weight 1) and ``premium`` (weight 4), and tags every request
 with its tenant and weight (``tp_tenant``, ``tp_weight``). Both send the same demand at
 once: eight requests each, interleaved, 320 tokens at a tier scaled to the engine (first
-token within 0.5 s, then 60 tokens/s), through four sequence slots (``--max-num-seqs
-4``): sixteen streams asking for 960 tokens/s from an engine that gives a few hundred.
+token within 0.5 s, then 30 tokens/s), through four sequence slots (``--max-num-seqs
+4``): sixteen streams asking for 480 tokens/s from an engine that gave about 420 here,
+so that the premium tenant's four fifths cover its 240 tokens/s and the basic tenant
+is short.
 
 The slack is set to 256 service units (``TOKENPACE_FAIR_SHARE_SLACK``): the shipped
 16,384 is ~10 s of a GPU engine's output and would outlast this whole run. Checked:
@@ -37,7 +39,7 @@ from vllm_harness import (
     tenant_key,
 )
 
-TIERS = {"chat": {"ttft": 0.5, "tds": 60.0, "priority": 1}}
+TIERS = {"chat": {"ttft": 0.5, "tds": 30.0, "priority": 1}}
 TENANTS = {"basic": 1.0, "premium": 4.0}
 TOKENS = 320
 PER_TENANT = 8

@@ -4,10 +4,12 @@ Starts ``tokenpace serve --config gateway.yaml`` (the embedded simulated engine)
 free loopback port, then for ``--seconds`` sends each tenant's requests at the same
 rate (Poisson arrivals, streaming, the official ``openai`` client): ``free`` in its
 chat tier, ``pro`` alternating chat and voice, ``enterprise`` cycling chat, voice and
-fast. It waits for the streams to end, then reads the gateway's own figures:
-``GET /v1/tokenpace/qoe`` (admin key) for each tenant's average QoE, and ``/metrics``
-for its TTFT (``tokenpace_ttft_seconds``) and the output tokens it was served
-(``tokenpace_output_tokens``), as a share of all. Usage::
+fast. When it stops sending it reads ``/metrics``: the output tokens each tenant was
+served so far (``tokenpace_output_tokens``), its share of the engine while all three
+were contending. It waits for the streams to end, then reads the gateway's own
+figures: ``GET /v1/tokenpace/qoe`` (admin key) for each tenant's average QoE, overall
+and in the chat tier every plan has, and ``/metrics`` for its mean TTFT
+(``tokenpace_ttft_seconds``). Usage::
 
     .venv/bin/python examples/price_tiering/load.py [--seconds 60] [--rate 0.8]
 """
@@ -106,10 +108,30 @@ async def one(client: openai.AsyncOpenAI, tier: str, max_tokens: int) -> tuple[s
         return f"stream error: {exc.message}", float("nan")
 
 
-async def drive(url: str, seconds: float, rate: float, max_tokens: int) -> dict:
-    """Each tenant sends Poisson arrivals at ``rate`` requests/s for ``seconds``."""
+def scrape(url: str) -> dict[str, dict[str, float]]:
+    """Per tenant from ``/metrics``: output tokens, TTFT sum and count."""
+    out: dict[str, dict[str, float]] = {}
+    names = {
+        "tokenpace_output_tokens_total": "tokens",
+        "tokenpace_ttft_seconds_sum": "ttft_sum",
+        "tokenpace_ttft_seconds_count": "ttft_count",
+    }
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            key = names.get(sample.name)
+            tenant = sample.labels.get("tenant")
+            if key and tenant:
+                row = out.setdefault(tenant, {"tokens": 0.0, "ttft_sum": 0.0, "ttft_count": 0.0})
+                row[key] += sample.value
+    return out
+
+
+async def drive(url: str, seconds: float, rate: float, max_tokens: int) -> tuple[dict, dict]:
+    """Each tenant sends Poisson arrivals at ``rate`` requests/s for ``seconds``; returns
+    the outcomes and the per-tenant figures of ``/metrics`` when the sending stopped."""
     rng = random.Random(0)
     outcomes: dict[str, list[tuple[str, float]]] = {t: [] for t in PLANS}
+    sent: dict[str, list[asyncio.Task]] = {t: [] for t in PLANS}
 
     async def tenant(name: str) -> None:
         key, tiers = PLANS[name]
@@ -117,54 +139,52 @@ async def drive(url: str, seconds: float, rate: float, max_tokens: int) -> dict:
         async with openai.AsyncOpenAI(
             base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300
         ) as client:
-            tasks = []
+            tasks = sent[name]
             start = time.perf_counter()
             at = rng.expovariate(rate)
             while at < seconds:
                 await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
                 tasks.append(asyncio.create_task(one(client, next(cycle), max_tokens)))
                 at += rng.expovariate(rate)
+            await asyncio.sleep(max(0.0, start + seconds - time.perf_counter()))
             outcomes[name] = list(await asyncio.gather(*tasks))
 
-    await asyncio.gather(*(tenant(name) for name in PLANS))
-    return outcomes
+    async def snapshot() -> dict:
+        await asyncio.sleep(seconds)
+        return await asyncio.to_thread(scrape, url)
+
+    *_, contended = await asyncio.gather(*(tenant(name) for name in PLANS), snapshot())
+    return outcomes, contended
 
 
-def report(url: str, outcomes: dict) -> str:
-    """Per tenant: requests, QoE (gateway side), TTFT, and its share of output tokens."""
+def report(url: str, outcomes: dict, contended: dict) -> str:
+    """Per tenant: requests, QoE (gateway side, overall and chat), mean TTFT, p90 client
+    TTFT, and its share of the output tokens served while all were sending."""
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     qoe = httpx.get(f"{url}/v1/tokenpace/qoe", headers=headers, timeout=10).json()["tenants"]
-    metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    tokens: dict[str, float] = {}
-    ttft_sum: dict[str, float] = {}
-    ttft_count: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics):
-        for s in family.samples:
-            tenant = s.labels.get("tenant")
-            if s.name == "tokenpace_output_tokens_total":
-                tokens[tenant] = tokens.get(tenant, 0.0) + s.value
-            elif s.name == "tokenpace_ttft_seconds_sum":
-                ttft_sum[tenant] = ttft_sum.get(tenant, 0.0) + s.value
-            elif s.name == "tokenpace_ttft_seconds_count":
-                ttft_count[tenant] = ttft_count.get(tenant, 0.0) + s.value
-    total = sum(tokens.values()) or 1.0
-    lines = [
-        f"{'tenant':<11} {'weight':>6} {'sent':>5} {'ok':>4} {'avg QoE':>8} "
-        f"{'mean TTFT':>10} {'p90 TTFT':>9} {'token share':>12}"
-    ]
+    final = scrape(url)
+    total = sum(row["tokens"] for row in contended.values()) or 1.0
     weights = {
         t["name"]: t.get("weight", 1)
         for t in yaml.safe_load((HERE / "gateway.yaml").read_text())["tenants"]
     }
+    lines = [
+        f"{'tenant':<11} {'weight':>6} {'sent':>5} {'ok':>4} {'avg QoE':>8} {'chat QoE':>9} "
+        f"{'mean TTFT':>10} {'p90 TTFT':>9} {'token share':>12}"
+    ]
     for name, results in outcomes.items():
         ok = [ttft for status, ttft in results if status == "ok"]
         p90 = sorted(ok)[int(0.9 * (len(ok) - 1))] if ok else float("nan")
-        mean_qoe = qoe.get(name, {}).get("overall", {}).get("gateway", {})
-        mean_qoe = (mean_qoe.get("andes") or {}).get("mean", float("nan"))
-        mean_ttft = ttft_sum.get(name, 0.0) / max(ttft_count.get(name, 0.0), 1.0)
+        mine = qoe.get(name, {})
+        overall = (mine.get("overall", {}).get("gateway", {}).get("andes") or {}).get("mean")
+        chat = mine.get("tiers", {}).get("chat", {}).get("gateway", {}).get("andes") or {}
+        row = final.get(name, {"ttft_sum": 0.0, "ttft_count": 0.0})
+        mean_ttft = row["ttft_sum"] / max(row["ttft_count"], 1.0)
+        share = contended.get(name, {"tokens": 0.0})["tokens"] / total
         lines.append(
-            f"{name:<11} {weights[name]:>6g} {len(results):>5} {len(ok):>4} {mean_qoe:>8.3f} "
-            f"{mean_ttft:>9.2f}s {p90:>8.2f}s {tokens.get(name, 0.0) / total:>12.2f}"
+            f"{name:<11} {weights[name]:>6g} {len(results):>5} {len(ok):>4} "
+            f"{overall or float('nan'):>8.3f} {chat.get('mean', float('nan')):>9.3f} "
+            f"{mean_ttft:>9.2f}s {p90:>8.2f}s {share:>12.2f}"
         )
     errors = {n: sorted({s for s, _ in r if s != "ok"}) for n, r in outcomes.items()}
     if any(errors.values()):
@@ -182,10 +202,10 @@ def main() -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with gateway(args.config) as url:
         started = time.perf_counter()
-        outcomes = asyncio.run(drive(url, args.seconds, args.rate, args.max_tokens))
+        outcomes, contended = asyncio.run(drive(url, args.seconds, args.rate, args.max_tokens))
         print(f"sent for {args.seconds:g} s, done after {time.perf_counter() - started:.0f} s")
         time.sleep(2 * FLUSH_INTERVAL_S)  # the last streams' QoE records reach the store
-        print(report(url, outcomes))
+        print(report(url, outcomes, contended))
     return 0
 
 
