@@ -2,16 +2,17 @@
 
 Starts ``tokenpace serve --config gateway.yaml`` (the embedded simulated engine) on a
 free loopback port, then for ``--seconds`` sends each tenant's requests at the same
-rate (Poisson arrivals, streaming, the official ``openai`` client): ``free`` in its
-chat tier, ``pro`` alternating chat and voice, ``enterprise`` cycling chat, voice and
-fast. When it stops sending it reads ``/metrics``: the output tokens each tenant was
-served so far (``tokenpace_output_tokens``), its share of the engine while all three
-were contending. It waits for the streams to end, then reads the gateway's own
-figures: ``GET /v1/tokenpace/qoe`` (admin key) for each tenant's average QoE, overall
-and in the chat tier every plan has, and ``/metrics`` for its mean TTFT
+rate (Poisson arrivals, streaming, the official ``openai`` client), all in the chat
+tier every plan has, so that what differs between them is the weight (with
+``--mixed``, ``pro`` alternates chat and voice and ``enterprise`` cycles chat, voice and
+fast, as their plans allow). When it stops sending it reads ``/metrics``: the output
+tokens each tenant was served so far (``tokenpace_output_tokens``), its share of the
+engine while all three were contending. It waits for the streams to end, then reads
+the gateway's own figures: ``GET /v1/tokenpace/qoe`` (admin key) for each tenant's
+average QoE, overall and in the chat tier, and ``/metrics`` for its mean TTFT
 (``tokenpace_ttft_seconds``). Usage::
 
-    .venv/bin/python examples/price_tiering/load.py [--seconds 60] [--rate 0.8]
+    .venv/bin/python examples/price_tiering/load.py [--seconds 60] [--rate 0.8] [--mixed]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from gateway.telemetry import FLUSH_INTERVAL_S
 
 HERE = Path(__file__).resolve().parent
 ADMIN_KEY = "tp-example-admin-key"
-PLANS = {  # tenant: (API key, tiers it cycles through)
+PLANS = {  # tenant: (API key, the tiers its plan allows, cycled through with --mixed)
     "free": ("tp-example-free-key", ["chat"]),
     "pro": ("tp-example-pro-key", ["chat", "voice"]),
     "enterprise": ("tp-example-enterprise-key", ["chat", "voice", "fast"]),
@@ -126,7 +127,9 @@ def scrape(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
-async def drive(url: str, seconds: float, rate: float, max_tokens: int) -> tuple[dict, dict]:
+async def drive(
+    url: str, seconds: float, rate: float, max_tokens: int, mixed: bool
+) -> tuple[dict, dict]:
     """Each tenant sends Poisson arrivals at ``rate`` requests/s for ``seconds``; returns
     the outcomes and the per-tenant figures of ``/metrics`` when the sending stopped."""
     rng = random.Random(0)
@@ -135,7 +138,7 @@ async def drive(url: str, seconds: float, rate: float, max_tokens: int) -> tuple
 
     async def tenant(name: str) -> None:
         key, tiers = PLANS[name]
-        cycle = itertools.cycle(tiers)
+        cycle = itertools.cycle(tiers if mixed else ["chat"])
         async with openai.AsyncOpenAI(
             base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300
         ) as client:
@@ -198,11 +201,14 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=0.8, help="requests/s per tenant")
     parser.add_argument("--max-tokens", type=int, default=120, help="tokens per reply")
     parser.add_argument("--config", type=Path, default=HERE / "gateway.yaml")
+    parser.add_argument("--mixed", action="store_true", help="use every tier each plan allows")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with gateway(args.config) as url:
         started = time.perf_counter()
-        outcomes, contended = asyncio.run(drive(url, args.seconds, args.rate, args.max_tokens))
+        outcomes, contended = asyncio.run(
+            drive(url, args.seconds, args.rate, args.max_tokens, args.mixed)
+        )
         print(f"sent for {args.seconds:g} s, done after {time.perf_counter() - started:.0f} s")
         time.sleep(2 * FLUSH_INTERVAL_S)  # the last streams' QoE records reach the store
         print(report(url, outcomes, contended))
