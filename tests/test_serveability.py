@@ -98,3 +98,14 @@ def test_the_price_tiering_example_is_valid_and_warns_about_its_fast_tier(capsys
     err = capsys.readouterr().err
     assert "tier 'fast' promises 25 tokens/s, but backend 'sim'" in err
     assert "tier 'batch'" in err  # enterprise may use every tier
+
+
+def test_the_price_tiering_example_engine_runs_weighted_andes_with_its_slack():
+    import gateway.embedded  # noqa: F401 - registers the embedded kind
+    from gateway.backends import build_backends
+    from gateway.config import load_config
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "price_tiering" / "gateway.yaml"
+    (backend,) = build_backends(load_config(example))
+    policy = backend.engine.policy
+    assert policy.shares is not None and policy.shares.slack == 256.0
