@@ -29,10 +29,11 @@ rows of any level may still keep their place.
   ``max_batch`` of them, each adding at most w_q per iteration, plus the prompts of
   admissions decided in the iteration in which it crossed the line. So
 
-      |c_f − c_g| ≤ slack + (w_p·L_input + w_q·M_f) / w_min
+      |c_f − c_g| ≤ slack + (w_p·L_input·B_max + w_q·M_f) / w_min
 
-  with L_input the longest prompt, M_f the output tokens f's running requests generate
-  before they finish or are preempted, w_min the smaller weight: VTC's bound
+  with L_input the longest prompt, B_max the batch limit, M_f the output tokens f's
+  running requests generate before they finish or are preempted, w_min the smaller
+  weight: VTC's bound
   2·max(w_p·L_input, w_q·M) in form, widened by ``slack``, which the operator sets to
   trade fairness for QoE. Andes's preemption cap P bounds how fast M_f is cut, so the
   band is reached more slowly with a tight P.
