@@ -17,7 +17,6 @@ import numpy as np
 
 from qos.latency import get_profile
 from qos.policy.andes import Andes, tokenpace_andes
-from qos.policy.fair import FairAndes
 from qos.policy.fcfs import FCFS
 from qos.policy.table import Capacity, RequestTable
 
@@ -89,7 +88,6 @@ def main() -> None:
         "andes": Andes(profile),
         "andes-monotone": Andes(profile, qoe="monotone"),
         "andes-tp": tokenpace_andes(profile),
-        "fair-andes": FairAndes(profile),
     }
     for label, policy in policies.items():
         policy.arrivals = table.n  # a preemption budget as after table.n arrivals

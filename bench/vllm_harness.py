@@ -40,6 +40,7 @@ from gateway.config import GatewayConfig, parse_config
 from qos.metrics import andes_qoe
 
 API_KEY = "tp-bench-key-0000001"
+ROOT = Path(__file__).resolve().parents[1]  # the checkout whose qos the engines load
 PLUGIN = "qos.vllm.AndesScheduler"
 TIMED_STOCK = "qos.vllm.TimedScheduler"
 
@@ -133,8 +134,12 @@ class VllmServer:
     def start(self) -> VllmServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.stats_file.unlink(missing_ok=True)
+        # This checkout's qos first: the vLLM environment's own (editable) install may be
+        # another checkout's.
+        pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         env = {
             **os.environ,
+            "PYTHONPATH": pythonpath,
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "TOKENPACE_STATS_FILE": str(self.stats_file),
             # Longer than the gateway's pooled connections live (30 s): vLLM's default 5 s
@@ -207,9 +212,12 @@ class VllmServer:
 
 
 def gateway_config(
-    backends: Sequence[VllmServer], tiers: dict[str, dict[str, float]]
+    backends: Sequence[VllmServer],
+    tiers: dict[str, dict[str, float]],
+    tenants: dict[str, float] | None = None,
 ) -> GatewayConfig:
-    """One tenant (``bench``, every tier), one backend per server, tagged for tokenpace.
+    """One tenant (``bench``, every tier; or ``tenants``, name: weight, each with the key
+    :func:`tenant_key`), one backend per server, tagged for tokenpace.
 
     Every backend gets the tags (``tokenpace: true``; the stock schedulers ignore them)
     and the tier's ``priority`` (``supports_priority``; only vLLM's priority policy reads
@@ -217,7 +225,12 @@ def gateway_config(
     """
     return parse_config(
         {
-            "tenants": [{"name": "bench", "api_keys": [API_KEY], "allow_custom": True}],
+            "tenants": [
+                {"name": name, "api_keys": [tenant_key(name)], "weight": weight}
+                for name, weight in tenants.items()
+            ]
+            if tenants
+            else [{"name": "bench", "api_keys": [API_KEY], "allow_custom": True}],
             "tiers": tiers,
             "backends": [
                 {
@@ -234,6 +247,11 @@ def gateway_config(
             "limits": {"max_tokens": 4096},
         }
     )
+
+
+def tenant_key(tenant: str) -> str:
+    """The API key of a tenant of :func:`gateway_config`."""
+    return f"tp-bench-tenant-{tenant}"
 
 
 class _Server(uvicorn.Server):
@@ -281,6 +299,7 @@ class Job:
     tier: str
     prompt: str
     max_tokens: int
+    api_key: str = API_KEY  # whose request (tenant_key(name) for a named tenant)
 
 
 @dataclass
@@ -301,6 +320,8 @@ class JobResult:
 async def _one(client: openai.AsyncOpenAI, model: str, job: Job, t0: float) -> JobResult:
     await asyncio.sleep(max(0.0, t0 + job.at_s - time.perf_counter()))
     sent = time.perf_counter()
+    if job.api_key != client.api_key:
+        client = client.with_options(api_key=job.api_key)
     raw = await client.chat.completions.with_raw_response.create(
         model=model,
         messages=[{"role": "user", "content": job.prompt}],

@@ -6,10 +6,10 @@ KV cache and waiting queue as its ``/metrics`` says (polled by each replica). A 
 is admitted when it is the head of its model's queue and a backend serving the model
 has room; otherwise it waits in the gateway's queue. The head is the request of the
 tenant with the least virtual token counter, and within a tenant the one with the
-earliest TTFT deadline (arrival + its tier's TTFT); Sheng et al.'s VTC as in the slides
-(../shared/papers/001): prompt tokens are charged at admission (``w_p``), output tokens
-as they stream (``w_q``), divided by the tenant's weight, and an idle tenant's counter
-is lifted when it queues again.
+earliest TTFT deadline (arrival + its tier's TTFT); VTC as in the slides of "Fairness in
+Serving Large Language Models" (Sheng et al.): prompt tokens are charged at admission
+(``w_p``), output tokens as they stream (``w_q``), divided by the tenant's weight, and
+an idle tenant's counter is lifted when it queues again.
 
 Across replicas (docs/architecture.md, "Fair share across replicas"): the queue itself
 is in the store. Every queued request has an entry there (tenant, deadline), the

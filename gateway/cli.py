@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from gateway.config import (
     new_api_key,
 )
 from gateway.pages import PAGES, is_built
+from gateway.serveability import unservable_tiers
 
 DEMO_KEY_ENV = "TOKENPACE_DEMO_KEY"
 ADMIN_KEY_ENV = "TOKENPACE_ADMIN_KEY"
@@ -187,6 +189,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
         return 2
     url = f"http://{_display_host(host)}:{port}"
     print(banner(config, url, demo_key, admin_key), flush=True)
+    for warning in unservable_tiers(config):
+        logging.getLogger("tokenpace.gateway").warning("%s", warning)
     freeze_startup_objects()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -243,6 +247,8 @@ def _check_ns(ns: argparse.Namespace) -> int:
     )
     if not config.backends:
         print(f"{ns.file}: warning: no backends; every request would get 404", file=sys.stderr)
+    for warning in unservable_tiers(config):
+        print(f"{ns.file}: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -21,8 +21,8 @@ the request in the engine at once (KV freed, row removed, queue dropped).
 A request becomes one :class:`qos.sim.workload.SimRequest` per choice (``n`` × prompts,
 batched like vLLM's sequences) with
 
-- the tier's expected TTFT/TDS, the tenant and its weight (what Andes and fair Andes
-  schedule on), arrival = when the gateway received it;
+- the tier's expected TTFT/TDS, the tenant and its weight (what andes-tp, weights
+  included, schedules on), arrival = when the gateway received it;
 - prompt tokens estimated from the text as ``qos.sim.workload`` does (chars/4: the
   contents of the messages, or the prompt; a prompt of token ids counts its ids);
 - output tokens = ``max_completion_tokens`` or ``max_tokens`` exactly (finish reason
@@ -41,12 +41,12 @@ chunk; non-streaming requests are the stream aggregated
 Options (``backends[].options`` with ``kind: embedded``): ``profile``, ``policy``
 (a name of :mod:`qos.policy.registry`: ``andes-tp``, the default, is
 :func:`~qos.policy.andes.tokenpace_andes`; ``andes`` the paper's settings),
-``kv_tokens``,
-``max_batch``, ``block_size``, ``time_scale`` (simulated seconds per wall-clock second:
-2 runs twice as fast as the profile; the tiers' TTFT/TDS are read in simulated
-seconds), ``default_output_tokens`` ([min, max]) and ``max_sequences`` (sequences in
-the engine at once, checked at admission; more are refused with 503
-``engine_overloaded``, which lets the gateway fail over).
+``fair_share_slack`` (how far a tenant may run ahead before the weights act,
+:mod:`qos.policy.fair`), ``kv_tokens``, ``max_batch``, ``block_size``, ``time_scale``
+(simulated seconds per wall-clock second: 2 runs twice as fast as the profile; the
+tiers' TTFT/TDS are read in simulated seconds), ``default_output_tokens`` ([min, max])
+and ``max_sequences`` (sequences in the engine at once, checked at admission; more are
+refused with 503 ``engine_overloaded``, which lets the gateway fail over).
 """
 
 from __future__ import annotations
@@ -107,6 +107,9 @@ class EmbeddedOptions(BaseModel):
 
     profile: str = Field("llama-3.1-8b-h100", description="latency profile (qos.latency)")
     policy: str = Field("andes-tp", description="a policy of qos.policy.registry")
+    fair_share_slack: float | None = Field(
+        None, ge=0, description="the Andes policies' fair_share_slack; default the policy's"
+    )
     kv_tokens: int | None = Field(None, ge=1, description="KV cache M; default the profile's")
     max_batch: int | None = Field(None, ge=1, description="batch limit; default the profile's")
     block_size: int = Field(16, ge=1, description="KV block size in tokens")
@@ -308,8 +311,9 @@ class EmbeddedEngine(InProcessBackend):
             profile = dataclasses.replace(profile, max_batch=opts.max_batch)
         self.options = opts
         self.profile = profile
+        slack = {} if opts.fair_share_slack is None else {"fair_share_slack": opts.fair_share_slack}
         self.engine = Engine(
-            make_policy(opts.policy, profile),
+            make_policy(opts.policy, profile, **slack),
             profile,
             block_size=opts.block_size,
             kv_tokens=opts.kv_tokens,

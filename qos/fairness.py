@@ -1,7 +1,7 @@
 """Virtual Token Counter (VTC): weighted fair share of LLM service between tenants.
 
 From "Fairness in Serving Large Language Models" (Sheng et al.), as presented in the
-slides ../shared/papers/001: service W = w_p·n_prefill + w_q·n_decode (w_p = 1,
+slides: service W = w_p·n_prefill + w_q·n_decode (w_p = 1,
 w_q = 2), each tenant's counter grows by its service divided by its weight, the
 tenant with the least counter is served first, and a tenant that becomes active again
 has its counter lifted so it can neither bank idle time nor be punished for it:
@@ -16,6 +16,7 @@ Pure bookkeeping: the gateway, the simulator and the vLLM plugin all use this cl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 W_PROMPT = 1.0
@@ -42,10 +43,21 @@ class VirtualTokenCounter:
         """W = w_p·prompt + w_q·output."""
         return self.w_prompt * prompt_tokens + self.w_output * output_tokens
 
-    def enqueue(self, tenant: str) -> None:
-        """A request of ``tenant`` joins the queue; lift its counter if it was idle."""
+    def enqueue(self, tenant: str, unsettled: Mapping[str, float] | None = None) -> None:
+        """A request of ``tenant`` joins the queue; lift its counter if it was idle.
+
+        ``unsettled``: service (already divided by weight) that active tenants have
+        received but that is not charged yet, for a caller that charges a request's
+        service when it finishes (:class:`qos.policy.fair.TenantShares`); the lift
+        reads each active tenant's counter plus it.
+        """
         if self.queued.get(tenant, 0) == 0:
-            active = [self.counters.get(t, 0.0) for t, c in self.queued.items() if c > 0]
+            extra = unsettled or {}
+            active = [
+                self.counters.get(t, 0.0) + extra.get(t, 0.0)
+                for t, c in self.queued.items()
+                if c > 0
+            ]
             if active:
                 floor = min(active)
             elif self.last_left is not None:

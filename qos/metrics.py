@@ -1,6 +1,6 @@
 """QoE of a streamed reply and the serving metrics computed from the same timeline.
 
-Papers (see ../shared/papers/README.md):
+Papers:
 - Andes (Liu et al.) §3.1, Eq. 1: QoE = S_actual / S_expected.
 - Wang et al., "Revisiting SLOs and System Level Metrics in LLM Serving" §3-§4:
   per-token deadlines, user idle latency (Eq. 9), benefit (Eq. 10), smooth goodput (Eq. 11);

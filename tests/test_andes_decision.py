@@ -19,11 +19,40 @@ from qos.latency import get_profile
 from qos.policy.andes import Andes, tokenpace_andes
 from qos.policy.base import pack_in_order
 from qos.policy.exact import exact_k_knapsack
-from qos.policy.fair import FairAndes
 from qos.policy.table import Capacity, RequestTable
 
 OPT = get_profile("opt-66b-4xa100")
 LLAMA = get_profile("llama-3.1-8b-h100")
+
+
+def reference_pack(
+    policy: Andes,
+    table: RequestTable,
+    order: np.ndarray,
+    demand: np.ndarray,
+    kv_tokens: int,
+    max_batch: int,
+) -> np.ndarray:
+    """Greedy packing with skip (Algorithm 1); with tenant levels, once a waiting row does
+    not fit, waiting rows of higher levels are passed over (qos/policy/fair.py)."""
+    levels = policy.shares.levels(table) if policy.shares is not None else None
+    if levels is None:
+        return pack_in_order(order, demand, kv_tokens, max_batch, table.n)
+    chosen = np.zeros(table.n, dtype=bool)
+    used = count = 0
+    blocked_above = np.inf
+    for row in order.tolist():
+        if count >= max_batch:
+            break
+        if not table.running[row] and levels[row] > blocked_above:
+            continue
+        if used + demand[row] <= kv_tokens:
+            chosen[row] = True
+            used += int(demand[row])
+            count += 1
+        elif not table.running[row]:
+            blocked_above = min(blocked_above, levels[row])
+    return chosen
 
 
 def reference_schedule(
@@ -47,11 +76,15 @@ def reference_schedule(
         gain = policy.gains(forecast, now, float(policy.profile.decode_s(b)) + context_s * b)
         if policy.preemption_cost:
             gain = gain - policy.stall_charge(forecast, gain, running)
-        order = policy.packing_order(table, gain / demand)
+        levels = policy.shares.levels(table) if policy.shares is not None else None
+        if levels is None:
+            order = policy.packing_order(table, gain / demand)
+        else:  # lowest level first, then Andes's order
+            order = np.lexsort((~running, -(gain / demand), levels))
         if policy.solver is not None:
             chosen = policy.solver(gain, demand, packing.kv_tokens, b)
         else:
-            chosen = pack_in_order(order, demand, packing.kv_tokens, b, n)
+            chosen = reference_pack(policy, table, order, demand, packing.kv_tokens, b)
         value = float(gain[chosen].sum())
         if value > best_value:
             best, best_value, best_order = chosen, value, order
@@ -71,24 +104,33 @@ def reference_schedule(
     room = int(policy.kv_watermark * capacity.kv_tokens) - used
     if room > 0 and slots > 0:
         admissions = best_order[(best & ~running)[best_order]]
-        packed |= pack_in_order(admissions, demand, room, slots, n)
+        packed |= reference_pack(policy, table, admissions, demand, room, slots)
     policy.preemptions += int((running & ~packed).sum())
     return packed
 
 
 def overloaded_table(
-    rng: np.random.Generator, running: int, waiting: int, *, max_tokens: bool = False
+    rng: np.random.Generator,
+    running: int,
+    waiting: int,
+    *,
+    max_tokens: bool = False,
+    weighted: bool = False,
 ) -> tuple[RequestTable, Capacity, float]:
-    """Like bench/andes_decision.py: running requests mid-reply, the KV cache exactly full."""
+    """Like bench/andes_decision.py: running requests mid-reply, the KV cache exactly full.
+    ``weighted``: the three tenants weigh 1, 2 and 4, and a tenth of the requests ask for
+    30 tokens/s, above the batch-1 speed of both profiles' engines."""
     table, now = RequestTable(), 600.0
     for i in range(running + waiting):
+        fast = weighted and rng.random() < 0.1
         table.add(
             f"r{i}",
             arrival=now - rng.uniform(1.0, 120.0),
             prompt_tokens=int(rng.integers(4, 600)),
             ttft=float(rng.choice([0.0, 1.0, 3.0])),
-            tds=float(rng.uniform(3.8, 5.1)),
+            tds=30.0 if fast else float(rng.uniform(3.8, 5.1)),
             tenant=f"t{i % 3}",
+            weight=float((1, 2, 4)[i % 3]) if weighted else 1.0,
             max_tokens=int(rng.integers(1, 400)) if max_tokens and rng.random() < 0.5 else None,
         )
     for row in rng.permutation(running + waiting)[:running].tolist():
@@ -120,15 +162,18 @@ POLICIES = {
     "max-min": lambda profile: Andes(profile, objective="max-min"),
     "perfect": lambda profile: tokenpace_andes(profile, objective="perfect"),
     "candidates": lambda profile: tokenpace_andes(profile, batch_candidates=6, horizon_s=3.0),
-    "fair": lambda profile: FairAndes(profile, slack=0.0, preemption_cost=4.0),
+    "weighted": lambda profile: tokenpace_andes(profile, fair_share_slack=2000.0),
+    "weighted-strict": lambda profile: tokenpace_andes(profile, fair_share_slack=0.0),
 }
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("policy_name", ["andes", "andes-tp"])
+@pytest.mark.parametrize("policy_name", ["andes", "andes-tp", "weighted"])
 @pytest.mark.parametrize("arrivals", [0, 300, 1280])  # budget spent, binding, loose
 def test_bench_table_decisions_match_reference(seed, policy_name, arrivals):
-    table, capacity, now = overloaded_table(np.random.default_rng(seed), 256, 1024)
+    table, capacity, now = overloaded_table(
+        np.random.default_rng(seed), 256, 1024, weighted=policy_name == "weighted"
+    )
     policy = POLICIES[policy_name](OPT)
     policy.arrivals = arrivals
     assert_same_decisions(policy, table, capacity, now, steps=4)
@@ -150,7 +195,8 @@ def test_random_decisions_match_reference(
     seed, shape, policy_name, profile, kv_scale, max_batch, block_size, arrivals, max_tokens
 ):
     rng = np.random.default_rng(seed)
-    table, full, now = overloaded_table(rng, *shape, max_tokens=max_tokens)
+    weighted = policy_name.startswith("weighted")
+    table, full, now = overloaded_table(rng, *shape, max_tokens=max_tokens, weighted=weighted)
     kv = max(1, int(kv_scale * max(full.kv_tokens, int(table.demand.sum()) // 4)))
     policy = POLICIES[policy_name](profile)
     policy.arrivals = arrivals

@@ -26,6 +26,7 @@ from qos.sim import (
     poisson_arrivals,
     simulate,
 )
+from qos.sim.workload import DEFAULT_TRACE
 
 # A small engine: 512 KV tokens (32 blocks of 16), batch <= 8.
 SMALL = LatencyProfile(
@@ -354,25 +355,21 @@ def test_real_profile_on_trace_slice():
 
 # -- workloads ----------------------------------------------------------------------------
 def trace_entries():
-    path = default_trace_path()
-    if not path.exists():
-        pytest.skip(f"Andes trace not available at {path}")
-    return load_andes_trace(path)
+    return load_andes_trace()
 
 
-def test_trace_loader_fields_and_prompt_estimate():
+def test_shipped_trace_numbers():
     entries = trace_entries()
-    assert len(entries) == 3000
-    raw = json.loads(default_trace_path().read_text())
-    for e, r in zip(entries[:50], raw[:50], strict=True):
-        assert e.prompt == r["prompt"] and e.output_len == r["output_len"]
-        assert e.prompt_tokens == max(1, round(len(r["prompt"]) / 4))
-        assert e.ttft == 1.0 and e.tds == pytest.approx(1 / r["latency"])
+    assert default_trace_path() == DEFAULT_TRACE and DEFAULT_TRACE.suffix == ".csv"
+    assert len(entries) == 3000 and len({e.id for e in entries}) == 3000
     assert "chars/4" in PROMPT_TOKEN_ESTIMATE
     assert np.mean([e.output_len for e in entries]) == pytest.approx(332, abs=1)
+    assert np.mean([e.prompt_tokens for e in entries]) == pytest.approx(163, abs=1)
+    assert max(e.prompt_tokens for e in entries) == 2323
+    assert all(e.ttft == 1.0 and 3.7 < e.tds < 5.2 for e in entries)
 
 
-def test_trace_loader_tmp_file_and_env(tmp_path, monkeypatch):
+def test_trace_loader_json_with_prompt_text(tmp_path, monkeypatch):
     p = tmp_path / "t.json"
     p.write_text(
         json.dumps([{"prompt": "abcdefghij", "output_len": 7, "ttft": 1, "latency": 0.25}])
@@ -388,8 +385,33 @@ def test_trace_loader_tmp_file_and_env(tmp_path, monkeypatch):
     p.write_text(json.dumps([{"prompt": "x"}]))
     with pytest.raises(ValueError, match="malformed"):
         load_andes_trace(p)
+    p.write_text(json.dumps([{"output_len": 3, "ttft": 1, "latency": 0.2}]))
+    with pytest.raises(ValueError, match="no prompt text"):
+        load_andes_trace(p)
     with pytest.raises(FileNotFoundError, match="TOKENPACE_TRACE"):
         load_andes_trace(tmp_path / "missing.json")
+
+
+def test_trace_loader_csv_matches_the_json_it_came_from(tmp_path):
+    prompts = ["abcdefghij", "x" * 401]
+    raw = [
+        {"id": f"q{i}", "prompt": t, "output_len": 5 + i, "ttft": 1, "latency": 0.21 + i / 100}
+        for i, t in enumerate(prompts)
+    ]
+    (tmp_path / "t.json").write_text(json.dumps(raw))
+    (tmp_path / "t.csv").write_text(
+        "# a comment\nid,prompt_tokens,output_len,ttft_s,latency_s\n"
+        "q0,2,5,1.0,0.21\nq1,100,6,1.0,0.22\n"
+    )
+    from_json = load_andes_trace(tmp_path / "t.json")
+    assert [e.prompt_tokens for e in from_json] == [2, 100]
+    assert load_andes_trace(tmp_path / "t.csv") == from_json
+    (tmp_path / "bad.csv").write_text("id,prompt_tokens,output_len,ttft_s,latency_s\nq,2,0,1,0.2\n")
+    with pytest.raises(ValueError, match="output_len >= 1"):
+        load_andes_trace(tmp_path / "bad.csv")
+    (tmp_path / "bad.csv").write_text("id,prompt_tokens\nq,2\n")
+    with pytest.raises(ValueError, match="malformed"):
+        load_andes_trace(tmp_path / "bad.csv")
 
 
 def test_poisson_arrival_statistics():
@@ -412,7 +434,7 @@ def test_gamma_arrival_statistics():
 
 
 def fake_entries(n=10):
-    return [TraceEntry(str(i), "p" * (4 * i + 4), i + 1, 10 + i, 1.0, 0.25) for i in range(n)]
+    return [TraceEntry(str(i), i + 1, 10 + i, 1.0, 0.25) for i in range(n)]
 
 
 def test_build_workload_defaults_and_cycling():

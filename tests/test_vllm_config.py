@@ -10,7 +10,6 @@ import pytest
 
 from qos.latency import LatencyProfile, get_profile
 from qos.policy.andes import Andes
-from qos.policy.fair import FairAndes
 from qos.policy.fcfs import FCFS
 from qos.policy.registry import POLICIES, make_policy
 from qos.vllm import check_vllm_version
@@ -115,18 +114,28 @@ def test_every_registry_policy_is_a_plugin_policy(name: str) -> None:
             assert getattr(policy, option) == getattr(expected, option), option
 
 
+def test_fair_share_slack_reaches_the_shipped_policy() -> None:
+    profile = get_profile("llama-3.1-8b-h100")
+    policy = PluginConfig.from_env({"TOKENPACE_FAIR_SHARE_SLACK": "256"}).build_policy(profile)
+    assert isinstance(policy, Andes) and policy.shares is not None
+    assert policy.shares.slack == 256.0
+    assert PluginConfig.from_env({}).build_policy(profile).shares.slack == 16384.0
+    with pytest.raises(ValueError, match="TOKENPACE_FAIR_SHARE_SLACK"):
+        PluginConfig.from_env({"TOKENPACE_FAIR_SHARE_SLACK": "-1"})
+
+
 def test_andes_options_apply_to_the_named_policy() -> None:
     env = {
-        "TOKENPACE_POLICY": "fair-andes-tp",
+        "TOKENPACE_POLICY": "andes-tp-unweighted",
         "TOKENPACE_OBJECTIVE": "perfect",
         "TOKENPACE_KV_WATERMARK": "0.7",
         "TOKENPACE_HORIZON_S": "3",
         "TOKENPACE_PREEMPTION_COST": "2",
     }
     policy = PluginConfig.from_env(env).build_policy(get_profile("llama-3.1-8b-h100"))
-    assert isinstance(policy, FairAndes)
+    assert isinstance(policy, Andes) and policy.shares is None
     assert (policy.objective, policy.kv_watermark, policy.horizon_s) == ("perfect", 0.7, 3.0)
-    assert (policy.preemption_cap, policy.preemption_cost) == (0.3, 2.0)  # cap: fair-andes-tp's
+    assert (policy.preemption_cap, policy.preemption_cost) == (0.3, 2.0)  # cap: andes-tp's
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,10 @@ Reproduces the Andes evaluation (§6.2-§6.3) on the simulated engine of :mod:`q
 average QoE vs request rate (Fig. 10), capacity at average QoE ≥ 0.9 (§6.2.2) against
 the theoretical bound TDS_actual / TDS_expected (§2.3), QoE/TTFT/TDS percentiles at one
 rate (Table 4), token throughput and preemptions per request vs rate (Fig. 12-13) and
-smooth goodput vs rate (Wang et al. Eq. 11). Writes ``results.json`` and PNG plots.
+smooth goodput vs rate (Wang et al. Eq. 11). With ``--tenants``, price tiering: each
+tenant's QoE, TTFT p90 and service against its weighted max-min fair share
+(:mod:`qos.sim.shares`), and its share of service over time. Writes ``results.json``
+and PNG plots, and prints a summary table.
 """
 
 from __future__ import annotations
@@ -22,7 +25,17 @@ import numpy as np
 
 from qos.latency import LatencyProfile, get_profile
 from qos.policy.registry import POLICIES, make_policy
-from qos.sim import PROMPT_TOKEN_ESTIMATE, SPEAKING_TDS, build_workload, load_andes_trace, simulate
+from qos.sim import (
+    PROMPT_TOKEN_ESTIMATE,
+    SPEAKING_TDS,
+    build_workload,
+    load_andes_trace,
+    parse_tenants,
+    parse_tier_mix,
+    simulate,
+)
+from qos.sim.engine import SimResult
+from qos.sim.shares import service_shares
 
 QOE_THRESHOLD = 0.9  # Andes §6.1: minimum acceptable average QoE
 
@@ -35,6 +48,9 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     profile = bench_profile(cfg)
     entries = load_andes_trace(cfg["trace"])
     tier_mix = {"voice": (1.0, SPEAKING_TDS, 1.0)} if cfg["workload"] == "voice" else None
+    if cfg.get("tier_mix"):
+        tier_mix = parse_tier_mix(cfg["tier_mix"])
+    tenants = parse_tenants(cfg["tenants"]) if cfg.get("tenants") else None
     workload = build_workload(
         entries,
         rate,
@@ -43,13 +59,40 @@ def run_one(args: tuple[str, float, dict]) -> dict:
         seed=cfg["seed"],
         n=cfg["n"],
         tier_mix=tier_mix,
+        tenants=tenants,
     )
     started = time.perf_counter()
     result = simulate(workload, make_policy(policy_name, profile), profile)
     summary = result.summary()
     summary.update(policy=policy_name, rate=rate, wall_s=time.perf_counter() - started)
     summary["expected_tds_mean"] = float(np.mean([r.tds for r in workload]))
+    if tenants:
+        summary["tenants"] = tenant_results(result, {name: w for name, w, _ in tenants})
     return summary
+
+
+def tenant_results(result: SimResult, weights: dict[str, float]) -> dict:
+    """Per tenant: average QoE, TTFT p90, service against its weighted fair share; and
+    the shares of service over time (10 s bins)."""
+    shares = service_shares(result.requests, weights)
+    over_time = shares.share_over_time()
+    fair_fraction = shares.fair_fraction()
+    out: dict = {"share_over_time": {"t_s": (shares.bin_edges[:-1] - shares.window[0]).tolist()}}
+    for i, name in enumerate(shares.tenants):
+        mine = [r for r in result.requests if r.tenant == name]
+        qoe = [r.andes_qoe for r in mine]
+        out[name] = {
+            "weight": weights[name],
+            "requests": len(mine),
+            "avg_qoe": float(np.mean(qoe)) if qoe else None,
+            "ttft_p90_s": float(np.percentile([r.actual_ttft for r in mine], 90)) if mine else None,
+            "service_share": float(shares.delivered[i] / shares.delivered.sum()),
+            "fair_share": float(fair_fraction[i]),
+            "service_vs_fair": shares.ratio(name),
+            "backlogged": bool(shares.backlogged[i]),
+        }
+        out["share_over_time"][name] = [None if np.isnan(x) else float(x) for x in over_time[i]]
+    return out
 
 
 def bench_profile(cfg: dict) -> LatencyProfile:
@@ -133,6 +176,9 @@ def analyse(runs: list[dict], profile: LatencyProfile, table_rate: float | None)
             if same
             else None,
         }
+    tiering = analyse_tiering(by_policy)
+    if tiering:
+        out["tiering"] = tiering
     if table_rate is not None:
         out["table4"] = {
             name: {k: r[k] for k in ("avg_qoe", "qoe", "ttft_s", "tds")}
@@ -141,6 +187,92 @@ def analyse(runs: list[dict], profile: LatencyProfile, table_rate: float | None)
             if r["rate"] == table_rate
         }
     return out
+
+
+SHIPPED, UNWEIGHTED = "andes-tp", "andes-tp-unweighted"
+FAIR_TOLERANCE = 0.15  # a backlogged tenant's service within 15 % of its fair share
+
+
+def analyse_tiering(by_policy: dict[str, list[dict]]) -> dict:
+    """At each rate with tenants: the shipped policy against the tiering targets."""
+    out = {}
+    shipped = {r["rate"]: r for r in by_policy.get(SHIPPED, []) if "tenants" in r}
+    for rate, run in shipped.items():
+        tenants = {k: v for k, v in run["tenants"].items() if k != "share_over_time"}
+        top = max(tenants, key=lambda k: tenants[k]["weight"])
+        row: dict = {
+            "backlogged_service_vs_fair": {
+                k: v["service_vs_fair"] for k, v in tenants.items() if v["backlogged"]
+            },
+            "highest_weight_avg_qoe": tenants[top]["avg_qoe"],
+        }
+        row["fair_within_15pct"] = all(
+            abs(x - 1.0) <= FAIR_TOLERANCE for x in row["backlogged_service_vs_fair"].values()
+        )
+        for name, key in (("fcfs", "fcfs_avg_qoe"), (UNWEIGHTED, "unweighted_avg_qoe")):
+            same = next((r for r in by_policy.get(name, []) if r["rate"] == rate), None)
+            if same:
+                row[key] = same["avg_qoe"]
+        if "unweighted_avg_qoe" in row:
+            row["avg_qoe_vs_unweighted"] = run["avg_qoe"] / row["unweighted_avg_qoe"]
+        out[str(rate)] = row
+    return out
+
+
+def summary_table(runs: list[dict]) -> str:
+    """One line per run (rate, then policy): QoE, throughput, preemptions, and per tenant
+    QoE / TTFT p90 / service share against its fair share."""
+    tenants = next((r["tenants"] for r in runs if "tenants" in r), None)
+    names = [k for k in tenants if k != "share_over_time"] if tenants else []
+    head = f"{'rate':>5} {'policy':<20} {'avg QoE':>7} {'tok/s':>6} {'pre/req':>7}"
+    for name in names:
+        head += f" | {name + ' QoE':>9} {'TTFT p90':>8} {'share/fair':>11}"
+    lines = [head, "-" * len(head)]
+    for run in sorted(runs, key=lambda r: (r["rate"], r["policy"])):
+        line = (
+            f"{run['rate']:>5g} {run['policy']:<20} {run['avg_qoe']:>7.3f} "
+            f"{run['throughput_tok_s']:>6.0f} {run['preemptions_per_request']:>7.2f}"
+        )
+        for name in names:
+            t = run["tenants"][name]
+            share = f"{t['service_share']:.2f}/{t['fair_share']:.2f}"
+            line += f" | {t['avg_qoe']:>9.3f} {t['ttft_p90_s']:>7.1f}s {share:>11}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot_service_share(runs: list[dict], out_dir: Path, rate: float, title: str) -> Path:
+    """Each tenant's share of service over time, one panel per policy, at ``rate``; dashed:
+    its fair share over the run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = [r for r in runs if r["rate"] == rate and "tenants" in r]
+    fig, axes = plt.subplots(
+        len(chosen), 1, figsize=(6.5, 2.2 * len(chosen)), sharex=True, squeeze=False
+    )
+    for ax, run in zip(axes[:, 0], chosen, strict=True):
+        series = run["tenants"]["share_over_time"]
+        for i, name in enumerate(k for k in run["tenants"] if k != "share_over_time"):
+            values = [np.nan if v is None else v for v in series[name]]
+            color = f"C{i}"
+            weight = run["tenants"][name]["weight"]
+            ax.plot(series["t_s"], values, color=color, label=f"{name} (w={weight:g})")
+            ax.axhline(run["tenants"][name]["fair_share"], color=color, linestyle="--", lw=1)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("share")
+        ax.set_title(run["policy"], fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7, ncol=3, loc="upper right")
+    axes[-1, 0].set_xlabel("time since the first arrival (s)")
+    fig.suptitle(f"service share over time, {rate:g} req/s · {title}", fontsize=9)
+    fig.tight_layout()
+    path = out_dir / "service_share.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot(runs: list[dict], out_dir: Path, title: str) -> list[Path]:
@@ -196,13 +328,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch", type=int, default=None, help="override the profile's batch limit"
     )
     parser.add_argument("--workload", choices=WORKLOADS, default="chat")
+    parser.add_argument(
+        "--tier-mix",
+        default=None,
+        help="tiers by share, e.g. chat=0.5,voice=0.3,fast=0.2 (overrides --workload)",
+    )
+    parser.add_argument(
+        "--tenants",
+        default=None,
+        help="NAME:WEIGHT:SHARE,... e.g. free:1:0.33,pro:2:0.33,ent:4:0.34",
+    )
     parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson")
     parser.add_argument(
         "--cv", type=float, default=3.0, help="gamma arrivals' coefficient of variation"
     )
     parser.add_argument("--n", type=int, default=None, help="requests (default: the whole trace)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trace", default=None, help="Andes trace JSON (default: shared/data)")
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="Andes trace: the authors' JSON or a CSV (default: the shipped CSV)",
+    )
     parser.add_argument(
         "--table-rate", type=float, default=None, help="rate for Table 4 percentiles"
     )
@@ -233,7 +379,19 @@ def run(args: argparse.Namespace) -> int:
         "n": args.n,
         "seed": args.seed,
         "trace": args.trace,
+        "tier_mix": args.tier_mix,
+        "tenants": args.tenants,
     }
+    try:
+        if args.tier_mix:
+            parse_tier_mix(args.tier_mix)
+    except ValueError as exc:
+        raise SystemExit(f"--tier-mix: {exc}") from None
+    try:
+        if args.tenants:
+            parse_tenants(args.tenants)
+    except ValueError as exc:
+        raise SystemExit(f"--tenants: {exc}") from None
     try:
         profile = bench_profile(cfg)
     except ValueError as exc:
@@ -246,7 +404,8 @@ def run(args: argparse.Namespace) -> int:
     with ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
         runs = list(tqdm(pool.map(run_one, jobs), total=len(jobs), desc="simulating", unit="run"))
     elapsed = time.perf_counter() - started
-    title = f"{args.workload} · {profile.name} · {args.arrivals} (simulated)"
+    workload = args.tier_mix or args.workload
+    title = f"{workload} · {profile.name} · {args.arrivals} (simulated)"
     report = {
         "simulation": "qos.sim discrete-event engine; latency from the named profile, no GPU",
         "config": {**cfg, "rates": rates, "policies": policies},
@@ -257,7 +416,12 @@ def run(args: argparse.Namespace) -> int:
     }
     (out_dir / "results.json").write_text(json.dumps(report, indent=2))
     plots = plot(runs, out_dir, title)
-    print(json.dumps(report["analysis"], indent=2))
+    if args.tenants:
+        plots.append(plot_service_share(runs, out_dir, table_rate, title))
+    print(summary_table(runs))
+    for key in ("capacity_req_s", "tiering"):
+        if key in report["analysis"]:
+            print(f"{key}: {json.dumps(report['analysis'][key])}")
     print(
         f"{len(runs)} runs in {elapsed:.1f} s; wrote {out_dir / 'results.json'}, {len(plots)} plots"
     )

@@ -6,7 +6,8 @@ Two implementations with the same behaviour: :class:`gateway.store.memory.Memory
 Lua script, so every read-modify-write is atomic). ``tests/test_store.py`` runs one
 suite against both. Operations are coarse on purpose: one call is one round trip.
 
-Fair share is the Virtual Token Counter of the VTC slides (../shared/papers/001):
+Fair share is the Virtual Token Counter of the VTC slides (Sheng et al.,
+"Fairness in Serving Large Language Models"):
 :meth:`Store.arrive` is VTC's *enqueue* (counter lift when the tenant had nothing
 queued) and, when the request is the head of the queue and a backend has a free slot,
 its *dequeue* with the prompt charge ``w_p·prompt/weight``; :meth:`Store.charge` adds

@@ -10,7 +10,10 @@ the QoE gain over a horizon Δt (Eq. 4: an exact-k-item knapsack per batch size 
   fit), for batch sizes B in [B_min, B_max] (§4.2 optimisation #2), keeping the best;
 - selective triggering (optimisation #1): solve only when serving everyone would push
   the KV cache past the watermark (default 90 %) or decode slower than the most
-  stringent TDS; otherwise everyone runs;
+  stringent TDS; otherwise everyone runs. A TDS at or above the engine's batch-1 speed
+  is met by no batch size, so it is no reason to solve and does not set B_min: the
+  paper's rule reads "the most stringent TDS *the engine can deliver*" (without it, one
+  such request makes every iteration a solve that may shrink the batch for nothing);
 - preemption cap P (optimisation #4): preemptions stay at most P per request on average.
 
 tokenpace extension, off by default (``preemption_cost = 0`` is the paper's Andes): the
@@ -21,6 +24,11 @@ charge is k·(p_i / Δt)·G with k = ``preemption_cost``. k > 1 because the stal
 twice when an admission displaces a running request (that one recomputes on resume) and
 outlives the horizon. :func:`tokenpace_andes` is the configuration tokenpace ships
 (k = 4, P = 0.3: docs/benchmarks.md measures it against the paper's settings).
+
+Tenant weights (tokenpace extension, ``fair_share_slack``): packing goes by the levels
+of :mod:`qos.policy.fair`, so each backlogged tenant gets its weighted fair share of
+service (VTC-counted) and Andes maximises QoE within it; with one tenant or equal
+weights every level is 0 and the decisions are the ones above.
 
 Q_serve and Q_wait come from :mod:`qos.policy.forecast` and the latency model; the
 horizon Δt defaults to the running mean request completion time (§4.1).
@@ -34,8 +42,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from qos.fairness import VirtualTokenCounter
 from qos.latency import LatencyProfile
 from qos.policy.base import Policy, pack_in_order
+from qos.policy.fair import TenantShares, pack_by_level
 from qos.policy.forecast import Forecast, QoEKind
 from qos.policy.table import Capacity, RequestTable
 
@@ -63,6 +73,8 @@ class Andes(Policy):
         preemption_cost: float = 0.0,
         batch_candidates: int = 4,
         solver: Solver | None = None,
+        fair_share_slack: float | None = None,
+        counter: VirtualTokenCounter | None = None,
     ) -> None:
         if objective not in ("average", "max-min", "perfect"):
             raise ValueError(f"objective: unknown {objective!r}; use average, max-min or perfect")
@@ -87,6 +99,8 @@ class Andes(Policy):
         self.preemption_cost = preemption_cost
         self.batch_candidates = batch_candidates
         self.solver = solver
+        self.shares = None if fair_share_slack is None else TenantShares(fair_share_slack, counter)
+        self._levels: np.ndarray | None = None  # the last solve's tenant levels
         self._completions: deque[float] = deque([initial_horizon_s], maxlen=256)
         self._completion_sum = initial_horizon_s
         self.arrivals = 0
@@ -107,8 +121,12 @@ class Andes(Policy):
     # -- hooks ------------------------------------------------------------------------
     def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
         self.arrivals += 1
+        if self.shares is not None:
+            self.shares.on_arrival(table, row)
 
     def on_finish(self, table: RequestTable, row: int, now: float) -> None:
+        if self.shares is not None:
+            self.shares.on_finish(table, row)
         if len(self._completions) == self._completions.maxlen:
             self._completion_sum -= self._completions[0]
         took = now - float(table.col("arrival")[row])
@@ -134,8 +152,16 @@ class Andes(Policy):
             demand = capacity.demand(table)
         if int(demand.sum()) > self.kv_watermark * capacity.kv_tokens:
             return True
-        slowest_allowed = 1.0 / float(table.col("tds").max())
-        return float(self.profile.decode_s(n)) > slowest_allowed
+        tds = self.most_stringent_tds(table)
+        return tds is not None and float(self.profile.decode_s(n)) > 1.0 / tds
+
+    def most_stringent_tds(self, table: RequestTable) -> float | None:
+        """The highest expected TDS below the batch-1 speed (None if there is none): a
+        higher one is met by no batch size, so neither triggers a solve nor sets B_min."""
+        self._decode_table(1)
+        tds = table.col("tds")
+        reachable = tds[tds < self._speeds[1]]
+        return float(reachable.max()) if reachable.size else None
 
     def schedule(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
         n = table.n
@@ -197,7 +223,10 @@ class Andes(Policy):
             b_max = int(np.searchsorted(np.cumsum(np.sort(smallest)), capacity.kv_tokens, "right"))
         b_max = max(b_max, 1)
         self._decode_table(b_max)
-        fast = (self._speeds[1 : b_max + 1] >= table.col("tds").max()).nonzero()[0]
+        tds = self.most_stringent_tds(table)
+        if tds is None:
+            return b_max, b_max
+        fast = (self._speeds[1 : b_max + 1] >= tds).nonzero()[0]
         b_min = int(fast[-1]) + 1 if fast.size else 1
         return b_min, b_max
 
@@ -227,6 +256,7 @@ class Andes(Policy):
         decode = self._decode_table(b_max)
         per_context = self.profile.per_context_token_s
         context_s = per_context * float(demand.mean()) if per_context else 0.0
+        self._levels = self.shares.levels(table) if self.shares is not None else None
         best, best_value = None, -np.inf
         running = table.running
         size = demand.astype(float)  # l_i; dividing by it as floats is 3x cheaper
@@ -258,8 +288,13 @@ class Andes(Policy):
         and packed, then, if the batch is not full, the rest of the rows that still fit
         the KV left: rows beyond the head come after it in the order, and a row that does
         not fit the KV left can never be taken, so this packs exactly as the full sort.
+        With tenant levels (:mod:`qos.policy.fair`) the whole order is sorted and packed
+        by :func:`~qos.policy.fair.pack_by_level`.
         """
         n = table.n
+        if self._levels is not None:
+            order = self.packing_order(table, priority)
+            return pack_by_level(order, self._levels, table.running, demand, kv_tokens, b, n), order
         if b >= n or type(self).packing_order is not Andes.packing_order:
             order = self.packing_order(table, priority)
             return pack_in_order(order, demand, kv_tokens, b, n), order
@@ -298,8 +333,11 @@ class Andes(Policy):
         """Rows in the order greedy packing considers them: highest priority (Eq. 5) first.
 
         On equal priority (typically zero gain everywhere) running requests go first, so a
-        tie never preempts one for nothing; then row order.
+        tie never preempts one for nothing; then row order. With tenant levels, lower
+        levels first, this order within each.
         """
+        if self._levels is not None:
+            return np.lexsort((~table.running, -priority, self._levels))
         return _in_priority_order(np.arange(table.n), -priority, table.running)
 
     def _cap_preemptions(
@@ -334,7 +372,10 @@ class Andes(Policy):
         room = int(self.kv_watermark * capacity.kv_tokens) - used
         if room > 0 and slots > 0:
             order = self._in_solver_order(chosen & ~running)
-            packed |= pack_in_order(order, demand, room, slots, table.n)
+            if self._levels is not None:
+                packed |= pack_by_level(order, self._levels, running, demand, room, slots, table.n)
+            else:
+                packed |= pack_in_order(order, demand, room, slots, table.n)
         self.preemptions += np.count_nonzero(running & ~packed)
         return packed
 
@@ -349,12 +390,15 @@ TOKENPACE_ANDES: dict[str, Any] = {
     "preemption_cap": 0.3,
     "preemption_cost": 4.0,
     "kv_watermark": 0.95,
+    "fair_share_slack": 16384.0,
 }
 
 
 def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     """Andes as tokenpace ships it: preemption cap 0.3, stall charge k = 4, packing to
-    95 % of the KV cache.
+    95 % of the KV cache, tenant weights acting with a slack of 16,384 service units
+    (8,192 output tokens of a weight-1 tenant, ~10 s of the OPT-66B profile's output;
+    ``fair_share_slack=None`` ignores weights). docs/benchmarks.md measures the slack.
 
     The paper's defaults (P = 1, no stall charge) lose a quarter of the engine's token
     throughput to recompute prefills on a KV-bound engine; docs/benchmarks.md compares

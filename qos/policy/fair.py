@@ -1,25 +1,42 @@
-"""QoE and fairness together: Andes priorities inside VTC's fair-share envelope.
+"""Weights inside Andes: each tenant's weighted fair share of service, QoE within it.
 
-Design. Andes orders requests by QoE gain per KV slot (Eq. 5). This policy keeps that
-order, with one change: a tenant whose weighted VTC counter runs more than ``slack``
-ahead of the least-served active tenant is *throttled*, and every request of a
-throttled tenant is packed after every request of the others. Nothing else differs.
+Service is counted as VTC counts it ("Fairness in Serving Large Language Models", Sheng
+et al.; :mod:`qos.fairness`): W = w_p·prompt + w_q·output, a tenant's counter growing
+by W / weight, lifted when the tenant becomes active again. A tenant is active while
+it has a request in the engine, *backlogged* while one of them waits.
 
-- One tenant: the least-served active tenant is itself, nobody is throttled, and the
-  decisions are exactly Andes's (same forecast, same order, same packing).
-- Several backlogged tenants: a throttled tenant receives service only from capacity
-  the others cannot use, so when the others are backlogged its counter stops while
-  theirs advance. The throttle is decided once per iteration, so in the iteration in
-  which a tenant crosses the line it can still receive up to B_max first prefills and
-  B_max output tokens. For prompts of at most L_input tokens, batches of at most B_max
-  requests and a smallest tenant weight w_min:
+**Levels.** Row i of tenant f (weight w_i) is at level
 
-      |W_f/w_f - W_g/w_g| ≤ slack + B_max·(w_p·L_input + w_q) / w_min
+    L_i = ⌊(c_f − m_i)⁺ / slack⌋,  m_i = min counter of the backlogged tenants whose
+                                         weight differs from w_i
 
-  the same form as VTC's bound (2·max(w_p·L_input, w_q·M)), with ``slack`` set by the
-  operator to trade fairness for QoE.
-  The bound assumes the preemption cap P lets the throttled tenant's running requests
-  be preempted; with a tight P it is reached more slowly.
+(0 where there is no such tenant). Andes packs level by level, lowest first, in its
+own order (Eq. 5 priority) within a level; and once a *waiting* row of some level does
+not fit, no waiting row of a higher level is admitted (the room it leaves is kept for
+it, as VTC's execution stream stops at the first request that does not fit). Running
+rows of any level may still keep their place.
+
+- One tenant, or all rows of one weight: every level is 0 and the decision is exactly
+  Andes's (the rule never reads a counter).
+- Tenants of different weights, all backlogged: a tenant more than ``slack`` ahead of
+  a less-served one is admitted only after that one, so the weighted counters of
+  backlogged tenants stay within a band; a tenant that asks for less than its share
+  is never backlogged, never a reference, and gets all it asks for; the shortfall
+  falls on the tenants whose counters run ahead, i.e. the lower weights first.
+- Bound (two backlogged tenants f, g of different weights, the proof of the VTC
+  slides' bound): while c_f > c_g + slack, f receives no admission that g could use,
+  and its counter grows only through the requests it already runs, at most
+  ``max_batch`` of them, each adding at most w_q per iteration, plus the prompts of
+  admissions decided in the iteration in which it crossed the line. So
+
+      |c_f − c_g| ≤ slack + (w_p·L_input·B_max + w_q·M_f) / w_min
+
+  with L_input the longest prompt, B_max the batch limit, M_f the output tokens f's
+  running requests generate before they finish or are preempted, w_min the smaller
+  weight: VTC's bound
+  2·max(w_p·L_input, w_q·M) in form, widened by ``slack``, which the operator sets to
+  trade fairness for QoE. Andes's preemption cap P bounds how fast M_f is cut, so the
+  band is reached more slowly with a tight P.
 """
 
 from __future__ import annotations
@@ -27,41 +44,101 @@ from __future__ import annotations
 import numpy as np
 
 from qos.fairness import VirtualTokenCounter
-from qos.latency import LatencyProfile
-from qos.policy.andes import Andes
+from qos.policy.base import pack_in_order
 from qos.policy.table import RequestTable
-from qos.policy.vtc import FairShareHooks
 
 
-class FairAndes(Andes, FairShareHooks):
-    name = "fair-andes"
+class TenantShares:
+    """Per-tenant VTC counters kept from the request table, and the levels they set.
 
-    def __init__(
-        self,
-        profile: LatencyProfile,
-        *,
-        slack: float = 4096.0,
-        counter: VirtualTokenCounter | None = None,
-        **andes_options,
-    ) -> None:
-        Andes.__init__(self, profile, **andes_options)
-        FairShareHooks.__init__(self, counter)
-        if slack < 0:
-            raise ValueError(f"slack: must be >= 0, got {slack}")
+    A request's service is charged when it leaves (``on_finish``); until then it is read
+    off the table (``prompt`` once the first token is out, ``output``), so nothing runs
+    per token.
+    """
+
+    def __init__(self, slack: float, counter: VirtualTokenCounter | None = None) -> None:
+        if not slack >= 0:
+            raise ValueError(f"fair_share_slack: must be >= 0, got {slack}")
         self.slack = slack
+        self.vtc = counter or VirtualTokenCounter()
 
-    def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
-        Andes.on_arrival(self, table, row, now)
-        FairShareHooks.on_arrival(self, table, row, now)
+    def _live(self, table: RequestTable) -> np.ndarray:
+        """Service each live row has received, divided by its weight."""
+        output = table.col("output")
+        prompt = np.where(output > 0, table.col("prompt"), 0)
+        service = self.vtc.w_prompt * prompt + self.vtc.w_output * output
+        return service / table.col("weight")
 
-    def on_finish(self, table: RequestTable, row: int, now: float) -> None:
-        Andes.on_finish(self, table, row, now)
-        FairShareHooks.on_finish(self, table, row, now)
+    def on_arrival(self, table: RequestTable, row: int) -> None:
+        tenant = table.tenant_names[int(table.col("tenant")[row])]
+        unsettled = None
+        if self.vtc.queued.get(tenant, 0) == 0:
+            by_id = np.bincount(
+                table.col("tenant"), weights=self._live(table), minlength=len(table.tenant_names)
+            )
+            unsettled = dict(zip(table.tenant_names, by_id.tolist(), strict=True))
+        self.vtc.enqueue(tenant, unsettled)
 
-    def throttled(self, table: RequestTable) -> np.ndarray:
-        """Rows whose tenant is more than ``slack`` ahead of the least-served active tenant."""
-        counters = self.tenant_counters(table)
-        return counters > counters.min() + self.slack
+    def on_finish(self, table: RequestTable, row: int) -> None:
+        tenant = table.tenant_names[int(table.col("tenant")[row])]
+        output = int(table.col("output")[row])
+        self.vtc.charge(
+            tenant,
+            float(table.col("weight")[row]),
+            prompt_tokens=int(table.col("prompt")[row]) if output > 0 else 0,
+            output_tokens=output,
+        )
+        self.vtc.dequeue(tenant)
 
-    def packing_order(self, table: RequestTable, priority: np.ndarray) -> np.ndarray:
-        return np.lexsort((~table.running, -priority, self.throttled(table)))
+    def counters(self, table: RequestTable) -> np.ndarray:
+        """The counter of each row's tenant (settled plus live service)."""
+        ids = table.col("tenant")
+        live = np.bincount(ids, weights=self._live(table), minlength=len(table.tenant_names))
+        settled = np.array([self.vtc.counter(t) for t in table.tenant_names])
+        return (settled + live)[ids]
+
+    def levels(self, table: RequestTable) -> np.ndarray | None:
+        """Each row's level (module docstring), or None where every level is 0."""
+        weight = table.col("weight")
+        if weight.size == 0 or bool((weight == weight[0]).all()):
+            return None
+        counters = self.counters(table)
+        waiting = ~table.running
+        levels = np.zeros(table.n)
+        for value in np.unique(weight):
+            mine = weight == value
+            ref = waiting & ~mine
+            if ref.any():
+                ahead = np.maximum(counters[mine] - counters[ref].min(), 0.0)
+                levels[mine] = np.floor(ahead / self.slack) if self.slack > 0 else ahead
+        return levels if levels.any() else None
+
+
+def pack_by_level(
+    order: np.ndarray,
+    levels: np.ndarray,
+    running: np.ndarray,
+    demand: np.ndarray,
+    kv_tokens: int,
+    max_batch: int,
+    n: int,
+) -> np.ndarray:
+    """Greedy packing of ``order`` (sorted by level first) with the level rule: skip what
+    does not fit, but after a waiting row is skipped, take only running rows of higher
+    levels. Returns a bool mask of length ``n``."""
+    chosen = np.zeros(n, dtype=bool)
+    kv_left, slots = kv_tokens, max_batch
+    blocked = False
+    row_levels = levels[order]
+    for level in np.unique(row_levels):
+        rows = order[row_levels == level]
+        if blocked:
+            rows = rows[running[rows]]
+        took = pack_in_order(rows, demand, kv_left, slots, n)
+        chosen |= took
+        kv_left -= int(demand[took].sum())
+        slots -= int(np.count_nonzero(took))
+        if slots <= 0:
+            break
+        blocked = blocked or bool((~took[rows] & ~running[rows]).any())
+    return chosen

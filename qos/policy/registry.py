@@ -1,8 +1,11 @@
 """Policies by name: one table for the benchmark, the embedded engine and the docs.
 
-``andes`` is the paper's Andes (P = 1, no stall charge); ``andes-tp`` is what tokenpace
-ships (:func:`qos.policy.andes.tokenpace_andes`); ``fair-andes-tp`` is fair Andes with
-the same settings. The vLLM plugin uses the same names (``qos.vllm.config``).
+``andes`` is the paper's Andes (P = 1, no stall charge, no tenant weights); ``andes-tp``
+is what tokenpace ships (:func:`qos.policy.andes.tokenpace_andes`: tenant weights act
+through :mod:`qos.policy.fair`); ``andes-tp-unweighted`` is the same with weights
+ignored, the reference the tiering benchmark compares total QoE with; ``vtc`` is strict
+weighted fair share without QoE, the fairness reference. The vLLM plugin uses the same
+names (``qos.vllm.config``).
 """
 
 from __future__ import annotations
@@ -11,9 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from qos.latency import LatencyProfile
-from qos.policy.andes import TOKENPACE_ANDES, Andes, tokenpace_andes
+from qos.policy.andes import Andes, tokenpace_andes
 from qos.policy.base import Policy
-from qos.policy.fair import FairAndes
 from qos.policy.fcfs import FCFS
 from qos.policy.round_robin import RoundRobin
 from qos.policy.vtc import VTC
@@ -25,9 +27,10 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "andes-p0.3": lambda profile, **kw: Andes(profile, **{"preemption_cap": 0.3, **kw}),
     "andes-tp": tokenpace_andes,
     "andes-monotone": lambda profile, **kw: Andes(profile, **{"qoe": "monotone", **kw}),
+    "andes-tp-unweighted": lambda profile, **kw: tokenpace_andes(
+        profile, **{"fair_share_slack": None, **kw}
+    ),
     "vtc": lambda profile, **_: VTC(),
-    "fair-andes": FairAndes,
-    "fair-andes-tp": lambda profile, **kw: FairAndes(profile, **{**TOKENPACE_ANDES, **kw}),
 }
 
 

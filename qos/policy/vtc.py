@@ -1,6 +1,6 @@
 """VTC as an engine policy: admit the least-served tenant's earliest request first.
 
-The execution stream of the VTC slides (../shared/papers/001): running requests keep
+The execution stream of the VTC slides (Sheng et al.): running requests keep
 running; while the cache has room, the tenant with the smallest counter among those
 with waiting requests gets its earliest waiting request admitted, and its counter is
 charged w_p·prompt at once (so one admission round interleaves tenants); output

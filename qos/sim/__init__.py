@@ -8,10 +8,13 @@ from qos.sim.engine import (
     simulate,
 )
 from qos.sim.workload import (
+    BATCH,
     CHAT,
+    FAST,
     PROMPT_TOKEN_ESTIMATE,
     READING_TDS,
     SPEAKING_TDS,
+    TIERS,
     VOICE,
     SimRequest,
     Tier,
@@ -21,14 +24,19 @@ from qos.sim.workload import (
     estimate_prompt_tokens,
     gamma_arrivals,
     load_andes_trace,
+    parse_tenants,
+    parse_tier_mix,
     poisson_arrivals,
 )
 
 __all__ = [
+    "BATCH",
     "CHAT",
+    "FAST",
     "PROMPT_TOKEN_ESTIMATE",
     "READING_TDS",
     "SPEAKING_TDS",
+    "TIERS",
     "VOICE",
     "Engine",
     "RequestResult",
@@ -42,6 +50,8 @@ __all__ = [
     "estimate_prompt_tokens",
     "gamma_arrivals",
     "load_andes_trace",
+    "parse_tenants",
+    "parse_tier_mix",
     "poisson_arrivals",
     "simulate",
 ]

@@ -5,6 +5,11 @@ trace entries (prompt length, reply length and the user's expected TTFT/TDS), an
 arrival process (Poisson, or Gamma for bursty traffic, Andes §6.4) and optionally a
 mix of QoE tiers (e.g. chat at reading speed, voice at speaking speed) and tenants.
 
+The trace's numbers ship with the package (``qos/sim/data/andes_sharegpt_qoe_trace.csv``,
+3,000 rows, Apache-2.0, from the Andes authors' AmberLJC/vllm-0.6.1): prompt token
+estimate, reply length, expected TTFT and seconds per token. :func:`load_andes_trace`
+reads it by default, or the full JSON trace (with prompt texts) given its path.
+
 Prompt tokens are *estimated* from the prompt text as ``max(1, round(len(prompt) / 4))``
 (about four characters per token for English; see :data:`PROMPT_TOKEN_ESTIMATE`). The
 trace stores text, not token ids, so every result built on it must say so.
@@ -14,6 +19,7 @@ Everything here is deterministic for a seed.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -28,8 +34,8 @@ PROMPT_TOKEN_ESTIMATE = "chars/4: max(1, round(len(prompt) / 4))"
 """How :func:`load_andes_trace` counts prompt tokens; quote it next to any result."""
 
 TRACE_ENV = "TOKENPACE_TRACE"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TRACE = _REPO_ROOT.parent / "shared" / "data" / "andes_sharegpt_qoe_trace.json"
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "andes_sharegpt_qoe_trace.csv"
+"""The trace's numbers, shipped with the package (the module docstring)."""
 
 READING_TDS = 4.8
 """Tokens/s of a chat tier at a brisk reading pace (~220 WPM at the trace's 1.3 tokens per
@@ -73,7 +79,6 @@ class TraceEntry:
     """One entry of the Andes QoE trace."""
 
     id: str
-    prompt: str
     prompt_tokens: int  # chars/4 estimate, see PROMPT_TOKEN_ESTIMATE
     output_len: int
     ttft: float  # expected TTFT (s)
@@ -102,6 +107,10 @@ class Tier:
 
 CHAT = Tier("chat", 1.0, READING_TDS)
 VOICE = Tier("voice", 1.0, SPEAKING_TDS)
+FAST = Tier("fast", 0.5, 25.0)
+BATCH = Tier("batch", 60.0, 50.0)
+TIERS = {t.name: t for t in (CHAT, VOICE, FAST, BATCH)}
+"""The gateway's default tiers (``gateway.config.DEFAULT_TIERS``), by name."""
 
 
 def estimate_prompt_tokens(prompt: str) -> int:
@@ -110,53 +119,73 @@ def estimate_prompt_tokens(prompt: str) -> int:
 
 
 def default_trace_path() -> Path:
-    """``$TOKENPACE_TRACE`` if set, else ``../shared/data/andes_sharegpt_qoe_trace.json``
-    relative to the repository root."""
+    """``$TOKENPACE_TRACE`` if set, else the shipped CSV (:data:`DEFAULT_TRACE`)."""
     env = os.environ.get(TRACE_ENV)
     return Path(env) if env else DEFAULT_TRACE
 
 
 def load_andes_trace(path: str | os.PathLike[str] | None = None) -> list[TraceEntry]:
-    """Read the Andes ShareGPT QoE trace (3000 entries; see shared/data/README.md).
+    """Read the Andes ShareGPT QoE trace: the shipped CSV or the authors' full JSON.
 
-    Each JSON entry has ``prompt`` (text), ``output_len`` (tokens of the reply),
-    ``ttft`` (expected TTFT, s) and ``latency`` (expected seconds per token; the
-    expected TDS is ``1 / latency``). Prompt tokens are estimated from the text as
-    ``max(1, round(len(prompt) / 4))`` (chars/4, :data:`PROMPT_TOKEN_ESTIMATE`): the
-    trace has no token ids. ``path`` defaults to :func:`default_trace_path`.
+    ``path`` defaults to :func:`default_trace_path`. A ``.csv`` path is read as the
+    shipped file (columns ``id, prompt_tokens, output_len, ttft_s, latency_s``; ``#``
+    lines are comments); anything else as the JSON trace, a list of entries with
+    ``prompt`` (text), ``output_len`` (tokens of the reply), ``ttft`` (expected TTFT, s)
+    and ``latency`` (expected seconds per token; the expected TDS is ``1 / latency``),
+    whose prompt tokens are estimated from the text as ``max(1, round(len(prompt) / 4))``
+    (chars/4, :data:`PROMPT_TOKEN_ESTIMATE`, as the CSV's were): the trace has no token ids.
     """
     p = Path(path) if path is not None else default_trace_path()
     try:
-        raw = json.loads(p.read_text())
+        text = p.read_text()
     except FileNotFoundError:
         raise FileNotFoundError(
             f"path: Andes trace not found at {p} (set ${TRACE_ENV} to its location)"
         ) from None
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"path: {p} does not hold a non-empty JSON list of trace entries")
+    rows = _csv_rows(text) if p.suffix.lower() == ".csv" else _json_rows(text, p)
+    if not rows:
+        raise ValueError(f"path: {p} holds no trace entries")
     entries = []
-    for i, e in enumerate(raw):
+    for i, row in enumerate(rows):
         try:
-            prompt = str(e["prompt"])
-            output_len, ttft, latency = int(e["output_len"]), float(e["ttft"]), float(e["latency"])
+            entry = TraceEntry(
+                id=str(row.get("id", i)),
+                prompt_tokens=int(row["prompt_tokens"]),
+                output_len=int(row["output_len"]),
+                ttft=float(row["ttft"]),
+                latency=float(row["latency"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"path: entry {i} of {p} is malformed ({exc!r})") from None
-        if output_len < 1 or not ttft >= 0 or not latency > 0:
+        if entry.prompt_tokens < 1 or entry.output_len < 1 or not entry.ttft >= 0:
             raise ValueError(
-                f"path: entry {i} of {p} needs output_len >= 1, ttft >= 0, latency > 0; "
-                f"got {output_len}, {ttft}, {latency}"
+                f"path: entry {i} of {p} needs prompt tokens >= 1, output_len >= 1, ttft >= 0; "
+                f"got {entry.prompt_tokens}, {entry.output_len}, {entry.ttft}"
             )
-        entries.append(
-            TraceEntry(
-                id=str(e.get("id", i)),
-                prompt=prompt,
-                prompt_tokens=estimate_prompt_tokens(prompt),
-                output_len=output_len,
-                ttft=ttft,
-                latency=latency,
-            )
-        )
+        if not entry.latency > 0:
+            raise ValueError(f"path: entry {i} of {p} needs latency > 0, got {entry.latency}")
+        entries.append(entry)
     return entries
+
+
+def _csv_rows(text: str) -> list[dict]:
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    return [
+        {**row, "ttft": row.get("ttft_s"), "latency": row.get("latency_s")}
+        for row in csv.DictReader(lines)
+    ]
+
+
+def _json_rows(text: str, p: Path) -> list[dict]:
+    raw = json.loads(text)
+    if not isinstance(raw, list):
+        raise ValueError(f"path: {p} does not hold a JSON list of trace entries")
+    rows = []
+    for i, e in enumerate(raw):
+        if not isinstance(e, dict) or not isinstance(e.get("prompt"), str):
+            raise ValueError(f"path: entry {i} of {p} is malformed (no prompt text)")
+        rows.append({**e, "prompt_tokens": estimate_prompt_tokens(e["prompt"])})
+    return rows
 
 
 # -- arrival processes -------------------------------------------------------------------
@@ -226,6 +255,37 @@ def _parse_tier_mix(tier_mix: TierMix) -> tuple[list[Tier], np.ndarray]:
     if len({t.name for t in tiers}) != len(tiers):
         raise ValueError("tier_mix: tier names must be unique")
     return tiers, _shares(shares, "tier_mix")
+
+
+def parse_tier_mix(text: str) -> list[tuple[Tier, float]]:
+    """``"chat=0.5,voice=0.3,fast=0.2"`` (names of :data:`TIERS`) as ``[(Tier, share)]``."""
+    mix = []
+    for part in text.split(","):
+        name, _, share = part.strip().partition("=")
+        if name not in TIERS:
+            raise ValueError(f"tier mix: unknown tier {name!r}; use {', '.join(TIERS)}")
+        try:
+            mix.append((TIERS[name], float(share)))
+        except ValueError:
+            raise ValueError(f"tier mix: {part.strip()!r} is not NAME=SHARE") from None
+    _shares([s for _, s in mix], "tier mix")
+    return mix
+
+
+def parse_tenants(text: str) -> list[tuple[str, float, float]]:
+    """``"free:1:0.33,pro:2:0.33,ent:4:0.34"`` (name:weight:share) as a tenant mix."""
+    tenants = []
+    for part in text.split(","):
+        fields = part.strip().split(":")
+        try:
+            name, weight, share = fields[0], float(fields[1]), float(fields[2])
+        except (IndexError, ValueError):
+            raise ValueError(f"tenants: {part.strip()!r} is not NAME:WEIGHT:SHARE") from None
+        if len(fields) != 3 or not name:
+            raise ValueError(f"tenants: {part.strip()!r} is not NAME:WEIGHT:SHARE")
+        tenants.append((name, weight, share))
+    _parse_tenants(tenants)
+    return tenants
 
 
 def _parse_tenants(tenants: TenantMix) -> tuple[list[str], np.ndarray, np.ndarray]:

@@ -5,9 +5,9 @@ its settings from the engine's environment (defaults in brackets):
 
 - ``TOKENPACE_POLICY``: the qos policy asked each iteration, by its name in
   :data:`qos.policy.registry.POLICIES`: ``andes-tp`` (default: Andes as tokenpace ships
-  it, :func:`qos.policy.andes.tokenpace_andes`, preemption cap 0.3 and stall charge 4),
-  ``andes`` (the paper's settings), ``fair-andes``, ``fair-andes-tp``, ``fcfs``, ``vtc``,
-  ``round-robin``, ...
+  it, :func:`qos.policy.andes.tokenpace_andes`, preemption cap 0.3, stall charge 4 and
+  the ``tp_weight`` tags acting as tenant weights), ``andes`` (the paper's settings),
+  ``andes-tp-unweighted``, ``fcfs``, ``vtc``, ``round-robin``, ...
 - ``TOKENPACE_OBJECTIVE``: Andes objective, ``average``, ``max-min`` or ``perfect``
   [average].
 - ``TOKENPACE_PROFILE``: latency profile: ``online`` (default: fitted from the engine's
@@ -17,7 +17,10 @@ its settings from the engine's environment (defaults in brackets):
   request on average), ``TOKENPACE_PREEMPTION_COST`` (the stall charge k),
   ``TOKENPACE_HORIZON_S`` (a fixed Δt; default the running mean completion time, §4.1):
   the Andes options of the same names, for the Andes policies; unset, the named
-  policy's own settings apply.
+  policy's own settings apply. ``TOKENPACE_FAIR_SHARE_SLACK``: how far (in VTC service
+  units over weight) a tenant may run ahead before the weights act
+  (:mod:`qos.policy.fair`; ``andes-tp``'s default 16,384 suits a GPU engine's output
+  rate, a small engine needs less).
 - ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.05];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is
@@ -71,6 +74,7 @@ class PluginConfig:
     preemption_cap: float | None = None  # None: the policy's default
     preemption_cost: float | None = None
     horizon_s: float | None = None
+    fair_share_slack: float | None = None
     decision_interval_s: float = 0.05
     pause: bool = True
     defaults: RequestTags = field(default_factory=RequestTags)
@@ -127,6 +131,11 @@ class PluginConfig:
             horizon = _number(env, "TOKENPACE_HORIZON_S", 0.0)
             if horizon <= 0:
                 raise ValueError(f"TOKENPACE_HORIZON_S: must be > 0 seconds, got {horizon}")
+        slack = None
+        if env.get("TOKENPACE_FAIR_SHARE_SLACK"):
+            slack = _number(env, "TOKENPACE_FAIR_SHARE_SLACK", 0.0)
+            if slack < 0:
+                raise ValueError(f"TOKENPACE_FAIR_SHARE_SLACK: must be >= 0, got {slack}")
         interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
         if interval < 0:
             raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
@@ -141,6 +150,7 @@ class PluginConfig:
             preemption_cap=cap,
             preemption_cost=cost,
             horizon_s=horizon,
+            fair_share_slack=slack,
             decision_interval_s=interval,
             pause=_FLAGS[pause],
             defaults=defaults,
@@ -156,6 +166,7 @@ class PluginConfig:
             "horizon_s": self.horizon_s,
             "preemption_cap": self.preemption_cap,
             "preemption_cost": self.preemption_cost,
+            "fair_share_slack": self.fair_share_slack,
         }
         return make_policy(
             self.policy, profile, **{k: v for k, v in options.items() if v is not None}

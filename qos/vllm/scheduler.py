@@ -470,7 +470,7 @@ class AndesScheduler(TimedScheduler):
             self._install_profile(self.online.profile)
 
     def _install_profile(self, profile: LatencyProfile) -> None:
-        """Hand a refitted latency profile to the policy (Andes and FairAndes use one)."""
+        """Hand a refitted latency profile to the policy (the Andes policies use one)."""
         policy = self.qos_policy
         if isinstance(policy, Andes):
             policy.set_profile(profile)
