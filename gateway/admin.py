@@ -30,6 +30,8 @@ from gateway.errors import GatewayError, unauthorized
 from gateway.state import GatewayState
 from gateway.store import StoreUnavailable
 
+ADMIN_PREFIX = "/v1/tokenpace/admin/"
+
 _admin_bearer = HTTPBearer(
     auto_error=False, scheme_name="AdminKey", description="The operator's admin key."
 )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 import uuid
@@ -32,6 +33,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
+import orjson
 from fastapi import FastAPI, Header, Query, Request, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -42,7 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import gateway.embedded  # noqa: F401 - registers the backend kind "embedded" (the demo)
-from gateway.admin import add_admin_routes, is_admin
+from gateway.admin import ADMIN_PREFIX, add_admin_routes, is_admin
 from gateway.admission import (
     AdmissionController,
     Ticket,
@@ -67,6 +69,7 @@ from gateway.errors import (
     forbidden,
     install_error_handlers,
     model_not_found,
+    not_found,
     too_large,
     unauthorized,
 )
@@ -94,6 +97,9 @@ log = logging.getLogger("tokenpace.gateway")
 access_log = logging.getLogger("tokenpace.gateway.access")
 
 INFO_KEY = "tokenpace"  # scope["state"][INFO_KEY]: the request's labels and timings
+TENANT_KEY = "tokenpace_tenant"  # scope["state"][TENANT_KEY]: the tenant BodyGate found
+TELEMETRY_PATH = "/v1/tokenpace/telemetry"
+METRICS_PATH = "/metrics"
 _API_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
@@ -108,12 +114,8 @@ _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
 class GatewayMiddleware:
-    """Request id, receipt time, body limit, X-Request-Id, request metrics, access log.
-
-    The body of a POST is read here, up to ``max_body_bytes`` (413 past it, before any
-    parsing), and replayed to the app; later ``receive()`` calls go to the server, so
-    the app still sees ``http.disconnect``.
-    """
+    """Request id, receipt time, X-Request-Id, request metrics, access log; ``/metrics``
+    only where ``metrics`` allows it (its own port, or its token)."""
 
     def __init__(self, app: ASGIApp, gw: GatewayState) -> None:
         self.app = app
@@ -144,13 +146,10 @@ class GatewayMiddleware:
         if gauge is not None:
             gauge.inc()
         try:
-            if scope.get("method", "GET") in _BODY_METHODS:
-                limit = self.gw.config.limits.max_body_bytes
-                body = await _read_body(scope, receive, limit)
-                if body is None:
-                    await too_large(limit).response()(scope, receive, send_with_id)
-                    return
-                receive = _replay(body, receive)
+            refusal = _metrics_refusal(self.gw, scope, path)
+            if refusal is not None:
+                await refusal.response()(scope, receive, send_with_id)
+                return
             await self.app(scope, receive, send_with_id)
         finally:
             if gauge is not None:
@@ -180,19 +179,98 @@ class GatewayMiddleware:
         access_log.info("request finished", extra=extra)
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _metrics_refusal(gw: GatewayState, scope: Scope, path: str) -> GatewayError | None:
+    """Why this request may not have ``/metrics`` (or, on the metrics port, anything else)."""
+    cfg = gw.config.metrics
+    if cfg.port is not None:
+        server = scope.get("server") or (None, None)
+        on_metrics_port = server[1] == cfg.port
+        if on_metrics_port != (path == METRICS_PATH):
+            return not_found(scope.get("method", "GET"), path)
+    if path == METRICS_PATH and cfg.token_sha256 is not None:
+        scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            hash_key(token.strip()), cfg.token_sha256
+        ):
+            return unauthorized("/metrics needs the metrics token: Authorization: Bearer TOKEN.")
+    return None
+
+
+class BodyGate:
+    """Authenticate from the headers, then read the body within its limit.
+
+    A request with a body is authenticated before a byte of it is read (401 else), so an
+    unauthenticated client never costs the gateway body memory: a tenant key on the API
+    routes, the admin key on ``/v1/tokenpace/admin/*``. The one exception is the
+    telemetry route without an ``Authorization`` header: a report may carry its own
+    credential inside its body (a browser beacon cannot set headers), so that body is
+    read, within ``telemetry.max_body_bytes``, and its route decides. Routes the
+    gateway does not have never have their body read. The body is read whole (413 past
+    the limit, before any parsing) and replayed to the app; later ``receive()`` calls go
+    to the server, so the app still sees ``http.disconnect``. Inside CORS, so its
+    refusals carry the CORS headers a browser needs to read them.
+    """
+
+    def __init__(self, app: ASGIApp, gw: GatewayState) -> None:
+        self.app = app
+        self.gw = gw
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        auth = _header(scope, b"authorization")
+        limit = self.gw.config.limits.max_body_bytes
+        if path == TELEMETRY_PATH:
+            limit = min(limit, self.gw.config.telemetry.max_body_bytes)
+        try:
+            if path.startswith(ADMIN_PREFIX):
+                if not is_admin(self.gw, auth):
+                    raise unauthorized("This route needs the gateway's admin key.")
+            elif path == TELEMETRY_PATH and not auth:
+                pass  # the report's own credential, if any, is inside the body
+            elif path in _API_ENDPOINTS:
+                tenant = await authenticate(self.gw, auth)
+                scope.setdefault("state", {})[TENANT_KEY] = tenant
+            else:
+                await self.app(scope, receive, send)  # no such route: the body is never read
+                return
+        except GatewayError as exc:
+            await exc.response()(scope, receive, send)
+            return
+        try:
+            body = await _read_body(scope, receive, limit)
+        except ClientGone:
+            await Response(status_code=499)(scope, receive, send)  # counted; nobody reads it
+            return
+        if body is None:
+            await too_large(limit).response()(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    """The whole body, or None when it is (or announces being) larger than ``limit``."""
-    for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            with contextlib.suppress(ValueError):
-                if int(value) > limit:
-                    return None
+    """The whole body, or None when it is (or announces being) larger than ``limit``;
+    raises :class:`ClientGone` when the client went away before its end."""
+    length = _header(scope, b"content-length")
+    if length is not None:
+        with contextlib.suppress(ValueError):
+            if int(length) > limit:
+                return None
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise ClientGone
         part = message.get("body", b"")
         size += len(part)
         if size > limit:
@@ -267,7 +345,9 @@ async def tenant_dependency(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> TenantConfig:
-    tenant = await authenticate(_gw(request), request.headers.get("authorization"))
+    tenant = request.scope.get("state", {}).get(TENANT_KEY)  # BodyGate's, for POSTs
+    if tenant is None:
+        tenant = await authenticate(_gw(request), request.headers.get("authorization"))
     _info(request)["tenant"] = tenant.name
     return tenant
 
@@ -373,6 +453,58 @@ def _check_limits(raw: dict[str, Any], gw: GatewayState) -> None:
         )
 
 
+_JSON_MAX_DEPTH = 254  # orjson, which writes the upstream body, refuses deeper nesting
+_INT_RANGE = (-(2**63), 2**64 - 1)  # orjson's integers: signed or unsigned 64-bit
+
+
+def _unforwardable(value: Any, param: str, depth: int = 1) -> tuple[str, str] | None:
+    """The first value the upstream body cannot carry: ``(param, what is wrong)``.
+
+    Python's JSON parser accepts integers of any size, lone surrogates (``"\\ud800"``)
+    and any nesting; orjson, which writes the body for the backend, does not.
+    """
+    if depth > _JSON_MAX_DEPTH:
+        return param, f"is nested more than {_JSON_MAX_DEPTH} levels deep"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return param, "contains a lone surrogate (\\ud800-\\udfff), which is not Unicode"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+            return param, "is an integer outside the 64-bit range"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{param}.{key}" if param else str(key)
+            found = _unforwardable(key, name, depth) or _unforwardable(item, name, depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _unforwardable(item, f"{param}[{i}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _check_forwardable(raw: dict[str, Any]) -> None:
+    """400 naming the field when the body cannot be forwarded as JSON (never a 502)."""
+    try:
+        orjson.dumps(raw)
+    except TypeError:
+        pass
+    else:
+        return
+    found = _unforwardable(raw, "")
+    param, what = found if found is not None else (None, "cannot be encoded as JSON")
+    where = f"'{param}'" if param else "The request body"
+    raise bad_request(
+        f"Invalid value for {where}: it {what}." if param else f"{where} {what}.",
+        param=param or None,
+        code="invalid_value",
+    )
+
+
 async def _wait_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
@@ -381,7 +513,7 @@ async def _wait_disconnect(receive: Receive) -> None:
 
 
 class ClientGone(Exception):
-    """The client disconnected before the response started."""
+    """The client disconnected before the response started (or before its body ended)."""
 
 
 async def _unless_disconnected(request: Request, coro: Coroutine[Any, Any, T]) -> T:
@@ -414,6 +546,7 @@ async def _serve(
     gw = _gw(request)
     info = _info(request)
     raw = await request.json()
+    _check_forwardable(raw)
     _check_limits(raw, gw)
     tier = resolve_tier(gw.config, tenant, header_tier, raw.get("tokenpace"))
     info["tier"] = tier.name
@@ -768,12 +901,15 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
             "docs/protocol.md."
         ),
         lifespan=lifespan,
+        # server.docs: false turns off the interactive docs and the document they read
+        **({} if config.server.docs else dict.fromkeys(("docs_url", "redoc_url", "openapi_url"))),
     )
     app.state.gateway = gw
     install_error_handlers(app, auth_first=_auth_for_validation)
     _add_routes(app)
     add_admin_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.add_middleware(BodyGate, gw=gw)  # inside CORS: its 401 and 413 carry CORS headers
     if config.cors.allow_origins:
         app.add_middleware(
             CORSMiddleware,
