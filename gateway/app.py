@@ -767,12 +767,13 @@ def _add_routes(app: FastAPI) -> None:
     )
     async def telemetry(
         request: Request, tenant: Annotated[TenantConfig, Security(tenant_dependency)]
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         body = await request.body()
         try:
-            return await _gw(request).telemetry.report(tenant.name, body)
+            result = await _gw(request).telemetry.report(tenant.name, body)
         except StoreUnavailable:
             raise store_unavailable() from None
+        return JSONResponse(result, status_code=200 if result["stored"] else 202)
 
     @app.get(
         "/v1/tokenpace/qoe",

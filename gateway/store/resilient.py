@@ -66,7 +66,9 @@ class ResilientStore(Store):
         self.reconnect_interval_s = reconnect_interval_s
         self.up = False
         self.on_reconnect: Callable[[], Awaitable[None]] | None = None
-        self._buffer: deque[QoERecord] = deque(maxlen=buffer_max)
+        # records written locally while Redis was down, each with what its ownership check
+        # needs (a Redis that restarted empty no longer knows the request)
+        self._buffer: deque[tuple[QoERecord, RequestInfo | None]] = deque(maxlen=buffer_max)
         self._unsynced: dict[str, RequestInfo] = {}
         self._unsynced_max = buffer_max
         self._probe: asyncio.Task[None] | None = None
@@ -126,10 +128,16 @@ class ResilientStore(Store):
         while self._buffer:
             batch = [self._buffer.popleft() for _ in range(min(500, len(self._buffer)))]
             try:
-                await self.redis.add_qoe(batch)
+                for rec, info in batch:
+                    if info is not None:  # fields only: a 'reported' mark already there stays
+                        await self.redis.remember(rec.request_id, info)
+                results = await self.redis.add_qoe([rec for rec, _ in batch])
             except BaseException:
                 self._buffer.extendleft(reversed(batch))
                 raise
+            for (rec, _), result in zip(batch, results, strict=True):
+                if result != "ok":  # a second report of a request made during the outage
+                    log.warning("buffered %s report of %s: %s", rec.side, rec.request_id, result)
 
     async def _redis(self, name: str, *args: Any) -> tuple[bool, Any]:
         """(True, result) from Redis, or (False, None) when it is down (fail open)."""
@@ -255,11 +263,22 @@ class ResilientStore(Store):
         return await self.local.request_info(request_id)
 
     async def add_qoe(self, records: Sequence[QoERecord]) -> list[ReportResult]:
+        """Into Redis; while it is down, locally and into the replay buffer: a client
+        report is then ``buffered`` (written, with its ownership, when Redis returns), or
+        refused (StoreUnavailable) when the buffer is full, never dropped after an answer."""
         ok, result = await self._redis("add_qoe", records)
         if ok:
             return result
-        out = await self.local.add_qoe(records)
-        self._buffer.extend(r for r, res in zip(records, out, strict=True) if res == "ok")
+        client = any(r.side == "client" for r in records)
+        if client and len(self._buffer) + len(records) > (self._buffer.maxlen or 0):
+            raise StoreUnavailable("the telemetry buffer is full while Redis is unreachable")
+        out: list[ReportResult] = []
+        for rec, res in zip(records, await self.local.add_qoe(records), strict=True):
+            if res == "ok":
+                info = await self.local.request_info(rec.request_id)
+                self._buffer.append((rec, info if rec.side == "client" else None))
+                res = "buffered" if rec.side == "client" else res
+            out.append(res)
         return out
 
     async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
