@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse
 from gateway.admission import store_unavailable
 from gateway.config import hash_key, new_api_key
 from gateway.errors import GatewayError, unauthorized
+from gateway.schemas import ErrorResponse
 from gateway.state import GatewayState
 from gateway.store import StoreUnavailable
 
@@ -70,6 +71,16 @@ async def _new_key(gw: GatewayState, tenant: str) -> tuple[str, str]:
     return key, digest
 
 
+def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    what = {
+        400: "A malformed key id (64 hexadecimal characters)",
+        401: "Missing or wrong admin key",
+        404: "No such tenant, or no such live key of the tenant",
+        503: "The shared store is unreachable, or its key table is being restored; Retry-After",
+    }
+    return {c: {"model": ErrorResponse, "description": what[c]} for c in codes}
+
+
 def add_admin_routes(app: FastAPI) -> None:
     deps = [Security(admin_dependency)]
     tags = ["admin"]
@@ -77,7 +88,12 @@ def add_admin_routes(app: FastAPI) -> None:
     def gw_of(request: Request) -> GatewayState:
         return request.app.state.gateway
 
-    @app.get("/v1/tokenpace/admin/tenants", tags=tags, dependencies=deps)
+    @app.get(
+        "/v1/tokenpace/admin/tenants",
+        tags=tags,
+        dependencies=deps,
+        responses=_responses(401, 503),
+    )
     async def list_tenants(request: Request) -> dict[str, Any]:
         gw = gw_of(request)
         data = []
@@ -98,7 +114,13 @@ def add_admin_routes(app: FastAPI) -> None:
             raise store_unavailable() from None
         return {"object": "list", "data": data}
 
-    @app.post("/v1/tokenpace/admin/tenants/{tenant}/keys", tags=tags, dependencies=deps)
+    @app.post(
+        "/v1/tokenpace/admin/tenants/{tenant}/keys",
+        tags=tags,
+        dependencies=deps,
+        status_code=201,
+        responses=_responses(401, 404, 503),
+    )
     async def add_key(request: Request, tenant: str) -> JSONResponse:
         gw = gw_of(request)
         _tenant(gw, tenant)
@@ -109,7 +131,11 @@ def add_admin_routes(app: FastAPI) -> None:
         return JSONResponse({"tenant": tenant, "id": digest, "key": key}, status_code=201)
 
     @app.post(
-        "/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}/rotate", tags=tags, dependencies=deps
+        "/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}/rotate",
+        tags=tags,
+        dependencies=deps,
+        status_code=201,
+        responses=_responses(400, 401, 404, 503),
     )
     async def rotate_key(request: Request, tenant: str, key_id: KeyId) -> JSONResponse:
         gw = gw_of(request)
@@ -125,7 +151,12 @@ def add_admin_routes(app: FastAPI) -> None:
         body = {"tenant": tenant, "id": digest, "key": key, "revoked": key_id}
         return JSONResponse(body, status_code=201)
 
-    @app.delete("/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}", tags=tags, dependencies=deps)
+    @app.delete(
+        "/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}",
+        tags=tags,
+        dependencies=deps,
+        responses=_responses(400, 401, 404, 503),
+    )
     async def revoke_key(request: Request, tenant: str, key_id: KeyId) -> dict[str, Any]:
         gw = gw_of(request)
         _tenant(gw, tenant)

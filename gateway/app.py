@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hmac
 import logging
 import time
@@ -361,9 +362,19 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorResponse, "description": "Tier (or custom tier) outside the plan"},
     404: {"model": ErrorResponse, "description": "Unknown model (code model_not_found)"},
     413: {"model": ErrorResponse, "description": "Body larger than limits.max_body_bytes"},
+    429: {"model": ErrorResponse, "description": "A rate limit, budget or queue bound"},
     502: {"model": ErrorResponse, "description": "Every backend failed"},
-    503: {"model": ErrorResponse, "description": "No backend available for the model"},
+    503: {
+        "model": ErrorResponse,
+        "description": "Every backend is down (backend_unavailable), the queue wait ran "
+        "out (queue_timeout) or the shared store is unreachable (store_unavailable); "
+        "Retry-After",
+    },
     504: {"model": ErrorResponse, "description": "The backend timed out"},
+}
+_STORE_DOWN: dict[str, Any] = {
+    "model": ErrorResponse,
+    "description": "The shared store is unreachable (fail closed); Retry-After",
 }
 _TP_HEADERS = {
     "X-Request-Id": {
@@ -389,6 +400,14 @@ _SSE_DOC = (
     'arrives as `data: {"error": {...}}` followed by `data: [DONE]`.'
 )
 
+# One event of the stream (OpenAPI 3.1: the event-stream schema describes each event)
+_SSE_EVENT = {
+    "type": "object",
+    "description": "`data`: a chunk or an error object as JSON, or `[DONE]` last",
+    "properties": {"data": {"type": "string"}},
+    "required": ["data"],
+}
+
 TierHeader = Annotated[
     str | None,
     Header(
@@ -410,7 +429,7 @@ def _completion_responses(model: type) -> dict[int | str, dict[str, Any]]:
             "model": model,
             "description": "The completion; or, with `stream: true`, its chunks. " + _SSE_DOC,
             "headers": _TP_HEADERS,
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
         },
         **_ERROR_RESPONSES,
     }
@@ -706,7 +725,7 @@ def _add_routes(app: FastAPI) -> None:
         tags=["openai"],
         summary="List the models the backends serve",
         response_model=ModelList,
-        responses={401: _ERROR_RESPONSES[401]},
+        responses={401: _ERROR_RESPONSES[401], 503: _STORE_DOWN},
     )
     async def models(
         request: Request, tenant: Annotated[TenantConfig, Security(tenant_dependency)]
@@ -740,7 +759,11 @@ def _add_routes(app: FastAPI) -> None:
         tags=["ops"],
         summary="Prometheus metrics",
         response_class=Response,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+            401: {"model": ErrorResponse, "description": "metrics.token is set: it is needed"},
+            404: {"model": ErrorResponse, "description": "metrics.port is set: served there"},
+        },
     )
     async def metrics(request: Request) -> Response:
         gw = _gw(request)
@@ -753,10 +776,17 @@ def _add_routes(app: FastAPI) -> None:
         tags=["tokenpace"],
         summary="Report the QoE timelines of one request (SDKs)",
         responses={
+            200: {"description": "Stored: the QoE the gateway recomputed (`stored: true`)"},
+            202: {
+                "description": "Accepted while the shared store is unreachable (`stored: "
+                "false`): kept with its request's ownership and stored when the store "
+                "returns, unless it proves a second report of the request"
+            },
             **{k: _ERROR_RESPONSES[k] for k in (400, 401, 413)},
             404: {"model": ErrorResponse, "description": "Not a request id of this tenant"},
             409: {"model": ErrorResponse, "description": "The request was already reported"},
             429: {"model": ErrorResponse, "description": "Too many reports (Retry-After)"},
+            503: _STORE_DOWN,
         },
         openapi_extra={
             "requestBody": {
@@ -779,7 +809,12 @@ def _add_routes(app: FastAPI) -> None:
         "/v1/tokenpace/qoe",
         tags=["tokenpace"],
         summary="QoE summary: client-side and gateway-side, per tier, over a window",
-        responses={401: _ERROR_RESPONSES[401], 403: _ERROR_RESPONSES[403]},
+        responses={
+            400: {"model": ErrorResponse, "description": "A bad query parameter"},
+            401: _ERROR_RESPONSES[401],
+            403: _ERROR_RESPONSES[403],
+            503: _STORE_DOWN,
+        },
     )
     async def qoe(
         request: Request,
@@ -804,21 +839,47 @@ def _add_routes(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document, corrected to what the gateway does: 400 (not 422) on bad input."""
+    """FastAPI's document, corrected to what the gateway does: 400 (not 422) on bad input,
+    the tier header and the telemetry timelines as strict as the gateway checks them."""
     if app.openapi_schema:
         return app.openapi_schema
+    config = app.state.gateway.config
     schema = get_openapi(
         title=app.title, version=app.version, description=app.description, routes=app.routes
     )
     for path in schema.get("paths", {}).values():
         for op in path.values():
             op.get("responses", {}).pop("422", None)
+            for param in op.get("parameters", []):
+                if param["name"] == TIER_HEADER:
+                    param["schema"] = {"type": "string", "enum": sorted(config.tiers)}
+    telemetry = schema["paths"][TELEMETRY_PATH]["post"]["requestBody"]["content"]
+    telemetry["application/json"]["schema"] = _telemetry_schema(config.telemetry.max_points)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.update(_TELEMETRY_DEFS)
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     app.openapi_schema = schema
     return schema
+
+
+def _telemetry_schema(max_points: int) -> dict[str, Any]:
+    """The report's schema with the timeline checks of ``qos.timeline.token_times``."""
+    out = copy.deepcopy(_TELEMETRY_SCHEMA)
+    entry = {
+        "type": "array",
+        "prefixItems": [
+            {"type": "number", "minimum": 0, "description": "seconds, non-decreasing"},
+            {"type": "integer", "minimum": 1, "description": "tokens in the chunk"},
+        ],
+        "minItems": 2,
+        "maxItems": 2,
+    }
+    for name in ("arrivals", "displayed"):
+        prop = out["properties"][name]
+        prop.update(items=entry, maxItems=max_points)
+        prop["description"] += " (times non-decreasing)"
+    return out
 
 
 # ---------------------------------------------------------------------------------
