@@ -64,6 +64,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = False  # over the cap: answered 503 at connection time
         self._closed = False  # closed by a limit: nothing more is parsed or answered
         self._reading_headers = True
+        self._body_pending = False  # headers read, the body's last byte not yet
         self._header_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
@@ -116,6 +117,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._too_large()
             return
         self._arm(self.body_timeout_s, "body")
+        self._body_pending = True
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -126,9 +128,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._closed:
             return
         self._disarm()
+        self._body_pending = False
         self._reading_headers = True  # the next request on this connection
         self._header_bytes = 0
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self._body_pending and not self._closed:
+            # answered before its body was read (a refusal: 401, 413): the rest of the
+            # body is not waited for, the connection ends
+            self.server_state.total_requests += 1
+            self._end(b"")
+            return
+        super().on_response_complete()
 
     # -- the limits -----------------------------------------------------------------------
     def _arm(self, seconds: float, what: str) -> None:

@@ -92,6 +92,7 @@ async def test_a_body_is_not_read_before_the_key_is_checked(gw) -> None:
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + auth
             + b'Content-Length: 4194304\r\n\r\n{"model": '
+            + b" " * 65536
         )
         status, _, body = await response(reader)
         assert status == 401
