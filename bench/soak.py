@@ -83,14 +83,20 @@ def start_upstream(rate: float) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def start_gateway(
-    upstream: str, source: Path, workdir: Path
+    upstream: str, streams: int, source: Path, workdir: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     config = {
         "server": {"host": "127.0.0.1", "port": port},
         "tenants": [{"name": "soak", "api_keys": [KEY], "max_queued": 0}],
         "backends": [
-            {"name": "up", "url": f"{upstream}/v1", "models": ["bench"], "health_path": "/health"}
+            {
+                "name": "up",
+                "url": f"{upstream}/v1",
+                "models": ["bench"],
+                "health_path": "/health",
+                "max_connections": streams,  # one upstream connection per stream
+            }
         ],
         "logging": {"level": "WARNING"},
     }
@@ -313,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     with tempfile.TemporaryDirectory(prefix="tokenpace-soak-") as tmp:
         up, upstream = start_upstream(args.rate)
-        gw_proc, gateway = start_gateway(upstream, args.source.resolve(), Path(tmp))
+        gw_proc, gateway = start_gateway(upstream, args.streams, args.source.resolve(), Path(tmp))
         try:
             result = asyncio.run(soak(args, gateway, psutil.Process(gw_proc.pid)))
         finally:

@@ -99,7 +99,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._header_bytes += len(data)
         super().data_received(data)
         # Still in the headers after this read: the bytes so far are all header bytes.
-        if self._reading_headers and self._header_bytes > self.max_header_bytes:
+        closing = self.transport.is_closing()  # uvicorn answered 400 (unparseable)
+        if self._reading_headers and self._header_bytes > self.max_header_bytes and not closing:
             self._too_large()
 
     # -- parser callbacks -----------------------------------------------------------------
