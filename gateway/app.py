@@ -5,13 +5,17 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/model
 and ``GET /v1/tokenpace/qoe`` (:mod:`gateway.telemetry`), ``/v1/tokenpace/admin/*``
 (:mod:`gateway.admin`). A completion request goes through
 
-1. :class:`GatewayMiddleware` (pure ASGI): request id, receipt time, body size limit
-   (413 before the body is parsed), the ``X-Request-Id`` response header, the request
-   counter, the in-flight gauge and the access log line;
-2. authentication (``Authorization: Bearer KEY`` → tenant via the store's key digests,
-   cached per replica, else 401);
-3. validation of the body (the models in :mod:`gateway.schemas`, then the configured
-   caps) → 400;
+0. the HTTP server's connection limits (:mod:`gateway.server`): header size (431),
+   header and body read timeouts (408), the connection cap (503);
+1. :class:`GatewayMiddleware` (pure ASGI): request id, receipt time, the
+   ``X-Request-Id`` response header, the request counter, the in-flight gauge, the
+   access log line, and who may read ``/metrics``;
+2. :class:`BodyGate` (pure ASGI, inside CORS): authentication from the headers
+   (``Authorization: Bearer KEY`` → tenant via the store's key digests, cached per
+   replica, else 401) before the body is read, then the body within its limit (413
+   before it is parsed);
+3. validation of the body (the models in :mod:`gateway.schemas`, a body the backend's
+   JSON encoder could not write, then the configured caps) → 400;
 4. tier resolution (:mod:`gateway.tiers`) → 400/403; the model → 404;
 5. admission (:mod:`gateway.admission`): rate limits and budget → 429, then a wait in
    the fair-share (VTC) queue until a backend slot is free; the slot is held until the
