@@ -11,8 +11,10 @@ SHA-256 digest (what the configuration and the store hold; never the key itself)
   (also a configured key: a restart does not bring it back).
 
 Key changes go to the shared store (every replica sees them within
-``store.key_cache_s``); while Redis is down they are refused with 503, never made on
-one replica only.
+``store.key_cache_s``); while Redis is down, or while this replica's copy of the key
+table is not known to match it (start-up, restoring a Redis that lost its data), they
+are refused with 503, never made on one replica only (docs/architecture.md, "API keys:
+what survives what").
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from starlette.responses import JSONResponse
 from gateway.admission import store_unavailable
 from gateway.config import hash_key, new_api_key
 from gateway.errors import GatewayError, unauthorized
+from gateway.schemas import ErrorResponse
 from gateway.state import GatewayState
 from gateway.store import StoreUnavailable
+
+ADMIN_PREFIX = "/v1/tokenpace/admin/"
 
 _admin_bearer = HTTPBearer(
     auto_error=False, scheme_name="AdminKey", description="The operator's admin key."
@@ -68,6 +73,16 @@ async def _new_key(gw: GatewayState, tenant: str) -> tuple[str, str]:
     return key, digest
 
 
+def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    what = {
+        400: "A malformed key id (64 hexadecimal characters)",
+        401: "Missing or wrong admin key",
+        404: "No such tenant, or no such live key of the tenant",
+        503: "The shared store is unreachable, or its key table is being restored; Retry-After",
+    }
+    return {c: {"model": ErrorResponse, "description": what[c]} for c in codes}
+
+
 def add_admin_routes(app: FastAPI) -> None:
     deps = [Security(admin_dependency)]
     tags = ["admin"]
@@ -75,7 +90,12 @@ def add_admin_routes(app: FastAPI) -> None:
     def gw_of(request: Request) -> GatewayState:
         return request.app.state.gateway
 
-    @app.get("/v1/tokenpace/admin/tenants", tags=tags, dependencies=deps)
+    @app.get(
+        "/v1/tokenpace/admin/tenants",
+        tags=tags,
+        dependencies=deps,
+        responses=_responses(401, 503),
+    )
     async def list_tenants(request: Request) -> dict[str, Any]:
         gw = gw_of(request)
         data = []
@@ -96,7 +116,13 @@ def add_admin_routes(app: FastAPI) -> None:
             raise store_unavailable() from None
         return {"object": "list", "data": data}
 
-    @app.post("/v1/tokenpace/admin/tenants/{tenant}/keys", tags=tags, dependencies=deps)
+    @app.post(
+        "/v1/tokenpace/admin/tenants/{tenant}/keys",
+        tags=tags,
+        dependencies=deps,
+        status_code=201,
+        responses=_responses(401, 404, 503),
+    )
     async def add_key(request: Request, tenant: str) -> JSONResponse:
         gw = gw_of(request)
         _tenant(gw, tenant)
@@ -107,7 +133,11 @@ def add_admin_routes(app: FastAPI) -> None:
         return JSONResponse({"tenant": tenant, "id": digest, "key": key}, status_code=201)
 
     @app.post(
-        "/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}/rotate", tags=tags, dependencies=deps
+        "/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}/rotate",
+        tags=tags,
+        dependencies=deps,
+        status_code=201,
+        responses=_responses(400, 401, 404, 503),
     )
     async def rotate_key(request: Request, tenant: str, key_id: KeyId) -> JSONResponse:
         gw = gw_of(request)
@@ -123,7 +153,12 @@ def add_admin_routes(app: FastAPI) -> None:
         body = {"tenant": tenant, "id": digest, "key": key, "revoked": key_id}
         return JSONResponse(body, status_code=201)
 
-    @app.delete("/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}", tags=tags, dependencies=deps)
+    @app.delete(
+        "/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}",
+        tags=tags,
+        dependencies=deps,
+        responses=_responses(400, 401, 404, 503),
+    )
     async def revoke_key(request: Request, tenant: str, key_id: KeyId) -> dict[str, Any]:
         gw = gw_of(request)
         _tenant(gw, tenant)

@@ -5,13 +5,17 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/model
 and ``GET /v1/tokenpace/qoe`` (:mod:`gateway.telemetry`), ``/v1/tokenpace/admin/*``
 (:mod:`gateway.admin`). A completion request goes through
 
-1. :class:`GatewayMiddleware` (pure ASGI): request id, receipt time, body size limit
-   (413 before the body is parsed), the ``X-Request-Id`` response header, the request
-   counter, the in-flight gauge and the access log line;
-2. authentication (``Authorization: Bearer KEY`` → tenant via the store's key digests,
-   cached per replica, else 401);
-3. validation of the body (the models in :mod:`gateway.schemas`, then the configured
-   caps) → 400;
+0. the HTTP server's connection limits (:mod:`gateway.server`): header size (431),
+   header and body read timeouts (408), the connection cap (503);
+1. :class:`GatewayMiddleware` (pure ASGI): request id, receipt time, the
+   ``X-Request-Id`` response header, the request counter, the in-flight gauge, the
+   access log line, and who may read ``/metrics``;
+2. :class:`BodyGate` (pure ASGI, inside CORS): authentication from the headers
+   (``Authorization: Bearer KEY`` → tenant via the store's key digests, cached per
+   replica, else 401) before the body is read, then the body within its limit (413
+   before it is parsed);
+3. validation of the body (the models in :mod:`gateway.schemas`, a body the backend's
+   JSON encoder could not write, then the configured caps) → 400;
 4. tier resolution (:mod:`gateway.tiers`) → 400/403; the model → 404;
 5. admission (:mod:`gateway.admission`): rate limits and budget → 429, then a wait in
    the fair-share (VTC) queue until a backend slot is free; the slot is held until the
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import hmac
 import logging
 import time
 import uuid
@@ -32,6 +38,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
+import orjson
 from fastapi import FastAPI, Header, Query, Request, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -42,7 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import gateway.embedded  # noqa: F401 - registers the backend kind "embedded" (the demo)
-from gateway.admin import add_admin_routes, is_admin
+from gateway.admin import ADMIN_PREFIX, add_admin_routes, is_admin
 from gateway.admin_status import add_status_route
 from gateway.admission import (
     AdmissionController,
@@ -68,6 +75,7 @@ from gateway.errors import (
     forbidden,
     install_error_handlers,
     model_not_found,
+    not_found,
     too_large,
     unauthorized,
 )
@@ -97,6 +105,9 @@ log = logging.getLogger("tokenpace.gateway")
 access_log = logging.getLogger("tokenpace.gateway.access")
 
 INFO_KEY = "tokenpace"  # scope["state"][INFO_KEY]: the request's labels and timings
+TENANT_KEY = "tokenpace_tenant"  # scope["state"][TENANT_KEY]: the tenant BodyGate found
+TELEMETRY_PATH = "/v1/tokenpace/telemetry"
+METRICS_PATH = "/metrics"
 _API_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
@@ -111,12 +122,8 @@ _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
 class GatewayMiddleware:
-    """Request id, receipt time, body limit, X-Request-Id, request metrics, access log.
-
-    The body of a POST is read here, up to ``max_body_bytes`` (413 past it, before any
-    parsing), and replayed to the app; later ``receive()`` calls go to the server, so
-    the app still sees ``http.disconnect``.
-    """
+    """Request id, receipt time, X-Request-Id, request metrics, access log; ``/metrics``
+    only where ``metrics`` allows it (its own port, or its token)."""
 
     def __init__(self, app: ASGIApp, gw: GatewayState) -> None:
         self.app = app
@@ -147,13 +154,10 @@ class GatewayMiddleware:
         if gauge is not None:
             gauge.inc()
         try:
-            if scope.get("method", "GET") in _BODY_METHODS:
-                limit = self.gw.config.limits.max_body_bytes
-                body = await _read_body(scope, receive, limit)
-                if body is None:
-                    await too_large(limit).response()(scope, receive, send_with_id)
-                    return
-                receive = _replay(body, receive)
+            refusal = _metrics_refusal(self.gw, scope, path)
+            if refusal is not None:
+                await refusal.response()(scope, receive, send_with_id)
+                return
             await self.app(scope, receive, send_with_id)
         finally:
             if gauge is not None:
@@ -183,19 +187,98 @@ class GatewayMiddleware:
         access_log.info("request finished", extra=extra)
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _metrics_refusal(gw: GatewayState, scope: Scope, path: str) -> GatewayError | None:
+    """Why this request may not have ``/metrics`` (or, on the metrics port, anything else)."""
+    cfg = gw.config.metrics
+    if cfg.port is not None:
+        server = scope.get("server") or (None, None)
+        on_metrics_port = server[1] == cfg.port
+        if on_metrics_port != (path == METRICS_PATH):
+            return not_found(scope.get("method", "GET"), path)
+    if path == METRICS_PATH and cfg.token_sha256 is not None:
+        scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            hash_key(token.strip()), cfg.token_sha256
+        ):
+            return unauthorized("/metrics needs the metrics token: Authorization: Bearer TOKEN.")
+    return None
+
+
+class BodyGate:
+    """Authenticate from the headers, then read the body within its limit.
+
+    A request with a body is authenticated before a byte of it is read (401 else), so an
+    unauthenticated client never costs the gateway body memory: a tenant key on the API
+    routes, the admin key on ``/v1/tokenpace/admin/*``. The one exception is the
+    telemetry route without an ``Authorization`` header: a report may carry its own
+    credential inside its body (a browser beacon cannot set headers), so that body is
+    read, within ``telemetry.max_body_bytes``, and its route decides. Routes the
+    gateway does not have never have their body read. The body is read whole (413 past
+    the limit, before any parsing) and replayed to the app; later ``receive()`` calls go
+    to the server, so the app still sees ``http.disconnect``. Inside CORS, so its
+    refusals carry the CORS headers a browser needs to read them.
+    """
+
+    def __init__(self, app: ASGIApp, gw: GatewayState) -> None:
+        self.app = app
+        self.gw = gw
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        auth = _header(scope, b"authorization")
+        limit = self.gw.config.limits.max_body_bytes
+        if path == TELEMETRY_PATH:
+            limit = min(limit, self.gw.config.telemetry.max_body_bytes)
+        try:
+            if path.startswith(ADMIN_PREFIX):
+                if not is_admin(self.gw, auth):
+                    raise unauthorized("This route needs the gateway's admin key.")
+            elif path == TELEMETRY_PATH and not auth:
+                pass  # the report's own credential, if any, is inside the body
+            elif path in _API_ENDPOINTS:
+                tenant = await authenticate(self.gw, auth)
+                scope.setdefault("state", {})[TENANT_KEY] = tenant
+            else:
+                await self.app(scope, receive, send)  # no such route: the body is never read
+                return
+        except GatewayError as exc:
+            await exc.response()(scope, receive, send)
+            return
+        try:
+            body = await _read_body(scope, receive, limit)
+        except ClientGone:
+            await Response(status_code=499)(scope, receive, send)  # counted; nobody reads it
+            return
+        if body is None:
+            await too_large(limit).response()(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    """The whole body, or None when it is (or announces being) larger than ``limit``."""
-    for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            with contextlib.suppress(ValueError):
-                if int(value) > limit:
-                    return None
+    """The whole body, or None when it is (or announces being) larger than ``limit``;
+    raises :class:`ClientGone` when the client went away before its end."""
+    length = _header(scope, b"content-length")
+    if length is not None:
+        with contextlib.suppress(ValueError):
+            if int(length) > limit:
+                return None
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise ClientGone
         part = message.get("body", b"")
         size += len(part)
         if size > limit:
@@ -270,7 +353,9 @@ async def tenant_dependency(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> TenantConfig:
-    tenant = await authenticate(_gw(request), request.headers.get("authorization"))
+    tenant = request.scope.get("state", {}).get(TENANT_KEY)  # BodyGate's, for POSTs
+    if tenant is None:
+        tenant = await authenticate(_gw(request), request.headers.get("authorization"))
     _info(request)["tenant"] = tenant.name
     return tenant
 
@@ -284,9 +369,19 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorResponse, "description": "Tier (or custom tier) outside the plan"},
     404: {"model": ErrorResponse, "description": "Unknown model (code model_not_found)"},
     413: {"model": ErrorResponse, "description": "Body larger than limits.max_body_bytes"},
+    429: {"model": ErrorResponse, "description": "A rate limit, budget or queue bound"},
     502: {"model": ErrorResponse, "description": "Every backend failed"},
-    503: {"model": ErrorResponse, "description": "No backend available for the model"},
+    503: {
+        "model": ErrorResponse,
+        "description": "Every backend is down (backend_unavailable), the queue wait ran "
+        "out (queue_timeout) or the shared store is unreachable (store_unavailable); "
+        "Retry-After",
+    },
     504: {"model": ErrorResponse, "description": "The backend timed out"},
+}
+_STORE_DOWN: dict[str, Any] = {
+    "model": ErrorResponse,
+    "description": "The shared store is unreachable (fail closed); Retry-After",
 }
 _TP_HEADERS = {
     "X-Request-Id": {
@@ -316,6 +411,14 @@ _SSE_DOC = (
     'arrives as `data: {"error": {...}}` followed by `data: [DONE]`.'
 )
 
+# One event of the stream (OpenAPI 3.1: the event-stream schema describes each event)
+_SSE_EVENT = {
+    "type": "object",
+    "description": "`data`: a chunk or an error object as JSON, or `[DONE]` last",
+    "properties": {"data": {"type": "string"}},
+    "required": ["data"],
+}
+
 TierHeader = Annotated[
     str | None,
     Header(
@@ -337,7 +440,7 @@ def _completion_responses(model: type) -> dict[int | str, dict[str, Any]]:
             "model": model,
             "description": "The completion; or, with `stream: true`, its chunks. " + _SSE_DOC,
             "headers": _TP_HEADERS,
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
         },
         **_ERROR_RESPONSES,
     }
@@ -380,6 +483,58 @@ def _check_limits(raw: dict[str, Any], gw: GatewayState) -> None:
         )
 
 
+_JSON_MAX_DEPTH = 254  # orjson, which writes the upstream body, refuses deeper nesting
+_INT_RANGE = (-(2**63), 2**64 - 1)  # orjson's integers: signed or unsigned 64-bit
+
+
+def _unforwardable(value: Any, param: str, depth: int = 1) -> tuple[str, str] | None:
+    """The first value the upstream body cannot carry: ``(param, what is wrong)``.
+
+    Python's JSON parser accepts integers of any size, lone surrogates (``"\\ud800"``)
+    and any nesting; orjson, which writes the body for the backend, does not.
+    """
+    if depth > _JSON_MAX_DEPTH:
+        return param, f"is nested more than {_JSON_MAX_DEPTH} levels deep"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return param, "contains a lone surrogate (\\ud800-\\udfff), which is not Unicode"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+            return param, "is an integer outside the 64-bit range"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{param}.{key}" if param else str(key)
+            found = _unforwardable(key, name, depth) or _unforwardable(item, name, depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _unforwardable(item, f"{param}[{i}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _check_forwardable(raw: dict[str, Any]) -> None:
+    """400 naming the field when the body cannot be forwarded as JSON (never a 502)."""
+    try:
+        orjson.dumps(raw)
+    except TypeError:
+        pass
+    else:
+        return
+    found = _unforwardable(raw, "")
+    param, what = found if found is not None else (None, "cannot be encoded as JSON")
+    where = f"'{param}'" if param else "The request body"
+    raise bad_request(
+        f"Invalid value for {where}: it {what}." if param else f"{where} {what}.",
+        param=param or None,
+        code="invalid_value",
+    )
+
+
 async def _wait_disconnect(receive: Receive) -> None:
     while True:
         message = await receive()
@@ -388,7 +543,7 @@ async def _wait_disconnect(receive: Receive) -> None:
 
 
 class ClientGone(Exception):
-    """The client disconnected before the response started."""
+    """The client disconnected before the response started (or before its body ended)."""
 
 
 async def _unless_disconnected(request: Request, coro: Coroutine[Any, Any, T]) -> T:
@@ -421,6 +576,7 @@ async def _serve(
     gw = _gw(request)
     info = _info(request)
     raw = await request.json()
+    _check_forwardable(raw)
     _check_limits(raw, gw)
     tier = resolve_tier(gw.config, tenant, header_tier, raw.get("tokenpace"))
     info["tier"] = tier.name
@@ -584,7 +740,7 @@ def _add_routes(app: FastAPI) -> None:
         tags=["openai"],
         summary="List the models the backends serve",
         response_model=ModelList,
-        responses={401: _ERROR_RESPONSES[401]},
+        responses={401: _ERROR_RESPONSES[401], 503: _STORE_DOWN},
     )
     async def models(
         request: Request, tenant: Annotated[TenantConfig, Security(tenant_dependency)]
@@ -618,7 +774,11 @@ def _add_routes(app: FastAPI) -> None:
         tags=["ops"],
         summary="Prometheus metrics",
         response_class=Response,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+            401: {"model": ErrorResponse, "description": "metrics.token is set: it is needed"},
+            404: {"model": ErrorResponse, "description": "metrics.port is set: served there"},
+        },
     )
     async def metrics(request: Request) -> Response:
         gw = _gw(request)
@@ -631,6 +791,12 @@ def _add_routes(app: FastAPI) -> None:
         tags=["tokenpace"],
         summary="Report the QoE timelines of one request (SDKs)",
         responses={
+            200: {"description": "Stored: the QoE the gateway recomputed (`stored: true`)"},
+            202: {
+                "description": "Accepted while the shared store is unreachable (`stored: "
+                "false`): kept with its request's ownership and stored when the store "
+                "returns, unless it proves a second report of the request"
+            },
             **{k: _ERROR_RESPONSES[k] for k in (400, 401, 413)},
             403: {
                 "model": ErrorResponse,
@@ -639,6 +805,7 @@ def _add_routes(app: FastAPI) -> None:
             404: {"model": ErrorResponse, "description": "Not a request id of this tenant"},
             409: {"model": ErrorResponse, "description": "The request was already reported"},
             429: {"model": ErrorResponse, "description": "Too many reports (Retry-After)"},
+            503: _STORE_DOWN,
         },
         openapi_extra={
             "parameters": [
@@ -660,7 +827,7 @@ def _add_routes(app: FastAPI) -> None:
     async def telemetry(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
-    ) -> dict[str, Any]:
+    ) -> JSONResponse:
         """With the API key, or the response's telemetry token (header, or in the body)."""
         gw = _gw(request)
         body = await request.body()
@@ -669,22 +836,29 @@ def _add_routes(app: FastAPI) -> None:
             if auth:
                 tenant = await authenticate(gw, auth)
                 _info(request)["tenant"] = tenant.name
-                return await gw.telemetry.report(tenant.name, body)
-            check_size(body, gw.config.telemetry.max_body_bytes)
-            sent = split_token(request.headers, body)
-            if sent.token is None:
-                raise missing_credentials()
-            claims = await gw.telemetry_tokens.verify(sent.token)
-            _info(request)["tenant"] = claims.tenant
-            return await gw.telemetry.report(claims.tenant, sent.body, claims.request_id)
+                result = await gw.telemetry.report(tenant.name, body)
+            else:
+                check_size(body, gw.config.telemetry.max_body_bytes)
+                sent = split_token(request.headers, body)
+                if sent.token is None:
+                    raise missing_credentials()
+                claims = await gw.telemetry_tokens.verify(sent.token)
+                _info(request)["tenant"] = claims.tenant
+                result = await gw.telemetry.report(claims.tenant, sent.body, claims.request_id)
         except StoreUnavailable:
             raise store_unavailable() from None
+        return JSONResponse(result, status_code=200 if result["stored"] else 202)
 
     @app.get(
         "/v1/tokenpace/qoe",
         tags=["tokenpace"],
         summary="QoE summary: client-side and gateway-side, per tier, over a window",
-        responses={401: _ERROR_RESPONSES[401], 403: _ERROR_RESPONSES[403]},
+        responses={
+            400: {"model": ErrorResponse, "description": "A bad query parameter"},
+            401: _ERROR_RESPONSES[401],
+            403: _ERROR_RESPONSES[403],
+            503: _STORE_DOWN,
+        },
     )
     async def qoe(
         request: Request,
@@ -709,21 +883,47 @@ def _add_routes(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document, corrected to what the gateway does: 400 (not 422) on bad input."""
+    """FastAPI's document, corrected to what the gateway does: 400 (not 422) on bad input,
+    the tier header and the telemetry timelines as strict as the gateway checks them."""
     if app.openapi_schema:
         return app.openapi_schema
+    config = app.state.gateway.config
     schema = get_openapi(
         title=app.title, version=app.version, description=app.description, routes=app.routes
     )
     for path in schema.get("paths", {}).values():
         for op in path.values():
             op.get("responses", {}).pop("422", None)
+            for param in op.get("parameters", []):
+                if param["name"] == TIER_HEADER:
+                    param["schema"] = {"type": "string", "enum": sorted(config.tiers)}
+    telemetry = schema["paths"][TELEMETRY_PATH]["post"]["requestBody"]["content"]
+    telemetry["application/json"]["schema"] = _telemetry_schema(config.telemetry.max_points)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.update(_TELEMETRY_DEFS)
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     app.openapi_schema = schema
     return schema
+
+
+def _telemetry_schema(max_points: int) -> dict[str, Any]:
+    """The report's schema with the timeline checks of ``qos.timeline.token_times``."""
+    out = copy.deepcopy(_TELEMETRY_SCHEMA)
+    entry = {
+        "type": "array",
+        "prefixItems": [
+            {"type": "number", "minimum": 0, "description": "seconds, non-decreasing"},
+            {"type": "integer", "minimum": 1, "description": "tokens in the chunk"},
+        ],
+        "minItems": 2,
+        "maxItems": 2,
+    }
+    for name in ("arrivals", "displayed"):
+        prop = out["properties"][name]
+        prop.update(items=entry, maxItems=max_points)
+        prop["description"] += " (times non-decreasing)"
+    return out
 
 
 # ---------------------------------------------------------------------------------
@@ -808,6 +1008,8 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
             "docs/protocol.md."
         ),
         lifespan=lifespan,
+        # server.docs: false turns off the interactive docs and the document they read
+        **({} if config.server.docs else dict.fromkeys(("docs_url", "redoc_url", "openapi_url"))),
     )
     app.state.gateway = gw
     install_error_handlers(app, auth_first=_auth_for_validation)
@@ -816,6 +1018,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     add_status_route(app)
     add_page_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.add_middleware(BodyGate, gw=gw)  # inside CORS: its 401 and 413 carry CORS headers
     if config.cors.allow_origins:
         app.add_middleware(
             CORSMiddleware,

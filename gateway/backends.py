@@ -96,7 +96,8 @@ class BackendError(Exception):
     ``status`` and ``body`` are what the client gets when it is the final answer
     (``body`` defaults to OpenAI's error shape with ``message``).
     ``unhealthy``: evidence that the backend is down, not just this request; the router
-    stops choosing it until a health check passes.
+    stops choosing it until a health check passes. ``retry_after_s``: sent as
+    ``Retry-After`` when this is the final answer.
     """
 
     def __init__(
@@ -109,9 +110,11 @@ class BackendError(Exception):
         code: str = "upstream_error",
         type: str = UPSTREAM_ERROR,
         unhealthy: bool = False,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.retry_after_s = retry_after_s
         self.status = status
         self.retryable = retryable
         self.code = code

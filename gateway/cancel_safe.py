@@ -28,10 +28,21 @@ class ShieldedSteps(Generic[T]):
         if step is None:
             step = self._step = asyncio.ensure_future(self._iterator.__anext__())
         try:
-            return await asyncio.shield(step)
-        finally:
-            if step.done() and self._step is step:
+            item = await asyncio.shield(step)
+        except asyncio.CancelledError:
+            # The wait was cancelled: the step stays for the next wait, even if it
+            # finished at that very moment (its item is not lost) - unless the step
+            # itself was cancelled.
+            if step.cancelled() and self._step is step:
                 self._step = None
+            raise
+        except BaseException:
+            if self._step is step:  # the step ended the iteration, or failed
+                self._step = None
+            raise
+        if self._step is step:
+            self._step = None
+        return item
 
     async def cancel(self) -> None:
         """Cancel the step under way, if any (the iterator sees CancelledError), and wait."""

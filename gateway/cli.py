@@ -171,6 +171,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
 
     from gateway.app import create_app
     from gateway.logs import setup_logging
+    from gateway.server import listen, uvicorn_config
 
     try:
         config, demo_key, admin_key = load_serve_config(ns.config)
@@ -187,23 +188,29 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     except ConfigError as exc:  # backend options are checked when the backend is built
         print(f"tokenpace serve: {exc}", file=sys.stderr)
         return 2
+    try:
+        sockets = [listen(host, port)]
+        if config.metrics.port is not None:
+            sockets.append(listen(host, config.metrics.port))
+    except OSError as exc:
+        print(f"tokenpace serve: cannot listen on {host}: {exc}", file=sys.stderr)
+        return 2
     url = f"http://{_display_host(host)}:{port}"
     print(banner(config, url, demo_key, admin_key), flush=True)
     for warning in unservable_tiers(config):
         logging.getLogger("tokenpace.gateway").warning("%s", warning)
+    m = config.metrics
+    if m.port is None and m.token_sha256 is None and host not in ("127.0.0.1", "::1", "localhost"):
+        print(
+            f"tokenpace serve: warning: /metrics (tenant names, per-tenant QoE) is open to "
+            f"anyone who reaches {host}:{port}; set metrics.port or metrics.token",
+            file=sys.stderr,
+        )
     freeze_startup_objects()
     server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level=level.lower(),
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-        )
+        uvicorn_config(app, config, log_level=level.lower(), timeout_graceful_shutdown=5)
     )
-    server.run()
+    server.run(sockets=sockets)
     return 0
 
 

@@ -242,6 +242,9 @@ class HealthConfig(_Strict):
 
 class LimitsConfig(_Strict):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="request line and headers together; larger get 431"
+    )
     max_tokens: int = Field(65536, ge=1, description="cap on max_tokens/max_completion_tokens")
     max_n: int = Field(16, ge=1, description="cap on n")
 
@@ -353,8 +356,51 @@ class CorsConfig(_Strict):
 
 
 class ServerConfig(_Strict):
+    """The HTTP server: where it listens and what a client connection may cost."""
+
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="from connect (or a request's first byte) to its last header"
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="from the last header to the last byte of the body"
+    )
+    max_connections: int = Field(
+        4096, ge=1, description="open client connections; past it a new one gets 503 and closes"
+    )
+    docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json")
+
+
+class MetricsConfig(_Strict):
+    """Who may read ``/metrics`` (tenant names and per-tenant QoE are in it).
+
+    By default it is served on the main port to anyone, as the default listen address is
+    loopback; a gateway reachable by others should set ``port`` (a listener of its own,
+    e.g. on an internal interface) or a ``token`` (``Authorization: Bearer TOKEN``).
+    """
+
+    port: int | None = Field(
+        None, ge=1, le=65535, description="serve /metrics only on this port (same host)"
+    )
+    token: str | None = Field(None, repr=False, description="plain token (hashed at load)")
+    token_sha256: str | None = Field(None, description="SHA-256 hex digest of the token")
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None and not _HEX64.match(v.lower()):
+            raise ValueError("must be 64 hexadecimal characters (a SHA-256 digest)")
+        return v.lower() if v else v
+
+    @model_validator(mode="after")
+    def _hash(self) -> MetricsConfig:
+        if self.token is not None and self.token_sha256 is not None:
+            raise ValueError("give at most one of 'token' or 'token_sha256'")
+        if self.token is not None:
+            self.token_sha256 = hash_key(self.token)
+            self.token = None
+        return self
 
 
 class GatewayConfig(_Strict):
@@ -375,6 +421,7 @@ class GatewayConfig(_Strict):
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     recent_requests: int = Field(
         100_000, ge=0, description="request ids remembered in memory (in-memory store, mirror)"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,26 @@ def no_backend_error(model: str) -> GatewayError:
 
 def final_error(exc: BackendError) -> GatewayError:
     """The answer to the client when ``exc`` ends the request."""
-    return GatewayError(exc.status, exc.message, body=exc.body)
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    return GatewayError(exc.status, exc.message, body=exc.body, headers=headers)
+
+
+def _exhausted(gw: GatewayState, model: str, last: BackendError) -> BackendError:
+    """The final error once every backend was tried: when every backend serving ``model``
+    is down (what ``/readyz`` reports), 503 ``backend_unavailable`` with ``Retry-After``
+    (the health-check period) rather than the last backend's 502."""
+    serving = [s for s in gw.router.states if s.backend.serves(model)]
+    if not last.retryable or any(s.healthy for s in serving):
+        return last
+    return BackendError(
+        f"Every backend serving model `{model}` is down ({last.message}); try again shortly.",
+        status=503,
+        code="backend_unavailable",
+        type=SERVER_ERROR,
+        retry_after_s=gw.config.health.interval_s,
+    )
 
 
 def _unexpected(state: BackendState, exc: Exception) -> BackendError:
@@ -125,7 +145,7 @@ async def open_attempt(
             code="backend_unavailable",
             type=SERVER_ERROR,
         )
-    raise last
+    raise _exhausted(gw, ctx.model, last)
 
 
 async def complete_with_failover(
@@ -161,4 +181,4 @@ async def complete_with_failover(
         log.info("backend %s failed: %s", state.name, last.message)
     if last is None:
         raise no_backend_error(ctx.model)
-    raise final_error(last)
+    raise final_error(_exhausted(gw, ctx.model, last))

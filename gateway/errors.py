@@ -101,6 +101,12 @@ def model_not_found(model: str) -> GatewayError:
     )
 
 
+def not_found(method: str, path: str) -> GatewayError:
+    return GatewayError(
+        404, f"Invalid URL ({method} {path})", type=INVALID_REQUEST, code="unknown_url"
+    )
+
+
 def too_large(limit: int) -> GatewayError:
     return GatewayError(
         413,
@@ -203,12 +209,7 @@ def install_error_handlers(app: FastAPI, auth_first: ValidationAuthHook | None =
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         headers = dict(exc.headers or {})
         if exc.status_code == 404:
-            err = GatewayError(
-                404,
-                f"Invalid URL ({request.method} {request.url.path})",
-                type=INVALID_REQUEST,
-                code="unknown_url",
-            )
+            err = not_found(request.method, request.url.path)
         elif exc.status_code == 405:
             err = GatewayError(
                 405,

@@ -289,6 +289,7 @@ class Telemetry:
             )
         return {
             "object": "tokenpace.telemetry",
+            "stored": result == "ok",  # False: buffered while the shared store is down (202)
             "request_id": report.request_id,
             "tier": info.tier,
             "expected": {"ttft": info.ttft, "tds": info.tds},

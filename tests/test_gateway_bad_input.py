@@ -280,3 +280,42 @@ async def test_internal_error_is_openai_shaped():
         err = assert_error(r, 500, code="internal_error")
         assert err["type"] == "server_error" and "bug" not in err["message"]
         assert (await client.get("/healthz")).status_code == 200
+
+
+NESTED = "[" * 500 + "]" * 500
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "what"),
+    [
+        (b'"seed": 18446744073709551616', "seed", "64-bit"),
+        (b'"logit_bias": {"50256": -100000000000000000000000}', "logit_bias.50256", "64-bit"),
+        (b'"stop": ["\\ud800"]', "stop[0]", "surrogate"),
+        (b'"metadata": {"x": "ok\\udfffok"}', "metadata.x", "surrogate"),
+        (b'"guided_json": ' + NESTED.encode(), "guided_json" + "[0]" * 253, "nested"),
+    ],
+)
+async def test_a_body_that_cannot_be_forwarded_is_a_400_not_a_failover(
+    env, raw: bytes, param: str, what: str
+) -> None:
+    """Python's JSON parser accepts what orjson cannot write for the backend: the client's
+    error, named, before any backend is tried (it was a 502 and a failover per backend)."""
+    gw, fake, client = env
+    sent = len(fake.bodies)
+    failovers = gw.state.metrics.registry.get_sample_value(
+        "tokenpace_failovers_total", {"backend": "a"}
+    )
+    body = b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "hi"}], '
+    resp = await client.post(
+        "/v1/chat/completions",
+        content=body + raw + b"}",
+        headers={"Content-Type": "application/json"},
+    )
+    err = assert_error(resp, 400, param=param, code="invalid_value", contains=what)
+    assert err["type"] == "invalid_request_error"
+    assert len(fake.bodies) == sent  # no backend saw it
+    after = gw.state.metrics.registry.get_sample_value(
+        "tokenpace_failovers_total", {"backend": "a"}
+    )
+    assert after == failovers
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200

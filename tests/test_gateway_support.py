@@ -32,6 +32,7 @@ import uvicorn
 from gateway.app import create_app
 from gateway.backends import Backend
 from gateway.config import GatewayConfig, hash_key, parse_config
+from gateway.server import listen, uvicorn_config
 from gateway.state import GatewayState
 
 KEY = "tp-test-key-acme-0001"  # tenant acme: every tier, custom allowed, weight 2
@@ -327,21 +328,19 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def run_server(app: Any) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on a free loopback port; yields its base URL."""
-    # IPPROTO_TCP, so asyncio sets TCP_NODELAY on accepted connections (it checks proto)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+async def run_server(app: Any, gateway_config: GatewayConfig | None = None) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port; yields its base URL.
+
+    With ``gateway_config``, as ``tokenpace serve`` does (:func:`gateway.server.
+    uvicorn_config`: the connection limits); else plain uvicorn (the stand-in upstreams).
+    """
+    sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        lifespan="on",
-        log_level="critical",
-        access_log=False,
-        timeout_graceful_shutdown=1,
-        ws="none",
-    )
+    opts: dict[str, Any] = {"log_level": "critical", "timeout_graceful_shutdown": 1}
+    if gateway_config is not None:
+        config = uvicorn_config(app, gateway_config, **opts)
+    else:
+        config = uvicorn.Config(app, lifespan="on", access_log=False, ws="none", **opts)
     server = _QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -430,7 +429,7 @@ async def gateway(
     config: GatewayConfig, backends: list[Backend] | None = None
 ) -> AsyncIterator[Gateway]:
     app = create_app(config, backends=backends)
-    async with run_server(app) as url:
+    async with run_server(app, config) as url:
         yield Gateway(url, app)
 
 

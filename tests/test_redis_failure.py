@@ -49,7 +49,8 @@ async def test_unreachable_at_start_fail_open_then_reconnects(key_prefix) -> Non
             assert r.status_code == 200 and time.monotonic() - start < 1.0
             rid = r.headers["x-request-id"]
             tel = await c.post("/v1/tokenpace/telemetry", json=report(rid))
-            assert tel.status_code == 200  # buffered while Redis is away
+            assert tel.status_code == 202  # buffered while Redis is away
+            assert tel.json()["stored"] is False
             server = RedisServer(port).start()
             try:
                 assert await eventually(lambda: gw.state.store.up, timeout=5.0)
@@ -112,7 +113,7 @@ async def test_redis_killed_and_restarted_mid_run(key_prefix) -> None:
                     assert r.status_code == 200
                     rid = r.headers["x-request-id"]
                     tel = await clients[0].post("/v1/tokenpace/telemetry", json=report(rid))
-                    assert tel.status_code == 200
+                    assert tel.status_code == 202
                     await asyncio.sleep(0.5)
                     server.start()  # same port, same data directory
                     return before, rid
@@ -130,6 +131,47 @@ async def test_redis_killed_and_restarted_mid_run(key_prefix) -> None:
                 assert rid.encode() in [e[1][b"rid"] for e in entries if e[1][b"side"] == b"client"]
                 for c in clients:
                     await c.aclose()
+                await redis.aclose()
+    finally:
+        server.stop()
+
+
+async def test_a_report_accepted_during_an_outage_is_stored_after_redis_restarts_empty(
+    key_prefix,
+) -> None:
+    """A request admitted before the outage, reported during it: the report is answered
+    202 (buffered) and stored once Redis is back, although Redis came back without the
+    request (it was silently dropped as unknown)."""
+    server = RedisServer().start()  # no persistence: a restart loses everything
+    try:
+        async with capped_upstream(n_tokens=3, token_interval=0.001) as up:
+            store = fast_store(server.url, key_prefix)
+            config = cluster_config(
+                up.url, TENANTS, redis_url=server.url, prefix=key_prefix, store=store
+            )
+            async with replicas(config, 1) as (gw,), gw.client(KEY) as c:
+                rids = []
+                for _ in range(3):
+                    r = await c.post("/v1/chat/completions", json=chat())
+                    assert r.status_code == 200
+                    rids.append(r.headers["x-request-id"])
+                server.kill()
+                answers = [
+                    await c.post("/v1/tokenpace/telemetry", json=report(rid)) for rid in rids
+                ]
+                assert [a.status_code for a in answers] == [202] * 3
+                again = await c.post("/v1/tokenpace/telemetry", json=report(rids[0]))
+                assert again.status_code == 409  # the duplicate check still holds meanwhile
+                server.start()  # empty
+                assert await eventually(lambda: gw.state.store.up, timeout=5.0)
+                redis = aioredis.from_url(server.url)
+                p = f"{{{key_prefix}}}:"
+                entries = await redis.xrange(p + "tel")
+                stored = [e[1][b"rid"].decode() for e in entries if e[1][b"side"] == b"client"]
+                assert sorted(stored) == sorted(rids)
+                for rid in rids:  # and a second report is refused as a duplicate
+                    r = await c.post("/v1/tokenpace/telemetry", json=report(rid))
+                    assert r.status_code == 409
                 await redis.aclose()
     finally:
         server.stop()

@@ -145,7 +145,8 @@ class QoERecord:
         )
 
 
-ReportResult = Literal["ok", "duplicate", "unknown"]
+# "buffered": accepted while the shared store is unreachable, written when it returns
+ReportResult = Literal["ok", "duplicate", "unknown", "buffered"]
 
 
 class Store(ABC):

@@ -72,7 +72,8 @@ class MemoryStore(Store):
         return self._keys.get(digest)
 
     async def add_key(self, tenant: str, digest: str) -> None:
-        self._revoked.discard(digest)
+        if digest in self._revoked:
+            raise ValueError("a revoked key cannot be added again")
         self._keys[digest] = tenant
 
     async def revoke_key(self, tenant: str, digest: str) -> bool:

@@ -22,6 +22,9 @@ Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot)
 ``x<name>:<t>:<min>``  STRING other per-minute counters (telemetry reports)
 ``req:<id>``           HASH tenant, tier, ttft, tds, model[, reported] (with a TTL)
 ``keys``, ``revoked``  HASH digest -> tenant; SET revoked digests
+``keyver``             STRING bumped on every change of ``keys`` or ``revoked``
+``epoch``              STRING a random id set once per store: changes (or goes) when the
+                       store lost its data (docs/architecture.md, "API keys")
 ``tenants``            HASH tenant -> description (JSON)
 ``tel``                STREAM QoE records (trimmed by age and length)
 ``agg``                HASH "tenant|tier|side|n|a|m" -> all-time count and sums
@@ -36,6 +39,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
 
 from gateway.ratelimit import WINDOW_MS, RateState
 from gateway.store.base import (
@@ -354,15 +358,24 @@ redis.call('XTRIM', P..'tel', 'MAXLEN', '~', tonumber(ARGV[3]))
 return out
 """
 
-# ARGV: P, (digest, tenant)* ; KEYS none. Configured keys come back unless revoked.
+# ARGV: P, n, revoked digest * n, (digest, tenant)* ; KEYS none. Revocations first and
+# for good; then keys, unless revoked. Seeding the configured keys is the case n = 0; a
+# replica restoring a store that lost its data passes its whole key table.
 _SEED = """
 local P = ARGV[1]
-for i = 2, #ARGV, 2 do
+local n = tonumber(ARGV[2])
+local changed = 0
+for i = 3, 2 + n do
+  changed = changed + redis.call('SADD', P..'revoked', ARGV[i])
+  changed = changed + redis.call('HDEL', P..'keys', ARGV[i])
+end
+for i = 3 + n, #ARGV, 2 do
   if redis.call('SISMEMBER', P..'revoked', ARGV[i]) == 0 then
-    redis.call('HSET', P..'keys', ARGV[i], ARGV[i + 1])
+    changed = changed + redis.call('HSET', P..'keys', ARGV[i], ARGV[i + 1])
   end
 end
-return 1
+if changed > 0 then redis.call('INCR', P..'keyver') end
+return changed
 """
 
 # ARGV: P, tenant, digest
@@ -371,13 +384,15 @@ local P = ARGV[1]
 if redis.call('HGET', P..'keys', ARGV[3]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', P..'keys', ARGV[3])
 redis.call('SADD', P..'revoked', ARGV[3])
+redis.call('INCR', P..'keyver')
 return 1
 """
 
 _ADD_KEY = """
 local P = ARGV[1]
-redis.call('SREM', P..'revoked', ARGV[3])
+if redis.call('SISMEMBER', P..'revoked', ARGV[3]) == 1 then return 0 end
 redis.call('HSET', P..'keys', ARGV[3], ARGV[2])
+redis.call('INCR', P..'keyver')
 return 1
 """
 
@@ -442,21 +457,60 @@ class RedisStore(Store):
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
 
+    async def persistence(self) -> bool | None:
+        """Whether Redis writes an append-only file (None: it will not say, e.g. CONFIG is
+        disabled on a managed Redis)."""
+        try:
+            conf = await self.redis.config_get("appendonly")
+        except ResponseError:
+            return None
+        value = conf.get("appendonly") or conf.get(b"appendonly")
+        return None if value is None else _s(value) == "yes"
+
     # -- keys -----------------------------------------------------------------------------
     async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
-        args: list[Any] = [self.p]
-        for digest, tenant in keys.items():
-            args += [digest, tenant]
-        await self._seed(args=args)
+        await self.restore_keys(keys, ())
         if tenants:
             await self.redis.hset(self.p + "tenants", mapping=dict(tenants))
+
+    async def restore_keys(self, keys: Mapping[str, str], revoked: Iterable[str]) -> int:
+        """Write ``revoked`` (for good) and ``keys`` (unless revoked); returns the changes."""
+        gone = list(revoked)
+        args: list[Any] = [self.p, len(gone), *gone]
+        for digest, tenant in keys.items():
+            args += [digest, tenant]
+        return int(await self._seed(args=args))
+
+    async def key_state(self) -> tuple[str | None, int]:
+        """(the store's epoch or None, the key table's version): one round trip."""
+        epoch, version = await self.redis.mget(self.p + "epoch", self.p + "keyver")
+        return (_s(epoch) if epoch is not None else None), int(version or 0)
+
+    async def ensure_epoch(self, new: str) -> str:
+        """The store's epoch, set to ``new`` if it has none."""
+        await self.redis.set(self.p + "epoch", new, nx=True)
+        return _s(await self.redis.get(self.p + "epoch"))
+
+    async def key_table(self) -> tuple[dict[str, str], set[str], int]:
+        """Every live key (digest -> tenant), every revoked digest, the table's version."""
+        pipe: Pipeline = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self.p + "keys")
+        pipe.smembers(self.p + "revoked")
+        pipe.get(self.p + "keyver")
+        keys, revoked, version = await pipe.execute()
+        return (
+            {_s(d): _s(t) for d, t in keys.items()},
+            {_s(d) for d in revoked},
+            int(version or 0),
+        )
 
     async def tenant_for_key(self, digest: str) -> str | None:
         v = await self.redis.hget(self.p + "keys", digest)
         return _s(v) if v is not None else None
 
     async def add_key(self, tenant: str, digest: str) -> None:
-        await self._add_key(args=[self.p, tenant, digest])
+        if not await self._add_key(args=[self.p, tenant, digest]):
+            raise ValueError("a revoked key cannot be added again")
 
     async def revoke_key(self, tenant: str, digest: str) -> bool:
         return bool(await self._revoke(args=[self.p, tenant, digest]))

@@ -10,8 +10,19 @@ fair share, queue and limits hold per replica only. ``fail_mode: closed`` raises
 :class:`~gateway.store.base.StoreUnavailable` (the API answers 503). Nothing waits on a
 dead Redis: commands time out after ``store.timeout_s``, and while down none is sent.
 
+API keys (docs/architecture.md, "API keys"): each replica mirrors the whole key table
+(live keys and revoked digests) and the store's *epoch*, a random id set once per
+store. Every ``store.reconnect_interval_s`` it reads the epoch and the table's version
+(one round trip) and reloads the table when it changed. An epoch that changed or went
+means the store lost its data (Redis restarted empty): the replica writes its mirror
+back (revocations first and for good, then the keys, admin-created ones included) and
+the configured keys, then adopts the new epoch. Key administration is refused (503)
+while Redis is down and until the mirror is in step (``keys_known``). At start-up the
+store says whether Redis persists its data (AOF); when it does not, a loud error says
+what that costs.
+
 A probe task pings Redis every ``store.reconnect_interval_s``. When it answers, the
-store reconciles before taking traffic again: the configured keys are seeded again,
+store reconciles before taking traffic again: the key table is checked as above,
 requests served meanwhile are remembered in Redis (so their telemetry is accepted),
 counters are raised to at least this replica's view (``max``, so a Redis that
 restarted empty never resets a tenant to zero, and none goes backwards), the slots
@@ -24,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -66,11 +78,21 @@ class ResilientStore(Store):
         self.reconnect_interval_s = reconnect_interval_s
         self.up = False
         self.on_reconnect: Callable[[], Awaitable[None]] | None = None
-        self._buffer: deque[QoERecord] = deque(maxlen=buffer_max)
+        # records written locally while Redis was down, each with what its ownership check
+        # needs (a Redis that restarted empty no longer knows the request)
+        self._buffer: deque[tuple[QoERecord, RequestInfo | None]] = deque(maxlen=buffer_max)
         self._unsynced: dict[str, RequestInfo] = {}
         self._unsynced_max = buffer_max
         self._probe: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._seed: tuple[dict[str, str], dict[str, str]] = ({}, {})
+        # the key table as last read from Redis, and the epoch of the store it came from
+        self._keys: dict[str, str] = {}
+        self._revoked: set[str] = set()
+        self._epoch: str | None = None
+        self._keyver = -1
+        self.keys_known = False  # False: key administration is refused (fail closed)
+        self.persistent: bool | None = None  # Redis writes an append-only file
 
     # -- connection state -----------------------------------------------------------------
     async def start(self) -> None:
@@ -81,12 +103,32 @@ class ResilientStore(Store):
         else:
             self.up = True
             log.info("shared state in Redis at %s", _safe_url(self.redis.url))
+            await self._check_persistence()
+        self._watch = asyncio.get_running_loop().create_task(
+            self._watch_keys(), name="tokenpace-redis-keys"
+        )
+
+    async def _check_persistence(self) -> None:
+        with contextlib.suppress(*_FAILURES):
+            self.persistent = await self.redis.persistence()
+        if self.persistent is False:
+            log.error(
+                "Redis persistence is OFF (appendonly no): if Redis restarts while no gateway "
+                "replica is running, API keys created through the admin API are lost and "
+                "revoked configured keys work again. Set 'appendonly yes' on Redis."
+            )
+        elif self.persistent is None:
+            log.warning(
+                "cannot verify Redis persistence (CONFIG GET refused): keys created or "
+                "revoked through the admin API are durable only if Redis persists its data"
+            )
 
     async def aclose(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            await asyncio.gather(self._probe, return_exceptions=True)
-            self._probe = None
+        for task in (self._probe, self._watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._probe = self._watch = None
         await self.redis.aclose()
 
     def _down(self, exc: BaseException) -> None:
@@ -116,7 +158,7 @@ class ResilientStore(Store):
             return
 
     async def _reconcile(self) -> None:
-        await self.redis.seed_keys(*self._seed)  # a Redis that restarted empty knows no key
+        await self._sync_keys()  # a Redis that restarted empty knows no key
         for rid, info in list(self._unsynced.items()):
             await self.redis.remember(rid, info)
             del self._unsynced[rid]
@@ -126,10 +168,16 @@ class ResilientStore(Store):
         while self._buffer:
             batch = [self._buffer.popleft() for _ in range(min(500, len(self._buffer)))]
             try:
-                await self.redis.add_qoe(batch)
+                for rec, info in batch:
+                    if info is not None:  # fields only: a 'reported' mark already there stays
+                        await self.redis.remember(rec.request_id, info)
+                results = await self.redis.add_qoe([rec for rec, _ in batch])
             except BaseException:
                 self._buffer.extendleft(reversed(batch))
                 raise
+            for (rec, _), result in zip(batch, results, strict=True):
+                if result != "ok":  # a second report of a request made during the outage
+                    log.warning("buffered %s report of %s: %s", rec.side, rec.request_id, result)
 
     async def _redis(self, name: str, *args: Any) -> tuple[bool, Any]:
         """(True, result) from Redis, or (False, None) when it is down (fail open)."""
@@ -147,22 +195,84 @@ class ResilientStore(Store):
         return result if ok else await getattr(self.local, name)(*args)
 
     # -- keys -----------------------------------------------------------------------------
+    async def _sync_keys(self) -> None:
+        """Bring the key mirror in step with Redis; restore a store that lost its data."""
+        epoch, version = await self.redis.key_state()
+        reload = version != self._keyver
+        if self._epoch is not None and epoch != self._epoch:
+            self.keys_known = False
+            log.error(
+                "Redis lost its data (store epoch %s, now %s): restoring %d key(s) and %d "
+                "revocation(s) from this replica",
+                self._epoch,
+                epoch or "none",
+                len(self._keys),
+                len(self._revoked),
+            )
+            await self.redis.restore_keys(self._keys, self._revoked)
+        if epoch != self._epoch or epoch is None:
+            await self.redis.seed_keys(*self._seed)  # configured keys, unless revoked
+            epoch = await self.redis.ensure_epoch(uuid.uuid4().hex)
+            reload = True
+        if reload:
+            self._keys, self._revoked, self._keyver = await self.redis.key_table()
+        self._epoch = epoch
+        self.keys_known = True
+
+    async def _watch_keys(self) -> None:
+        while True:
+            await asyncio.sleep(self.reconnect_interval_s)
+            if not self.up:
+                continue  # the probe reconciles
+            try:
+                await self._sync_keys()
+            except _FAILURES as exc:
+                self._down(exc)
+
     async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
         self._seed = (dict(keys), dict(tenants))
         await self.local.seed_keys(keys, tenants)
         if self.up:
-            with contextlib.suppress(*_FAILURES):
-                await self.redis.seed_keys(keys, tenants)
+            try:
+                await self._sync_keys()
+            except _FAILURES as exc:
+                self._down(exc)
 
     async def tenant_for_key(self, digest: str) -> str | None:
-        return await self._either("tenant_for_key", digest)
+        ok, name = await self._redis("tenant_for_key", digest)
+        if not ok:
+            return await self._offline_tenant(digest)
+        if name is None and digest in self._keys:
+            # live by the mirror, unknown to Redis: revoked meanwhile, or Redis lost its
+            # data; find out which before answering
+            try:
+                await self._sync_keys()
+                name = await self.redis.tenant_for_key(digest)
+            except _FAILURES as exc:
+                self._down(exc)
+                return await self._offline_tenant(digest)
+        return name
+
+    async def _offline_tenant(self, digest: str) -> str | None:
+        """While Redis is down (fail open): the mirror, which knows every replica's key
+        changes up to the outage; the configured keys if Redis was never reached."""
+        if not self.fail_open:
+            raise StoreUnavailable("the shared state store (Redis) is unreachable")
+        if self._epoch is None:
+            return await self.local.tenant_for_key(digest)
+        return self._keys.get(digest)
 
     async def add_key(self, tenant: str, digest: str) -> None:
         await self._strict("add_key", tenant, digest)
-        await self.local.add_key(tenant, digest)
+        self._keys[digest] = tenant
+        with contextlib.suppress(ValueError):
+            await self.local.add_key(tenant, digest)
 
     async def revoke_key(self, tenant: str, digest: str) -> bool:
         ok = await self._strict("revoke_key", tenant, digest)
+        if ok:
+            self._keys.pop(digest, None)
+            self._revoked.add(digest)
         await self.local.revoke_key(tenant, digest)
         return bool(ok)
 
@@ -170,9 +280,12 @@ class ResilientStore(Store):
         return await self._strict("tenant_keys", tenant)
 
     async def _strict(self, name: str, *args: Any) -> Any:
-        """Key changes must reach every replica: never made locally only."""
+        """Key changes must reach every replica: never made locally only, never while
+        this replica's view of the keys is not known to be the store's."""
         if not self.up:
             raise StoreUnavailable("the shared state store (Redis) is unreachable")
+        if not self.keys_known:
+            raise StoreUnavailable("the API key table is being restored")
         try:
             return await getattr(self.redis, name)(*args)
         except _FAILURES as exc:
@@ -255,11 +368,22 @@ class ResilientStore(Store):
         return await self.local.request_info(request_id)
 
     async def add_qoe(self, records: Sequence[QoERecord]) -> list[ReportResult]:
+        """Into Redis; while it is down, locally and into the replay buffer: a client
+        report is then ``buffered`` (written, with its ownership, when Redis returns), or
+        refused (StoreUnavailable) when the buffer is full, never dropped after an answer."""
         ok, result = await self._redis("add_qoe", records)
         if ok:
             return result
-        out = await self.local.add_qoe(records)
-        self._buffer.extend(r for r, res in zip(records, out, strict=True) if res == "ok")
+        client = any(r.side == "client" for r in records)
+        if client and len(self._buffer) + len(records) > (self._buffer.maxlen or 0):
+            raise StoreUnavailable("the telemetry buffer is full while Redis is unreachable")
+        out: list[ReportResult] = []
+        for rec, res in zip(records, await self.local.add_qoe(records), strict=True):
+            if res == "ok":
+                info = await self.local.request_info(rec.request_id)
+                self._buffer.append((rec, info if rec.side == "client" else None))
+                res = "buffered" if rec.side == "client" else res
+            out.append(res)
         return out
 
     async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
