@@ -10,7 +10,7 @@ as ``tokenpace serve`` (no access log; start-up objects frozen out of the collec
 ``bench/gateway_load.py`` runs it as the target ``floor`` beside the gateway: the
 difference between the two is what the gateway's own work costs, and the floor's own
 figures are the least the stack the gateway is built on (FastAPI, sse-starlette,
-httpx) adds on this machine. Not a product: a measuring stick.
+httpx) adds on the machine it runs on. Not a product: a measuring stick.
 
     python bench/stack_floor.py --port 9100 --upstream http://127.0.0.1:9000/v1
 """

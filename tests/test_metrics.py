@@ -495,7 +495,7 @@ def test_monotone_qoe_non_decreasing_as_expectation_loosens(times, ta, tb, ra, r
 
 
 def test_andes_qoe_is_not_monotone_in_expected_tds():
-    # The brief asked for "andes_qoe non-decreasing as expected TDS decreases". Eq. 1
+    # One might expect "andes_qoe non-decreasing as expected TDS decreases". Eq. 1
     # does not have that property, because A(t)'s slope is capped by the same TDS:
     # tokens at 5 and 6, TTFT 1, TTLT 6.
     # TDS 2: S_actual = g(1) = 1 − 1/4 = 0.75; T reaches 2 at t = 2:
