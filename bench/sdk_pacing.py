@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 import openai
 import tokenpace_client as tp
+from tokenpace_client import reader
 from tokenpace_client.qoe import digestion_starts, token_times
 from tokenpace_client.timeline import gaps_over
 
@@ -124,6 +125,15 @@ def release_errors(stream: tp.AsyncPacedStream) -> list[float]:
     return [s - i for s, i in zip(shown, ideal, strict=True)]
 
 
+def error_stats(errors: list[float]) -> dict[str, float]:
+    return {
+        "p50": 1000 * percentile(errors, 50),
+        "p99": 1000 * percentile(errors, 99),
+        "max": 1000 * max(errors),
+        "min": 1000 * min(errors),
+    }
+
+
 async def one_stream(client: Any, model: str, i: int, tokens: int, body: dict) -> Any:
     stream = await client.chat.completions.create(
         model=model,
@@ -190,24 +200,25 @@ async def cost_run(base_url: str, tds: float, client_kind: str, args: argparse.N
         out["telemetry"] = dict(sender.stats)
     if paced:
         out["arrivals"] = [token_times(s.timeline.arrivals) for s, _ in results]
-        errors = [e for stream, _ in results for e in release_errors(stream)]
-        out["release_error_ms"] = {
-            "p50": 1000 * percentile(errors, 50),
-            "p99": 1000 * percentile(errors, 99),
-            "max": 1000 * max(errors),
-            "min": 1000 * min(errors),
-        }
+        out["release_error_ms"] = error_stats(
+            [e for stream, _ in results for e in release_errors(stream)]
+        )
     return out
 
 
-async def replay_run(arrivals: list[list[float]], tds: float, paced: bool) -> dict:
+async def replay_run(
+    arrivals: list[list[float]], tds: float, paced: bool, tick: float | None = None
+) -> tuple[dict, list[float]]:
     """The measured arrival times replayed from memory (no network, no openai parsing).
 
     Each stream is an async generator that sleeps until each recorded arrival and yields
     a prebuilt chunk dict; read through ``apace`` (telemetry off) or directly. The CPU
-    difference is the pacing's own cost.
+    difference is the pacing's own cost. ``tick``: the release timers' grid
+    (``tokenpace_client.reader.TICK_S``) for this run; ``None``: the shipped one.
+    Returns the row and the release errors (s).
     """
     chunk = {"choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
+    streams: list[tp.AsyncPacedStream] = []
 
     async def source(times: list[float], start: float):
         for t in times:
@@ -220,21 +231,65 @@ async def replay_run(arrivals: list[list[float]], tds: float, paced: bool) -> di
         stream = source(times, start)
         if paced:
             stream = tp.apace(stream, tds=tds, telemetry=False)
+            streams.append(stream)
         return sum([1 async for _ in stream])
 
-    start = time.monotonic() + 0.1
-    cpu, wall = time.process_time(), time.monotonic()
-    tokens = sum(await asyncio.gather(*(read(times, start) for times in arrivals)))
-    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
-    return {
+    shipped = reader.TICK_S
+    reader.TICK_S = shipped if tick is None else tick
+    try:
+        start = time.monotonic() + 0.1
+        cpu, wall = time.process_time(), time.monotonic()
+        tokens = sum(await asyncio.gather(*(read(times, start) for times in arrivals)))
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    finally:
+        reader.TICK_S = shipped
+    out = {
         "tds": tds,
-        "client": "replay, paced" if paced else "replay, not paced",
+        "client": f"replay, paced, tick {1000 * (shipped if tick is None else tick):g} ms"
+        if paced
+        else "replay, not paced",
         "tokens": tokens,
         "wall_s": wall,
         "cpu_s": cpu,
         "cpu_ms_per_1k_tokens": 1000 * cpu / tokens * 1000,
         "core_percent": 100 * cpu / wall,
     }
+    errors = [e for s in streams for e in release_errors(s)]
+    if paced:
+        out["release_error_ms"] = error_stats(errors)
+    return out, errors
+
+
+async def replays(arrivals: list[list[float]], tds: float, args: argparse.Namespace) -> list:
+    """Direct and paced replays (one per tick), ``--replay-repeats`` rounds interleaved.
+
+    A row: the median CPU over the rounds, the release errors of all rounds pooled (and
+    each round's p99); paced rows
+    add the pacing's own cost, paced minus direct per token (medians), and what it comes
+    to in % of a core for ``--streams`` streams at ``tds``.
+    """
+    configs: list[float | None] = [None, *args.ticks]  # None: read directly
+    runs: dict[float | None, list[tuple[dict, list[float]]]] = {c: [] for c in configs}
+    for _ in range(args.replay_repeats):
+        for tick in configs:
+            runs[tick].append(await replay_run(arrivals, tds, tick is not None, tick))
+    direct = statistics.median(r["cpu_ms_per_1k_tokens"] for r, _ in runs[None])
+    rows = []
+    for tick, pairs in runs.items():
+        done = [r for r, _ in pairs]
+        row = {**done[0], "repeats": len(done)}
+        for key in ("cpu_s", "wall_s", "cpu_ms_per_1k_tokens", "core_percent"):
+            row[key] = statistics.median(r[key] for r in done)
+        row["cpu_ms_per_1k_tokens_each"] = [r["cpu_ms_per_1k_tokens"] for r in done]
+        if tick is not None:
+            row["release_error_ms"] = error_stats([e for _, errors in pairs for e in errors])
+            row["release_error_p99_each"] = [r["release_error_ms"]["p99"] for r in done]
+            row["pacing_us_per_token"] = row["cpu_ms_per_1k_tokens"] - direct
+            row["pacing_core_percent"] = (
+                100 * row["pacing_us_per_token"] * 1e-6 * args.streams * tds
+            )
+        rows.append(row)
+    return rows
 
 
 async def overload_run(base_url: str, model: str, args: argparse.Namespace) -> dict:
@@ -284,17 +339,21 @@ async def overload_run(base_url: str, model: str, args: argparse.Namespace) -> d
 def table(results: dict) -> str:
     lines = [
         "| TDS | client | tokens | CPU ms / 1k tokens | % of a core "
-        "| release error p50 / p99 / max (ms) | loop lag p50 / p99 (ms) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| release error p50 / p99 / max (ms) | loop lag p50 / p99 (ms) "
+        "| pacing's own µs / token (% of a core) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results["cost"]:
         err = r.get("release_error_ms")
         shown = f"{err['p50']:.2f} / {err['p99']:.2f} / {err['max']:.2f}" if err else "-"
         lag = r.get("loop_lag_ms")
         lags = f"{lag['p50']:.2f} / {lag['p99']:.2f}" if lag else "-"
+        own = r.get("pacing_us_per_token")
+        pacing = f"{own:.1f} ({r['pacing_core_percent']:.2f})" if own is not None else "-"
         lines.append(
             f"| {r['tds']:g} | {r['client']} | {r['tokens']} | "
-            f"{r['cpu_ms_per_1k_tokens']:.1f} | {r['core_percent']:.2f} | {shown} | {lags} |"
+            f"{r['cpu_ms_per_1k_tokens']:.1f} | {r['core_percent']:.2f} | {shown} | {lags} "
+            f"| {pacing} |"
         )
     lines += [
         "",
@@ -321,9 +380,9 @@ async def run(base_url: str, args: argparse.Namespace) -> dict:
             results["cost"].append(await cost_run(base_url, tds, kind, args))
             recorded = results["cost"][-1].pop("arrivals", None) or recorded
             print(json.dumps(results["cost"][-1]), flush=True)
-        for paced in (False, True):
-            results["cost"].append(await replay_run(recorded, tds, paced))
-            print(json.dumps(results["cost"][-1]), flush=True)
+        for row in await replays(recorded, tds, args):
+            results["cost"].append(row)
+            print(json.dumps(row), flush=True)
     for model in (FCFS_MODEL, ANDES_MODEL) if args.overload_requests else ():
         results["overload"].append(await overload_run(base_url, model, args))
         print(json.dumps(results["overload"][-1]), flush=True)
@@ -339,6 +398,14 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="reading time per stream")
     parser.add_argument("--max-tokens", type=int, default=300, help="cap on tokens per stream")
     parser.add_argument("--ramp", type=float, default=2.0, help="seconds to start the streams")
+    parser.add_argument(
+        "--ticks",
+        type=float,
+        nargs="+",
+        default=[0.0, reader.TICK_S, 0.008],
+        help="release timer grids (s) the replay is paced with, side by side",
+    )
+    parser.add_argument("--replay-repeats", type=int, default=3)
     parser.add_argument("--overload-requests", type=int, default=80)
     parser.add_argument("--overload-rate", type=float, default=4.0, help="requests per second")
     parser.add_argument("--overload-batch", type=int, default=8)
