@@ -11,10 +11,12 @@ SIMULATED engine (qos.sim on the latency profile, no model runs), then in this p
    measured arrival times (Andes (Liu et al.) §3.1, docs/qoe.md). CPU: this process's
    CPU seconds (all threads) per 1,000 tokens and in % of a core; the difference to
    openai alone is what the client adds. The arrivals of the paced streams are then
-   replayed from memory (no network, no openai), read directly and through ``apace``:
-   the CPU difference is the pacing's own cost. Loop lag: how late a 10 ms timer of the same
-   event loop fires (p99), which separates the pacer's error from the process waiting
-   for a CPU.
+   replayed from memory (no network, no openai) over the same ramp, ``--replay-repeats``
+   rounds: read directly, with one bare ``asyncio.sleep`` per ideal release beside the
+   read (the floor of any pacer that wakes for each release), and through ``apace`` with
+   its release timers on each grid in ``--ticks``; the CPU difference to the direct read
+   is the pacing's own cost. Loop lag: how late a 10 ms timer of the same event loop
+   fires (p99), which separates the pacer's error from the process waiting for a CPU.
 2. **What the buffer is worth.** An overloaded engine (``--overload-*``: the slower
    opt-66b profile with a small batch, Poisson arrivals of chat-tier streams), once with
    FCFS and once with the shipped Andes policy (``andes-tp``), the embedded backend's
@@ -207,18 +209,25 @@ async def cost_run(base_url: str, tds: float, client_kind: str, args: argparse.N
 
 
 async def replay_run(
-    arrivals: list[list[float]], tds: float, paced: bool, tick: float | None = None
+    arrivals: list[list[float]], tds: float, ramp: float, mode: str, tick: float | None = None
 ) -> tuple[dict, list[float]]:
     """The measured arrival times replayed from memory (no network, no openai parsing).
 
     Each stream is an async generator that sleeps until each recorded arrival and yields
-    a prebuilt chunk dict; read through ``apace`` (telemetry off) or directly. The CPU
-    difference is the pacing's own cost. ``tick``: the release timers' grid
-    (``tokenpace_client.reader.TICK_S``) for this run; ``None``: the shipped one.
-    Returns the row and the release errors (s).
+    a prebuilt chunk dict; stream i starts ``ramp · i / streams`` after the first, as
+    in the measured run, so that the streams' releases are spread as they were.
+
+    ``mode``: ``direct`` reads it as is; ``paced`` reads it through ``apace`` (telemetry
+    off), its release timers on the ``tick`` grid (``tokenpace_client.reader.TICK_S``;
+    ``None``: the shipped one); ``timers`` reads it as is while a second task per stream
+    only sleeps (``asyncio.sleep``) until each token's ideal release time: one timer
+    wake-up per release and nothing else, the floor of any pacer that wakes for each
+    release. Paced or timers minus direct: the pacing's own CPU. Returns the row and the
+    release errors (s).
     """
     chunk = {"choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
     streams: list[tp.AsyncPacedStream] = []
+    timer_errors: list[float] = []
 
     async def source(times: list[float], start: float):
         for t in times:
@@ -227,61 +236,79 @@ async def replay_run(
                 await asyncio.sleep(delay)
             yield chunk
 
+    async def sleep_through(times: list[float], start: float) -> int:
+        for t in digestion_starts(times, tds):
+            delay = start + t - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            timer_errors.append(time.monotonic() - start - t)
+        return 0
+
     async def read(times: list[float], start: float) -> int:
         stream = source(times, start)
-        if paced:
+        if mode == "paced":
             stream = tp.apace(stream, tds=tds, telemetry=False)
             streams.append(stream)
+        if mode == "timers":
+            sleeping = asyncio.create_task(sleep_through(times, start))
+            return sum([1 async for _ in stream]) + await sleeping
         return sum([1 async for _ in stream])
 
     shipped = reader.TICK_S
-    reader.TICK_S = shipped if tick is None else tick
+    reader.TICK_S = grid = shipped if tick is None else tick
     try:
-        start = time.monotonic() + 0.1
+        start, n = time.monotonic() + 0.1, len(arrivals)
         cpu, wall = time.process_time(), time.monotonic()
-        tokens = sum(await asyncio.gather(*(read(times, start) for times in arrivals)))
+        tokens = sum(
+            await asyncio.gather(
+                *(read(times, start + ramp * i / n) for i, times in enumerate(arrivals))
+            )
+        )
         cpu, wall = time.process_time() - cpu, time.monotonic() - wall
     finally:
         reader.TICK_S = shipped
+    names = {
+        "direct": "replay, not paced",
+        "timers": "replay + one asyncio.sleep per release (no pacer)",
+        "paced": f"replay, paced, tick {1000 * grid:g} ms",
+    }
     out = {
         "tds": tds,
-        "client": f"replay, paced, tick {1000 * (shipped if tick is None else tick):g} ms"
-        if paced
-        else "replay, not paced",
+        "client": names[mode],
         "tokens": tokens,
         "wall_s": wall,
         "cpu_s": cpu,
         "cpu_ms_per_1k_tokens": 1000 * cpu / tokens * 1000,
         "core_percent": 100 * cpu / wall,
     }
-    errors = [e for s in streams for e in release_errors(s)]
-    if paced:
+    errors = [e for s in streams for e in release_errors(s)] + timer_errors
+    if errors:
         out["release_error_ms"] = error_stats(errors)
     return out, errors
 
 
 async def replays(arrivals: list[list[float]], tds: float, args: argparse.Namespace) -> list:
-    """Direct and paced replays (one per tick), ``--replay-repeats`` rounds interleaved.
+    """The replay read directly, with bare timers and paced (one per tick), side by side.
 
-    A row: the median CPU over the rounds, the release errors of all rounds pooled (and
-    each round's p99); paced rows
-    add the pacing's own cost, paced minus direct per token (medians), and what it comes
-    to in % of a core for ``--streams`` streams at ``tds``.
+    ``--replay-repeats`` rounds, the configurations interleaved in each. A row: the
+    median CPU over the rounds, the release errors of all rounds pooled (and each
+    round's p99); rows other than direct add their own cost, minus direct per token
+    (medians), and what it comes to in % of a core for ``--streams`` streams at ``tds``.
     """
-    configs: list[float | None] = [None, *args.ticks]  # None: read directly
-    runs: dict[float | None, list[tuple[dict, list[float]]]] = {c: [] for c in configs}
+    configs = [("direct", None), ("timers", None), *(("paced", t) for t in args.ticks)]
+    runs: dict[tuple[str, float | None], list] = {c: [] for c in configs}
     for _ in range(args.replay_repeats):
-        for tick in configs:
-            runs[tick].append(await replay_run(arrivals, tds, tick is not None, tick))
-    direct = statistics.median(r["cpu_ms_per_1k_tokens"] for r, _ in runs[None])
+        for mode, tick in configs:
+            runs[mode, tick].append(await replay_run(arrivals, tds, args.ramp, mode, tick))
+    direct = statistics.median(r["cpu_ms_per_1k_tokens"] for r, _ in runs["direct", None])
     rows = []
-    for tick, pairs in runs.items():
+    for (mode, _tick), pairs in runs.items():
         done = [r for r, _ in pairs]
         row = {**done[0], "repeats": len(done)}
         for key in ("cpu_s", "wall_s", "cpu_ms_per_1k_tokens", "core_percent"):
             row[key] = statistics.median(r[key] for r in done)
         row["cpu_ms_per_1k_tokens_each"] = [r["cpu_ms_per_1k_tokens"] for r in done]
-        if tick is not None:
+        if mode != "direct":
             row["release_error_ms"] = error_stats([e for _, errors in pairs for e in errors])
             row["release_error_p99_each"] = [r["release_error_ms"]["p99"] for r in done]
             row["pacing_us_per_token"] = row["cpu_ms_per_1k_tokens"] - direct
@@ -402,7 +429,7 @@ def main() -> int:
         "--ticks",
         type=float,
         nargs="+",
-        default=[0.0, reader.TICK_S, 0.008],
+        default=[0.0, reader.TICK_S, 0.004, 0.008],
         help="release timer grids (s) the replay is paced with, side by side",
     )
     parser.add_argument("--replay-repeats", type=int, default=3)
