@@ -11,10 +11,12 @@ SIMULATED engine (qos.sim on the latency profile, no model runs), then in this p
    measured arrival times (Andes (Liu et al.) §3.1, docs/qoe.md). CPU: this process's
    CPU seconds (all threads) per 1,000 tokens and in % of a core; the difference to
    openai alone is what the client adds. The arrivals of the paced streams are then
-   replayed from memory (no network, no openai), read directly and through ``apace``:
-   the CPU difference is the pacing's own cost. Loop lag: how late a 10 ms timer of the same
-   event loop fires (p99), which separates the pacer's error from the process waiting
-   for a CPU.
+   replayed from memory (no network, no openai) over the same ramp, ``--replay-repeats``
+   rounds: read directly, with one bare ``asyncio.sleep`` per ideal release beside the
+   read (the floor of any pacer that wakes for each release), and through ``apace`` with
+   its release timers on each grid in ``--ticks``; the CPU difference to the direct read
+   is the pacing's own cost. Loop lag: how late a 10 ms timer of the same event loop
+   fires (p99), which separates the pacer's error from the process waiting for a CPU.
 2. **What the buffer is worth.** An overloaded engine (``--overload-*``: the slower
    opt-66b profile with a small batch, Poisson arrivals of chat-tier streams), once with
    FCFS and once with the shipped Andes policy (``andes-tp``), the embedded backend's
@@ -46,6 +48,7 @@ from typing import Any
 import httpx
 import openai
 import tokenpace_client as tp
+from tokenpace_client import reader
 from tokenpace_client.qoe import digestion_starts, token_times
 from tokenpace_client.timeline import gaps_over
 
@@ -124,6 +127,15 @@ def release_errors(stream: tp.AsyncPacedStream) -> list[float]:
     return [s - i for s, i in zip(shown, ideal, strict=True)]
 
 
+def error_stats(errors: list[float]) -> dict[str, float]:
+    return {
+        "p50": 1000 * percentile(errors, 50),
+        "p99": 1000 * percentile(errors, 99),
+        "max": 1000 * max(errors),
+        "min": 1000 * min(errors),
+    }
+
+
 async def one_stream(client: Any, model: str, i: int, tokens: int, body: dict) -> Any:
     stream = await client.chat.completions.create(
         model=model,
@@ -190,24 +202,32 @@ async def cost_run(base_url: str, tds: float, client_kind: str, args: argparse.N
         out["telemetry"] = dict(sender.stats)
     if paced:
         out["arrivals"] = [token_times(s.timeline.arrivals) for s, _ in results]
-        errors = [e for stream, _ in results for e in release_errors(stream)]
-        out["release_error_ms"] = {
-            "p50": 1000 * percentile(errors, 50),
-            "p99": 1000 * percentile(errors, 99),
-            "max": 1000 * max(errors),
-            "min": 1000 * min(errors),
-        }
+        out["release_error_ms"] = error_stats(
+            [e for stream, _ in results for e in release_errors(stream)]
+        )
     return out
 
 
-async def replay_run(arrivals: list[list[float]], tds: float, paced: bool) -> dict:
+async def replay_run(
+    arrivals: list[list[float]], tds: float, ramp: float, mode: str, tick: float | None = None
+) -> tuple[dict, list[float]]:
     """The measured arrival times replayed from memory (no network, no openai parsing).
 
     Each stream is an async generator that sleeps until each recorded arrival and yields
-    a prebuilt chunk dict; read through ``apace`` (telemetry off) or directly. The CPU
-    difference is the pacing's own cost.
+    a prebuilt chunk dict; stream i starts ``ramp · i / streams`` after the first, as
+    in the measured run, so that the streams' releases are spread as they were.
+
+    ``mode``: ``direct`` reads it as is; ``paced`` reads it through ``apace`` (telemetry
+    off), its release timers on the ``tick`` grid (``tokenpace_client.reader.TICK_S``;
+    ``None``: the shipped one); ``timers`` reads it as is while a second task per stream
+    only sleeps (``asyncio.sleep``) until each token's ideal release time: one timer
+    wake-up per release and nothing else, the floor of any pacer that wakes for each
+    release. Paced or timers minus direct: the pacing's own CPU. Returns the row and the
+    release errors (s).
     """
     chunk = {"choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
+    streams: list[tp.AsyncPacedStream] = []
+    timer_errors: list[float] = []
 
     async def source(times: list[float], start: float):
         for t in times:
@@ -216,25 +236,87 @@ async def replay_run(arrivals: list[list[float]], tds: float, paced: bool) -> di
                 await asyncio.sleep(delay)
             yield chunk
 
+    async def sleep_through(times: list[float], start: float) -> int:
+        for t in digestion_starts(times, tds):
+            delay = start + t - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            timer_errors.append(time.monotonic() - start - t)
+        return 0
+
     async def read(times: list[float], start: float) -> int:
         stream = source(times, start)
-        if paced:
+        if mode == "paced":
             stream = tp.apace(stream, tds=tds, telemetry=False)
+            streams.append(stream)
+        if mode == "timers":
+            sleeping = asyncio.create_task(sleep_through(times, start))
+            return sum([1 async for _ in stream]) + await sleeping
         return sum([1 async for _ in stream])
 
-    start = time.monotonic() + 0.1
-    cpu, wall = time.process_time(), time.monotonic()
-    tokens = sum(await asyncio.gather(*(read(times, start) for times in arrivals)))
-    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
-    return {
+    shipped = reader.TICK_S
+    reader.TICK_S = grid = shipped if tick is None else tick
+    try:
+        start, n = time.monotonic() + 0.1, len(arrivals)
+        cpu, wall = time.process_time(), time.monotonic()
+        tokens = sum(
+            await asyncio.gather(
+                *(read(times, start + ramp * i / n) for i, times in enumerate(arrivals))
+            )
+        )
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    finally:
+        reader.TICK_S = shipped
+    names = {
+        "direct": "replay, not paced",
+        "timers": "replay + one asyncio.sleep per release (no pacer)",
+        "paced": f"replay, paced, tick {1000 * grid:g} ms",
+    }
+    out = {
         "tds": tds,
-        "client": "replay, paced" if paced else "replay, not paced",
+        "client": names[mode],
         "tokens": tokens,
         "wall_s": wall,
         "cpu_s": cpu,
         "cpu_ms_per_1k_tokens": 1000 * cpu / tokens * 1000,
         "core_percent": 100 * cpu / wall,
     }
+    errors = [e for s in streams for e in release_errors(s)] + timer_errors
+    if errors:
+        out["release_error_ms"] = error_stats(errors)
+    return out, errors
+
+
+async def replays(arrivals: list[list[float]], tds: float, args: argparse.Namespace) -> list:
+    """The replay read directly, with bare timers and paced (one per tick), side by side.
+
+    ``--replay-repeats`` rounds, the configurations interleaved in each. A row: the
+    median CPU over the rounds, the release errors of all rounds pooled (and each
+    round's p99); rows other than direct add their own cost, minus direct per token
+    (medians), and what it comes to in % of a core for ``--streams`` streams at ``tds``.
+    """
+    configs = [("direct", None), ("timers", None), *(("paced", t) for t in args.ticks)]
+    runs: dict[tuple[str, float | None], list] = {c: [] for c in configs}
+    for _ in range(args.replay_repeats):
+        for mode, tick in configs:
+            runs[mode, tick].append(await replay_run(arrivals, tds, args.ramp, mode, tick))
+    direct = statistics.median(r["cpu_ms_per_1k_tokens"] for r, _ in runs["direct", None])
+    rows = []
+    for (mode, _tick), pairs in runs.items():
+        done = [r for r, _ in pairs]
+        row = {**done[0], "repeats": len(done)}
+        for key in ("cpu_s", "wall_s", "cpu_ms_per_1k_tokens", "core_percent"):
+            row[key] = statistics.median(r[key] for r in done)
+        row["cpu_ms_per_1k_tokens_each"] = [r["cpu_ms_per_1k_tokens"] for r in done]
+        if mode != "direct":
+            row["release_error_ms"] = error_stats([e for _, errors in pairs for e in errors])
+            row["release_error_p99_each"] = [r["release_error_ms"]["p99"] for r in done]
+            row["pacing_us_per_token"] = row["cpu_ms_per_1k_tokens"] - direct
+            row["pacing_core_percent"] = (
+                100 * row["pacing_us_per_token"] * 1e-6 * args.streams * tds
+            )
+        rows.append(row)
+    return rows
 
 
 async def overload_run(base_url: str, model: str, args: argparse.Namespace) -> dict:
@@ -284,17 +366,21 @@ async def overload_run(base_url: str, model: str, args: argparse.Namespace) -> d
 def table(results: dict) -> str:
     lines = [
         "| TDS | client | tokens | CPU ms / 1k tokens | % of a core "
-        "| release error p50 / p99 / max (ms) | loop lag p50 / p99 (ms) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| release error p50 / p99 / max (ms) | loop lag p50 / p99 (ms) "
+        "| pacing's own µs / token (% of a core) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results["cost"]:
         err = r.get("release_error_ms")
         shown = f"{err['p50']:.2f} / {err['p99']:.2f} / {err['max']:.2f}" if err else "-"
         lag = r.get("loop_lag_ms")
         lags = f"{lag['p50']:.2f} / {lag['p99']:.2f}" if lag else "-"
+        own = r.get("pacing_us_per_token")
+        pacing = f"{own:.1f} ({r['pacing_core_percent']:.2f})" if own is not None else "-"
         lines.append(
             f"| {r['tds']:g} | {r['client']} | {r['tokens']} | "
-            f"{r['cpu_ms_per_1k_tokens']:.1f} | {r['core_percent']:.2f} | {shown} | {lags} |"
+            f"{r['cpu_ms_per_1k_tokens']:.1f} | {r['core_percent']:.2f} | {shown} | {lags} "
+            f"| {pacing} |"
         )
     lines += [
         "",
@@ -321,9 +407,9 @@ async def run(base_url: str, args: argparse.Namespace) -> dict:
             results["cost"].append(await cost_run(base_url, tds, kind, args))
             recorded = results["cost"][-1].pop("arrivals", None) or recorded
             print(json.dumps(results["cost"][-1]), flush=True)
-        for paced in (False, True):
-            results["cost"].append(await replay_run(recorded, tds, paced))
-            print(json.dumps(results["cost"][-1]), flush=True)
+        for row in await replays(recorded, tds, args):
+            results["cost"].append(row)
+            print(json.dumps(row), flush=True)
     for model in (FCFS_MODEL, ANDES_MODEL) if args.overload_requests else ():
         results["overload"].append(await overload_run(base_url, model, args))
         print(json.dumps(results["overload"][-1]), flush=True)
@@ -339,6 +425,14 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="reading time per stream")
     parser.add_argument("--max-tokens", type=int, default=300, help="cap on tokens per stream")
     parser.add_argument("--ramp", type=float, default=2.0, help="seconds to start the streams")
+    parser.add_argument(
+        "--ticks",
+        type=float,
+        nargs="+",
+        default=[0.0, reader.TICK_S, 0.004, 0.008],
+        help="release timer grids (s) the replay is paced with, side by side",
+    )
+    parser.add_argument("--replay-repeats", type=int, default=3)
     parser.add_argument("--overload-requests", type=int, default=80)
     parser.add_argument("--overload-rate", type=float, default=4.0, help="requests per second")
     parser.add_argument("--overload-batch", type=int, default=8)

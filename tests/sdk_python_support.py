@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 from test_gateway_support import Gateway, gateway, make_config
 
 from gateway.config import DEMO_MODEL, GatewayConfig
@@ -61,6 +62,18 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
             return time.monotonic() - started
         time.sleep(interval)
     return float("inf")
+
+
+class RecordingTransport(httpx.HTTPTransport):
+    """httpx's network transport that keeps every request it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return super().handle_request(request)
 
 
 class GatewayThread:

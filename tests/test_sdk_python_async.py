@@ -17,9 +17,10 @@ import pytest_asyncio
 import tokenpace_client as tp
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from sdk_python_support import HELLO, embedded_config, sequences
+from sdk_python_support import HELLO, RecordingTransport, embedded_config, sequences
 from test_gateway_support import KEY, MODEL, backend_entry, gateway, make_config, upstream
 from tokenpace_client.qoe import digestion_starts, token_times
+from tokenpace_client.telemetry import TOKEN_HEADER
 
 from gateway.config import DEMO_MODEL
 
@@ -135,13 +136,17 @@ async def test_async_stream_and_raw_response_wrap_unchanged(gw):
 
 
 async def test_telemetry_from_async_streams_matches_the_gateway(gw):
-    sender = tp.TelemetrySender()
+    transport = RecordingTransport()
+    sender = tp.TelemetrySender(transport=transport)
     client = _client(gw, telemetry=sender, tier="fast")
     stream = await client.chat.completions.create(
         model=DEMO_MODEL, messages=HELLO, max_tokens=12, stream=True
     )
     [c async for c in stream]
     assert await asyncio.to_thread(sender.flush, 5.0)
+    (sent,) = transport.requests  # authenticated by the response's token, not the key
+    assert sent.headers[TOKEN_HEADER] == stream.response.headers[TOKEN_HEADER]
+    assert "authorization" not in sent.headers
     (request_id, status, answer), *_ = sender.responses
     assert (request_id, status) == (stream.request_id, 200)
     for name in ("andes", "monotone", "displayed_andes", "displayed_monotone"):

@@ -20,16 +20,27 @@ import httpx
 import openai
 import pytest
 import tokenpace_client as tp
-from sdk_python_support import HELLO, SLOW, gateway_thread, sequences, wait_until
+from sdk_python_support import (
+    HELLO,
+    SLOW,
+    RecordingTransport,
+    embedded_config,
+    gateway_thread,
+    sequences,
+    wait_until,
+)
 from test_gateway_support import KEY
 from tokenpace_client.qoe import digestion_starts, token_times
+from tokenpace_client.telemetry import TOKEN_HEADER
 
 from gateway.config import DEMO_MODEL
+
+ADMIN = "tp-test-admin-key-0001"
 
 
 @pytest.fixture(scope="module")
 def gw():
-    with gateway_thread() as (gateway, _runner):
+    with gateway_thread(embedded_config(admin={"key": ADMIN})) as (gateway, _runner):
         yield gateway
 
 
@@ -176,6 +187,39 @@ def test_telemetry_reaches_the_gateway_with_the_same_qoe(gw):
     ).json()
     client_side = summary["tenants"]["acme"]["tiers"]["chat"]["client"]
     assert client_side["count"] >= 1
+
+
+def test_the_report_is_authenticated_by_the_telemetry_token_not_the_key(gw):
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    keys = f"{gw.base_url}/tokenpace/admin/tenants/acme/keys"
+    made = httpx.post(keys, headers=admin)
+    assert made.status_code == 201, made.text
+    key, key_id = made.json()["key"], made.json()["id"]
+    transport = RecordingTransport()
+    sender = tp.TelemetrySender(transport=transport)
+    client = tp.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0, telemetry=sender)
+    stream = client.chat.completions.create(model=SLOW, messages=HELLO, max_tokens=4, stream=True)
+    token = stream.response.headers[TOKEN_HEADER]
+    first = next(stream)
+    # the key is revoked while the reply is shown: the client holds no usable key
+    assert httpx.delete(f"{keys}/{key_id}", headers=admin).status_code == 200
+    refused = httpx.get(f"{gw.base_url}/tokenpace/qoe", headers={"Authorization": f"Bearer {key}"})
+    assert refused.status_code == 401
+    rest = list(stream)
+    assert _text([first, *rest]) and stream.outcome == "completed"
+    assert sender.flush(5.0) and sender.stats["delivered"] == 1, dict(sender.stats)
+    (sent,) = transport.requests
+    assert sent.url == f"{gw.base_url}/tokenpace/telemetry"
+    assert sent.headers[TOKEN_HEADER] == token and "authorization" not in sent.headers
+    assert json.loads(sent.content)["request_id"] == stream.request_id
+    (request_id, status, answer), *_ = sender.responses
+    assert (request_id, status) == (stream.request_id, 200)
+    assert stream.qoe.monotone < 1.0  # the slow engine falls behind the reader: a real score
+    for name in ("andes", "monotone", "displayed_andes", "displayed_monotone"):
+        assert answer["qoe"][name] == pytest.approx(getattr(stream.qoe, name), rel=1e-9), name
+    again = httpx.post(sent.url, content=sent.content, headers={TOKEN_HEADER: token})
+    assert again.status_code == 403, again.text  # single use: the report above was stored
+    assert again.json()["error"]["code"] == "telemetry_token_used"
 
 
 def test_an_aborted_stream_is_reported_as_aborted(gw):

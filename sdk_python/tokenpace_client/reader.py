@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import queue
 import threading
 from collections import deque
@@ -23,6 +24,16 @@ from typing import Any
 from tokenpace_client.clock import Clock
 
 Event = tuple[str, float, Any]
+
+TICK_S = 0.002
+"""The grid a paced async stream's release timer ends on (seconds of the loop's clock).
+
+Each release wakes the process, and on a small VM a wake-up costs more CPU than the
+release itself (tens of µs: measured in docs/benchmarks.md). Ending every wait on the
+next multiple of ``TICK_S`` lets the streams of one event loop whose releases fall in
+the same tick share one wake-up, for at most ``TICK_S`` of added lateness (the display
+time recorded is still when the chunk is handed out). 0: each wait ends at its deadline.
+"""
 
 
 class ThreadReader:
@@ -79,11 +90,12 @@ class ThreadReader:
 class TaskReader:
     """Reads an async iterable in a task of the running event loop.
 
-    Events go into a deque; a waiting :meth:`get` is woken by a timer at its deadline
-    (one future and one timer handle per wait, no exception on the usual timed-out
-    wait) or by the next event. While a release is pending (a deadline), a chunk does
-    not wake it: its pieces go out after the pending one, so it is read at the deadline,
-    with the time the reader stamped on it; the end of the stream and errors wake it.
+    Events go into a deque; a waiting :meth:`get` is woken by a timer at its deadline,
+    rounded up to the :data:`TICK_S` grid (one future and one timer handle per wait, no
+    exception on the usual timed-out wait), or by the next event. While a release is
+    pending (a deadline), a chunk does not wake it: its pieces go out after the pending
+    one, so it is read at the deadline, with the time the reader stamped on it; the end
+    of the stream and errors wake it.
     """
 
     def __init__(
@@ -125,9 +137,13 @@ class TaskReader:
                 delay = deadline - self._clock.now()
                 if delay <= 0:
                     return None
-            waiter = self._waiter = self._loop.create_future()
+            loop = self._loop
+            waiter = self._waiter = loop.create_future()
             if deadline is not None:
-                timer = self._loop.call_later(delay, _wake, waiter)
+                at = loop.time() + delay
+                if TICK_S:
+                    at = math.ceil(at / TICK_S) * TICK_S
+                timer = loop.call_at(at, _wake, waiter)
             self._timed = timer is not None
             try:
                 await waiter
