@@ -73,7 +73,7 @@ async def _new_key(gw: GatewayState, tenant: str) -> tuple[str, str]:
     return key, digest
 
 
-def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+def admin_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     what = {
         400: "A malformed key id (64 hexadecimal characters)",
         401: "Missing or wrong admin key",
@@ -94,7 +94,7 @@ def add_admin_routes(app: FastAPI) -> None:
         "/v1/tokenpace/admin/tenants",
         tags=tags,
         dependencies=deps,
-        responses=_responses(401, 503),
+        responses=admin_responses(401, 503),
     )
     async def list_tenants(request: Request) -> dict[str, Any]:
         gw = gw_of(request)
@@ -121,7 +121,7 @@ def add_admin_routes(app: FastAPI) -> None:
         tags=tags,
         dependencies=deps,
         status_code=201,
-        responses=_responses(401, 404, 503),
+        responses=admin_responses(401, 404, 503),
     )
     async def add_key(request: Request, tenant: str) -> JSONResponse:
         gw = gw_of(request)
@@ -137,7 +137,7 @@ def add_admin_routes(app: FastAPI) -> None:
         tags=tags,
         dependencies=deps,
         status_code=201,
-        responses=_responses(400, 401, 404, 503),
+        responses=admin_responses(400, 401, 404, 503),
     )
     async def rotate_key(request: Request, tenant: str, key_id: KeyId) -> JSONResponse:
         gw = gw_of(request)
@@ -157,7 +157,7 @@ def add_admin_routes(app: FastAPI) -> None:
         "/v1/tokenpace/admin/tenants/{tenant}/keys/{key_id}",
         tags=tags,
         dependencies=deps,
-        responses=_responses(400, 401, 404, 503),
+        responses=admin_responses(400, 401, 404, 503),
     )
     async def revoke_key(request: Request, tenant: str, key_id: KeyId) -> dict[str, Any]:
         gw = gw_of(request)

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Security
 
-from gateway.admin import admin_dependency
+from gateway.admin import admin_dependency, admin_responses
 from gateway.admission import store_unavailable
 from gateway.state import GatewayState
 from gateway.store import StoreUnavailable
@@ -85,6 +85,7 @@ def add_status_route(app: FastAPI) -> None:
         tags=["admin"],
         summary="Backends, requests in flight and queued, fair share per tenant",
         dependencies=[Security(admin_dependency)],
+        responses=admin_responses(401, 503),
     )
     async def admin_status(request: Request) -> dict[str, Any]:
         return await status(request.app.state.gateway)
