@@ -19,10 +19,11 @@ import secrets
 import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -51,6 +52,24 @@ class ConfigError(ValueError):
 def hash_key(key: str) -> str:
     """SHA-256 hex digest of an API key (how keys are stored and looked up)."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _sha256_hex(v: str | None) -> str | None:
+    if v is not None:
+        v = v.strip().lower()
+        if not _HEX64.match(v):
+            raise ValueError("must be 64 hexadecimal characters (a SHA-256 digest)")
+    return v
+
+
+Sha256Hex = Annotated[str | None, AfterValidator(_sha256_hex)]
+
+
+def _digest(plain: str | None, digest: str | None, names: tuple[str, str]) -> str | None:
+    """The digest of a secret given as plain text or as its digest (at most one)."""
+    if plain is not None and digest is not None:
+        raise ValueError(f"give at most one of '{names[0]}' or '{names[1]}'")
+    return hash_key(plain) if plain is not None else digest
 
 
 class _Strict(BaseModel):
@@ -96,16 +115,7 @@ class ApiKey(_Strict):
     """Exactly one of ``key`` (plain, hashed at load) or ``key_sha256`` (hex digest)."""
 
     key: str | None = Field(None, min_length=8, repr=False)
-    key_sha256: str | None = None
-
-    @field_validator("key_sha256")
-    @classmethod
-    def _hex(cls, v: str | None) -> str | None:
-        if v is not None:
-            v = v.strip().lower()
-            if not _HEX64.match(v):
-                raise ValueError("must be 64 hexadecimal characters (a SHA-256 digest)")
-        return v
+    key_sha256: Sha256Hex = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ApiKey:
@@ -332,22 +342,12 @@ class AdminConfig(_Strict):
     """The operator's key for ``/v1/tokenpace/admin/*`` and every tenant's QoE."""
 
     key: str | None = Field(None, repr=False, description="plain key (hashed at load)")
-    key_sha256: str | None = Field(None, description="SHA-256 hex digest of the admin key")
-
-    @field_validator("key_sha256")
-    @classmethod
-    def _hex(cls, v: str | None) -> str | None:
-        if v is not None and not _HEX64.match(v.lower()):
-            raise ValueError("must be 64 hexadecimal characters (a SHA-256 digest)")
-        return v.lower() if v else v
+    key_sha256: Sha256Hex = Field(None, description="SHA-256 hex digest of the admin key")
 
     @model_validator(mode="after")
     def _hash(self) -> AdminConfig:
-        if self.key is not None and self.key_sha256 is not None:
-            raise ValueError("give at most one of 'key' or 'key_sha256'")
-        if self.key is not None:
-            self.key_sha256 = hash_key(self.key)
-            self.key = None
+        self.key_sha256 = _digest(self.key, self.key_sha256, ("key", "key_sha256"))
+        self.key = None
         return self
 
 
@@ -384,22 +384,12 @@ class MetricsConfig(_Strict):
         None, ge=1, le=65535, description="serve /metrics only on this port (same host)"
     )
     token: str | None = Field(None, repr=False, description="plain token (hashed at load)")
-    token_sha256: str | None = Field(None, description="SHA-256 hex digest of the token")
-
-    @field_validator("token_sha256")
-    @classmethod
-    def _hex(cls, v: str | None) -> str | None:
-        if v is not None and not _HEX64.match(v.lower()):
-            raise ValueError("must be 64 hexadecimal characters (a SHA-256 digest)")
-        return v.lower() if v else v
+    token_sha256: Sha256Hex = Field(None, description="SHA-256 hex digest of the token")
 
     @model_validator(mode="after")
     def _hash(self) -> MetricsConfig:
-        if self.token is not None and self.token_sha256 is not None:
-            raise ValueError("give at most one of 'token' or 'token_sha256'")
-        if self.token is not None:
-            self.token_sha256 = hash_key(self.token)
-            self.token = None
+        self.token_sha256 = _digest(self.token, self.token_sha256, ("token", "token_sha256"))
+        self.token = None
         return self
 
 
