@@ -18,6 +18,7 @@ from typing import Any
 import openai
 from openai.resources.chat import AsyncChat, AsyncCompletions, Chat, Completions
 
+from tokenpace_client.settings import resolve
 from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
 
 _TIER_HEADER = "x-tokenpace-tier"
@@ -72,15 +73,9 @@ class _AsyncPacedChat(AsyncChat):
         return _AsyncPacedCompletions(self._client)
 
 
-def _pacing(unit: str, end: str, telemetry: Any) -> dict[str, Any]:
-    from tokenpace_client.settings import resolve
-
-    resolve({}, tds=None, ttft=None, unit=unit, end=end)  # ValueError naming a bad argument
-    return {"unit": unit, "end": end, "telemetry": telemetry}
-
-
-class OpenAI(openai.OpenAI):
-    """``openai.OpenAI`` whose streaming chat completions are paced (:class:`PacedStream`)."""
+class _TokenpaceOptions:
+    """What both drop-in clients add to openai's: ``tier=`` and the pacing options, kept
+    across ``copy``/``with_options``. Placed before openai's client in the bases."""
 
     def __init__(
         self,
@@ -91,9 +86,20 @@ class OpenAI(openai.OpenAI):
         telemetry: Any = True,
         **kwargs: Any,
     ) -> None:
+        resolve({}, tds=None, ttft=None, unit=unit, end=end)  # ValueError naming a bad argument
         self.tier = tier
-        self._tokenpace_pacing = _pacing(unit, end, telemetry)
+        self._tokenpace_pacing = {"unit": unit, "end": end, "telemetry": telemetry}
         super().__init__(*args, **kwargs)
+
+    def copy(self, *args: Any, _extra_kwargs: Any = None, **kwargs: Any) -> Any:
+        extra = {"tier": self.tier, **self._tokenpace_pacing, **(_extra_kwargs or {})}
+        return super().copy(*args, _extra_kwargs=extra, **kwargs)  # type: ignore[misc]
+
+    with_options = copy
+
+
+class OpenAI(_TokenpaceOptions, openai.OpenAI):
+    """``openai.OpenAI`` whose streaming chat completions are paced (:class:`PacedStream`)."""
 
     @cached_property
     def chat(self) -> _PacedChat:  # type: ignore[override]
@@ -102,28 +108,9 @@ class OpenAI(openai.OpenAI):
     def _prepare_options(self, options: Any) -> Any:
         return _with_default_tier(super()._prepare_options(options), self.tier)
 
-    def copy(self, *args: Any, _extra_kwargs: Any = None, **kwargs: Any) -> Any:
-        extra = {"tier": self.tier, **self._tokenpace_pacing, **(_extra_kwargs or {})}
-        return super().copy(*args, _extra_kwargs=extra, **kwargs)
 
-    with_options = copy
-
-
-class AsyncOpenAI(openai.AsyncOpenAI):
+class AsyncOpenAI(_TokenpaceOptions, openai.AsyncOpenAI):
     """``openai.AsyncOpenAI`` whose streaming chat completions are paced (async)."""
-
-    def __init__(
-        self,
-        *args: Any,
-        tier: str | None = None,
-        unit: str = "token",
-        end: str = "drain",
-        telemetry: Any = True,
-        **kwargs: Any,
-    ) -> None:
-        self.tier = tier
-        self._tokenpace_pacing = _pacing(unit, end, telemetry)
-        super().__init__(*args, **kwargs)
 
     @cached_property
     def chat(self) -> _AsyncPacedChat:  # type: ignore[override]
@@ -131,12 +118,6 @@ class AsyncOpenAI(openai.AsyncOpenAI):
 
     async def _prepare_options(self, options: Any) -> Any:
         return _with_default_tier(await super()._prepare_options(options), self.tier)
-
-    def copy(self, *args: Any, _extra_kwargs: Any = None, **kwargs: Any) -> Any:
-        extra = {"tier": self.tier, **self._tokenpace_pacing, **(_extra_kwargs or {})}
-        return super().copy(*args, _extra_kwargs=extra, **kwargs)
-
-    with_options = copy
 
 
 __all__ = ["AsyncOpenAI", "AsyncPacedStream", "OpenAI", "PacedStream"]
