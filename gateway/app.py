@@ -833,9 +833,8 @@ def _add_routes(app: FastAPI) -> None:
         body = await request.body()
         auth = request.headers.get("authorization")
         try:
-            if auth:
-                tenant = await authenticate(gw, auth)
-                _info(request)["tenant"] = tenant.name
+            if auth:  # the key BodyGate checked before reading the body
+                tenant = await tenant_dependency(request, credentials)
                 result = await gw.telemetry.report(tenant.name, body)
             else:
                 check_size(body, gw.config.telemetry.max_body_bytes)
