@@ -755,6 +755,25 @@ class Bench:
         )
         return self.measure(target, spec)
 
+    def per_request(self, target: str) -> dict[str, Any]:
+        """Requests of one token each: the proxy's CPU per request, relay nearly excluded."""
+        a = self.args
+        spec = self.spec(
+            target,
+            model="tps-0",
+            tokens=1,
+            concurrency=a.request_concurrency,
+            ramp_s=0.0,
+            record_s=3600.0,
+            stop_s=3600.0,
+            requests=a.requests,
+        )
+        res = self.measure(target, spec)
+        done = max(res["streams_completed"], 1)
+        if "server_cpu_s" in res:
+            res["cpu_ms_per_request"] = res["server_cpu_s"] / done * 1000
+        return res
+
     def memory(self) -> dict[str, Any]:
         a = self.args
         gw = self.servers["gateway"]
@@ -860,6 +879,14 @@ def summarize(results: dict[str, Any], targets: list[str], ns: list[int]) -> lis
         }
         cut = {t: by[t]["fixed"]["streams_cut"] for t in targets if t in by}
         lines += ["", f"errors: {errors}; fixed-rate streams cut off unfinished: {cut}", ""]
+    per = results.get("per_request", {})
+    if per:
+        lines += ["| target | CPU ms / request (one token) | requests | errors |"]
+        lines += ["| --- | --- | --- | --- |"]
+        for t, r in per.items():
+            cpu = _fmt(r.get("cpu_ms_per_request"), ".3f")
+            lines.append(f"| {t} | {cpu} | {r['streams_completed']} | {r['errors']} |")
+        lines.append("")
     return lines
 
 
@@ -901,6 +928,7 @@ def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]
                     "met": lr >= 2,
                 }
             )
+    checks += _cost_checks(results, ns)
     mem = results.get("memory")
     if mem:
         checks.append(
@@ -910,6 +938,44 @@ def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]
                 "met": abs(mem["change_pct"]) <= 10,
             }
         )
+    return checks
+
+
+def _cost_checks(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]]:
+    """The gateway's own cost against the stack floor's, measured in the same run."""
+    checks: list[dict[str, Any]] = []
+    per = results.get("per_request", {})
+    if "gateway" in per and "floor" in per:
+        own = per["gateway"]["cpu_ms_per_request"] - per["floor"]["cpu_ms_per_request"]
+        checks.append(
+            {"target": "CPU per request above the floor <= 1 ms", "measured": own, "met": own <= 1}
+        )
+    for m in ns:
+        b = results["runs"][str(m)]
+        if "gateway" not in b or "floor" not in b:
+            continue
+        gw, floor = b["gateway"]["fixed"], b["floor"]["fixed"]
+        ratio = gw["cpu_s_per_1k_tokens"] / floor["cpu_s_per_1k_tokens"]
+        checks.append(
+            {
+                "target": f"CPU per token <= 1.15x the floor's at {m}",
+                "measured": ratio,
+                "met": ratio <= 1.15,
+            }
+        )
+        if m == 64:
+            d = b["direct"]["fixed"]
+            gw_add = _added(gw, d, "ttft_ms", "p50")
+            floor_add = _added(floor, d, "ttft_ms", "p50")
+            if gw_add is not None and floor_add is not None:
+                extra = gw_add - floor_add
+                checks.append(
+                    {
+                        "target": "added TTFT p50 at 64 <= the floor's + 1 ms",
+                        "measured": extra,
+                        "met": extra <= 1,
+                    }
+                )
     return checks
 
 
@@ -945,6 +1011,8 @@ def run(args: argparse.Namespace) -> int:
                 "sat_warm_s",
                 "sat_repeats",
                 "memory_requests",
+                "requests",
+                "request_concurrency",
             )
         },
         "runs": {},
@@ -981,6 +1049,13 @@ def run(args: argparse.Namespace) -> int:
                 runs[t]["saturation"] = ranked[len(ranked) // 2]
                 runs[t]["saturation_chunks_per_s"] = [r["chunks_per_s"] for r in reps[t]]
             results["runs"][str(n)] = runs
+        if args.requests > 0:
+            per: dict[str, Any] = {}
+            for t in (t for t in active if t in ("floor", "gateway")):
+                _say(out, f"{t}: {args.requests} one-token requests ...")
+                per[t] = r = bench.per_request(t)
+                _say(out, f"  {_fmt(r.get('cpu_ms_per_request'), '.3f')} ms CPU per request")
+            results["per_request"] = per
         if "gateway" in bench.servers and args.memory_requests > 0:
             _say(out, f"memory: {args.memory_requests} requests through the gateway ...")
             results["memory"] = bench.memory()
@@ -1020,6 +1095,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sat-s", type=float, default=6.0, help="saturation window, s")
     p.add_argument("--sat-warm-s", type=float, default=2.0, help="saturation warm-up, s")
     p.add_argument("--sat-repeats", type=int, default=3, help="saturation runs (median kept)")
+    p.add_argument(
+        "--requests", type=int, default=3000, help="one-token requests for CPU per request"
+    )
+    p.add_argument("--request-concurrency", type=int, default=8)
     p.add_argument("--memory-requests", type=int, default=10_000)
     p.add_argument("--memory-tokens", type=int, default=20, help="tokens per memory-run stream")
     p.add_argument("--memory-concurrency", type=int, default=64)
