@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint format bench-qoe clean run vllm system-deps bench-gateway webui sdk-web
+.PHONY: venv test lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,14 @@ $(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml
 
 venv: $(STAMP)
 
+# What mypy checks (configuration: pyproject.toml, [tool.mypy]); add a package here once
+# it passes.
+MYPY_PATHS := qos
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(MYPY_PATHS)
 
 format: venv
 	$(BIN)/ruff check --fix .
@@ -29,6 +34,11 @@ format: venv
 # bench use (.models/tiny-llama, .models/small-llama); idempotent, scripts/setup-vllm.sh.
 vllm:
 	PYTHON=$(PYTHON) scripts/setup-vllm.sh
+
+# The vLLM plugin checked against vLLM's own types: `make lint` runs before vLLM is
+# installed and sees it as untyped (pyproject.toml); this run sees the real thing.
+mypy-vllm: venv vllm
+	$(BIN)/mypy --python-executable .venv-vllm/bin/python --follow-imports=silent qos/vllm
 
 # System packages the tests use (redis-server, chromium and espeak-ng, from Debian); a no-op
 # when present. Node.js >= 20 must be there already (scripts/check-node.sh says so).
@@ -61,7 +71,7 @@ webui/.built: webui/node_modules/.installed $(WEBUI_SOURCES)
 webui: webui/.built
 
 # Python tests, then the web SDK's unit tests, then the pages in Chromium (webui/test/).
-test: venv lint vllm system-deps sdk-web webui
+test: venv lint vllm mypy-vllm system-deps sdk-web webui
 	$(BIN)/pytest -q
 	cd sdk_web && $(NPM) test
 	cd webui && $(NPM) test
@@ -88,4 +98,4 @@ run: venv webui
 	$(BIN)/tokenpace serve --host $(HOST) --port $(PORT)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache webui/dist webui/.built webui/test-artifacts
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache webui/dist webui/.built webui/test-artifacts
