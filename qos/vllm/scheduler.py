@@ -6,7 +6,7 @@ does (token budget, chunked prefill, KV block allocation, prefix caching, the
 those mechanisms get to work on. Each iteration:
 
 1. **Table.** A :class:`~qos.policy.table.RequestTable` row per live request, added in
-   ``add_request`` (tags from ``sampling_params.extra_args``, :mod:`qos.vllm.tags`),
+   ``add_request`` (tags from ``sampling_params.extra_args``, :mod:`qos.tags`),
    removed in ``_free_request`` (finished or aborted); running flags are synced from
    vLLM's ``running`` list before the decision (vLLM may have preempted on its own).
 2. **Decision.** The configured qos policy (by default Andes as tokenpace ships it,
@@ -80,9 +80,9 @@ from qos.latency import LatencyProfile, get_profile  # noqa: E402
 from qos.policy.andes import Andes  # noqa: E402
 from qos.policy.base import Policy  # noqa: E402
 from qos.policy.table import Capacity, RequestTable  # noqa: E402
+from qos.tags import decode_tags  # noqa: E402
 from qos.vllm.config import PluginConfig  # noqa: E402
 from qos.vllm.online import OnlineProfile  # noqa: E402
-from qos.vllm.tags import parse_tags  # noqa: E402
 
 logger = init_logger("vllm.tokenpace")  # under "vllm": vLLM configures its handlers
 
@@ -233,7 +233,7 @@ class AndesScheduler(TimedScheduler):
         if known or request.request_id not in self.requests:
             return  # a streaming-input continuation of a request already in the table
         extra = request.sampling_params.extra_args if request.sampling_params else None
-        tags, problems = parse_tags(extra, self.qos_config.defaults)
+        tags, problems = decode_tags(extra, self.qos_config.defaults)
         if problems:
             logger.warning("request %s: %s", request.request_id, "; ".join(problems))
         row = self.table.add(
