@@ -4,18 +4,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web
+.PHONY: venv constraints test lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# The server and, next to it, the client distribution (sdk_python/, tokenpace-client).
-$(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev]' -e './sdk_python[openai]'
+# The server and, next to it, the client distribution (sdk_python/, tokenpace-client), at
+# the versions the tests passed with: constraints.txt, `make constraints` after a change.
+$(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml constraints.txt
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]' -e './sdk_python[openai]'
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# Rewrite constraints.txt from .venv (everything but the project's own editable packages):
+# after changing a dependency, `make venv constraints`, run the tests, commit both.
+constraints: venv
+	{ echo "# pip constraints: the versions \`make venv\` installs (\`make constraints\` writes it)"; \
+	  $(BIN)/pip freeze --exclude-editable; } > constraints.txt
 
 # What mypy checks (configuration: pyproject.toml, [tool.mypy]); add a package here once
 # it passes.
