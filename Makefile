@@ -45,7 +45,8 @@ vllm:
 # The vLLM plugin checked against vLLM's own types: `make lint` runs before vLLM is
 # installed and sees it as untyped (pyproject.toml); this run sees the real thing.
 mypy-vllm: venv vllm
-	$(BIN)/mypy --python-executable .venv-vllm/bin/python --follow-imports=silent qos/vllm
+	$(BIN)/mypy --python-executable .venv-vllm/bin/python --follow-imports=silent \
+		--cache-dir .mypy_cache/vllm qos/vllm
 
 # System packages the tests use (redis-server, chromium and espeak-ng, from Debian); a no-op
 # when present. Node.js >= 20 must be there already (scripts/check-node.sh says so).
