@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,27 +52,6 @@ from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavaila
 log = logging.getLogger("tokenpace.gateway.admission")
 
 _STORE_TIMEOUT_S = 2.0  # a store call that takes longer is abandoned (never hangs a request)
-_CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb for English text
-
-
-def estimate_prompt_tokens(raw: dict[str, Any]) -> int:
-    """Prompt tokens, estimated from the text (the gateway has no tokenizer): chars / 4."""
-    chars = 0
-
-    def text(value: Any) -> int:
-        if isinstance(value, str):
-            return len(value)
-        if isinstance(value, list):
-            return sum(text(v) for v in value)
-        if isinstance(value, dict):
-            return text(value.get("text")) + text(value.get("content"))
-        return 0
-
-    for msg in raw.get("messages") or ():
-        if isinstance(msg, dict):
-            chars += text(msg.get("content")) + 4 * _CHARS_PER_TOKEN  # role and framing
-    chars += text(raw.get("prompt"))
-    return max(1, math.ceil(chars / _CHARS_PER_TOKEN))
 
 
 def tenant_limits(t: TenantConfig) -> Limits:

@@ -54,7 +54,6 @@ from gateway.admin_status import add_status_route
 from gateway.admission import (
     AdmissionController,
     Ticket,
-    estimate_prompt_tokens,
     store_unavailable,
 )
 from gateway.backends import (
@@ -99,6 +98,7 @@ from gateway.streaming import StreamRelay
 from gateway.telemetry import Telemetry, TelemetryReport, check_size
 from gateway.telemetry_token import TOKEN_HEADER, TelemetryTokens, missing_credentials, split_token
 from gateway.tiers import TIER_HEADER, resolve_tier
+from qos.prompt_tokens import estimate_prompt_tokens
 
 T = TypeVar("T")
 log = logging.getLogger("tokenpace.gateway")

@@ -30,6 +30,8 @@ from typing import Literal
 
 import numpy as np
 
+from qos.prompt_tokens import estimate_text_tokens
+
 PROMPT_TOKEN_ESTIMATE = "chars/4: max(1, round(len(prompt) / 4))"
 """How :func:`load_andes_trace` counts prompt tokens; quote it next to any result."""
 
@@ -113,11 +115,6 @@ TIERS = {t.name: t for t in (CHAT, VOICE, FAST, BATCH)}
 """The gateway's default tiers (``gateway.config.DEFAULT_TIERS``), by name."""
 
 
-def estimate_prompt_tokens(prompt: str) -> int:
-    """Prompt tokens by the chars/4 estimate: ``max(1, round(len(prompt) / 4))``."""
-    return max(1, round(len(prompt) / 4))
-
-
 def default_trace_path() -> Path:
     """``$TOKENPACE_TRACE`` if set, else the shipped CSV (:data:`DEFAULT_TRACE`)."""
     env = os.environ.get(TRACE_ENV)
@@ -184,7 +181,7 @@ def _json_rows(text: str, p: Path) -> list[dict]:
     for i, e in enumerate(raw):
         if not isinstance(e, dict) or not isinstance(e.get("prompt"), str):
             raise ValueError(f"path: entry {i} of {p} is malformed (no prompt text)")
-        rows.append({**e, "prompt_tokens": estimate_prompt_tokens(e["prompt"])})
+        rows.append({**e, "prompt_tokens": estimate_text_tokens(e["prompt"])})
     return rows
 
 
