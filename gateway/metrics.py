@@ -22,17 +22,11 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   ``tokenpace_backend_waiting_time_seconds{backend}`` (the routing estimate): read
   from the router at scrape time.
 
-Several workers (``tokenpace serve --workers N``, :mod:`gateway.workers`) share one
-registry through ``prometheus_client.multiprocess``: each process writes its series to
-files in ``$PROMETHEUS_MULTIPROC_DIR`` and a scrape, answered by any worker, reads them
-all. Counters and histograms are summed over the workers (exited ones included);
-``requests_in_flight`` over the live ones. Each worker's router has its own view of the
-backends, so there the backend series are gauges that the worker publishes
-(:meth:`GatewayMetrics.publish_backends`, every second and at a scrape): in flight,
-outstanding tokens and the waiting time summed over the live workers (the waiting
-time of all their work, Θ being the backend's), ``healthy`` their minimum (0 when one
-worker finds the backend down). Collectors of other kinds (telemetry's, read from the
-shared store) are collected in the process that answers.
+Several workers (``tokenpace serve --workers N``) share one view through
+``prometheus_client.multiprocess``: each process writes to ``$PROMETHEUS_MULTIPROC_DIR``
+and any worker's scrape reads every file (docs/architecture.md, "Worker processes", says
+how each series combines). The backend series are then gauges each worker publishes
+(:meth:`GatewayMetrics.publish_backends`).
 """
 
 from __future__ import annotations

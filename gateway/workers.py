@@ -1,26 +1,13 @@
-"""``tokenpace serve --workers N``: N gateway processes serving one port.
+"""``tokenpace serve --workers N``: N gateway processes on one port (docs/architecture.md,
+"Worker processes").
 
-The supervisor (the ``serve`` process) binds the sockets, then runs uvicorn's own
-multi-process supervisor (``uvicorn.supervisors.Multiprocess``, what ``uvicorn
---workers`` runs): N spawned workers accept on the shared sockets, a worker that dies is
-replaced, SIGINT/SIGTERM stop them all. uvicorn pickles its configuration into each
-worker, so what a worker needs travels there as data: the gateway configuration in a
-:class:`WorkerSpec` (the app factory, :func:`worker_app`, builds the app from it in the
-worker) and the connection limits of :mod:`gateway.server` in a :class:`WorkerProtocol`.
-Both carry the configuration as pickled bytes, and this module imports the gateway only
-inside its functions: a new worker unpickles them before it answers the supervisor's
-health pings, and must do so quickly.
-
-- **Shared state.** The workers share admission, rate limits, keys and request ids
-  through the store, so N > 1 needs Redis (``store.redis_url``); the in-memory store is
-  refused (:func:`check_shared_store`).
-- **Metrics.** ``$PROMETHEUS_MULTIPROC_DIR`` is a fresh directory per serve, removed at
-  the end; the supervisor marks each worker that exits dead
-  (``prometheus_client.multiprocess.mark_process_dead``), and each worker publishes its
-  view of the backends every :data:`PUBLISH_INTERVAL_S` (:mod:`gateway.metrics` says how
-  each series combines).
-- **Embedded engines** run once, in the supervisor (:mod:`gateway.engine_server`); the
-  workers reach them over loopback HTTP.
+uvicorn's own supervisor (``uvicorn.supervisors.Multiprocess``) runs the workers on the
+sockets ``serve`` bound; :class:`Supervisor` adds ``mark_process_dead`` for the metrics
+(``$PROMETHEUS_MULTIPROC_DIR``, fresh per serve). uvicorn pickles its configuration into
+each worker, so the gateway configuration travels as data (:class:`WorkerSpec`,
+:class:`WorkerProtocol`), as pickled bytes: this module imports the gateway only inside
+its functions, so that a new worker answers the supervisor's health pings quickly.
+Embedded engines run once, in the supervisor (:mod:`gateway.engine_server`).
 """
 
 from __future__ import annotations
@@ -153,22 +140,31 @@ class Supervisor(Multiprocess):
 
     def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
         super().__init__(config, sockets)
+        self._seen: set[int] = set()
         self._reaped: set[int] = set()
         self.startup_failed = False
 
-    def _reap(self, gone: list[int]) -> None:
+    def _remember(self) -> None:
+        self._seen.update(p.pid for p in self.processes if p.pid is not None)
+
+    def _reap(self, everyone: bool = False) -> None:
+        """Mark the workers seen so far that are gone (``everyone``: all of them) dead."""
         from prometheus_client.multiprocess import mark_process_dead
 
-        for pid in gone:
-            if pid not in self._reaped:
-                self._reaped.add(pid)
-                mark_process_dead(pid)
+        self._remember()
+        alive = set() if everyone else {p.pid for p in self.processes if p.exitcode is None}
+        for pid in sorted(self._seen - alive - self._reaped):
+            self._reaped.add(pid)
+            mark_process_dead(pid)
+
+    def handle_signals(self) -> None:
+        self._remember()
+        super().handle_signals()  # SIGHUP, SIGTTOU: workers replaced or removed
 
     def keep_subprocess_alive(self) -> None:
-        before = {p.pid for p in self.processes if p.pid is not None}
-        super().keep_subprocess_alive()
-        alive = {p.pid for p in self.processes if p.exitcode is None}
-        self._reap(sorted(before - alive))
+        self._remember()
+        super().keep_subprocess_alive()  # replaces the workers that died
+        self._reap()
         if any(p.exitcode == STARTUP_FAILURE for p in self.processes):
             self.startup_failed = True
 
@@ -176,7 +172,7 @@ class Supervisor(Multiprocess):
         try:
             super().run()
         finally:
-            self._reap([p.pid for p in self.processes if p.pid is not None])
+            self._reap(everyone=True)
 
 
 class WorkerPool:

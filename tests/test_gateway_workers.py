@@ -29,6 +29,7 @@ from redis_server import RedisServer, free_port
 from gateway.cli import serve
 
 KEY = "tp-workers-key-acme-0001"
+ADMIN_KEY = "tp-workers-admin-0001"
 MODEL = "tokenpace-sim"
 HELLO = [{"role": "user", "content": "Hello!"}]
 
@@ -46,6 +47,7 @@ def _config_file(port: int, redis_url: str | None) -> str:
             }
         ],
         "health": {"interval_s": 0.5, "timeout_s": 0.5},
+        "admin": {"key": ADMIN_KEY},
     }
     if redis_url is not None:
         config["store"] = {"redis_url": redis_url}
@@ -220,6 +222,14 @@ def test_two_workers_serve_and_metrics_sum_over_them(pool: Pool) -> None:
     assert _total(after, "tokenpace_requests_in_flight", endpoint="chat.completions") == 0
     assert _total(after, "tokenpace_backend_healthy", backend="sim") == 1
     assert _total(after, "tokenpace_backend_in_flight", backend="sim") == 0
+    # the admin status document reads the same combined series
+    status = httpx.get(
+        f"{url}/v1/tokenpace/admin/status", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    ).json()
+    assert status["tenants"]["acme"]["requests"] == served
+    assert status["tenants"]["acme"]["output_tokens"] == _total(
+        after, "tokenpace_output_tokens_total", tenant="acme"
+    )
 
 
 def test_backend_gauges_add_up_the_workers_in_flight(pool: Pool) -> None:
