@@ -8,6 +8,7 @@ metric files (``prometheus_client.multiprocess``, one file per process id).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -273,7 +274,19 @@ def test_the_embedded_engine_runs_once_in_the_supervisor(pool: Pool) -> None:
     assert [m.owned_by for m in models.data] == ["tokenpace-simulation"]
 
 
+@pytest.fixture
+def tokenpace_logger() -> Iterator[None]:
+    """``serve`` configures the ``tokenpace`` logger; put it back for the tests after."""
+    logger = logging.getLogger("tokenpace")
+    handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.propagate = propagate
+    logger.setLevel(level)
+
+
 @pytest.mark.parametrize("with_file", [True, False])
+@pytest.mark.usefixtures("tokenpace_logger")
 def test_the_memory_store_is_refused(
     with_file: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
