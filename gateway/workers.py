@@ -60,7 +60,7 @@ def check_shared_store(config: GatewayConfig, workers: int) -> None:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What a worker builds its app from (pickled into it by uvicorn)."""
+    """What a worker builds its app from (pickled, in uvicorn's configuration)."""
 
     config: GatewayConfig  # embedded engines already replaced by their HTTP address
     cards: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # name -> cards
@@ -75,9 +75,6 @@ class WorkerProtocol:
     def __init__(self, config: GatewayConfig) -> None:
         self._config = pickle.dumps(config)
         self._cls: type[GuardedHttpToolsProtocol] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_config": self._config, "_cls": None}
 
     def __call__(self, **kwargs: Any) -> GuardedHttpToolsProtocol:
         if self._cls is None:
@@ -215,9 +212,10 @@ class WorkerPool:
         metrics_dir = tempfile.mkdtemp(prefix="tokenpace-metrics-")
         previous = os.environ.get(MULTIPROC_ENV)
         os.environ[MULTIPROC_ENV] = metrics_dir  # read by the workers' prometheus_client
-        server = EngineServer(self.engines, self.config) if self.engines else None
+        server: EngineServer | None = None
         try:
-            if server is not None:
+            if self.engines:
+                server = EngineServer(self.engines, self.config)
                 server.start()
             spec = self._spec(server)
             config = uvicorn.Config(
@@ -225,7 +223,7 @@ class WorkerPool:
                 factory=True,
                 workers=self.workers,
                 timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
-                http=WorkerProtocol(spec.config),  # type: ignore[arg-type]
+                http=WorkerProtocol(spec.config),  # type: ignore[arg-type]  # called as a class
                 ws="none",
                 lifespan="on",
                 access_log=False,
