@@ -52,8 +52,14 @@ _STARTUP_S = 30.0
 
 
 def _error(exc: BackendError) -> JSONResponse:
+    """``exc`` as an HTTP answer. A 5xx the engine does not blame on its health (it is
+    full) goes out as 429: the gateway then tries another backend, or answers it, without
+    marking this one down, as it would with the engine in process."""
+    status = exc.status
+    if status >= 500 and exc.retryable and not exc.unhealthy:
+        status = 429
     headers = {"Retry-After": f"{exc.retry_after_s:g}"} if exc.retry_after_s else None
-    return JSONResponse(exc.body, status_code=exc.status, headers=headers)
+    return JSONResponse(exc.body, status_code=status, headers=headers)
 
 
 def _context(body: Mapping[str, Any], endpoint: Endpoint, request: Request) -> RequestContext:

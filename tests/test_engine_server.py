@@ -20,7 +20,8 @@ HELLO = [{"role": "user", "content": "Hello!"}]
 @pytest.fixture(scope="module")
 def server() -> Iterator[EngineServer]:
     config, _ = demo_config(backends=[])
-    s = EngineServer([EmbeddedEngine("sim", time_scale=8)], config)
+    one_at_a_time = EmbeddedEngine("one", time_scale=8, max_sequences=1)
+    s = EngineServer([EmbeddedEngine("sim", time_scale=8), one_at_a_time], config)
     s.start()
     yield s
     s.stop()
@@ -57,3 +58,16 @@ def test_refusals_are_openai_errors(server: EngineServer) -> None:
     assert bad.status_code == 400 and "JSON object" in bad.json()["error"]["message"]
     missing = httpx.post(f"{server.url('nope')}/chat/completions", json={})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_full_engine_answers_429_not_a_failure(server: EngineServer) -> None:
+    client = openai.OpenAI(base_url=server.url("one"), api_key="unused", max_retries=0)
+    running = client.chat.completions.create(
+        model=DEMO_MODEL, messages=HELLO, stream=True, max_tokens=500
+    )
+    next(iter(running))  # its one sequence is in the engine
+    with pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(model=DEMO_MODEL, messages=HELLO, max_tokens=5)
+    assert err.value.code == "engine_overloaded"
+    running.close()
+    assert httpx.get(f"{server.url('one')}/health").status_code == 200
