@@ -148,12 +148,16 @@ class AdmissionController:
             registry=r,
         )
         self.m_waiting = Gauge(
-            "tokenpace_queue_waiting", "requests waiting in this replica's queue", registry=r
+            "tokenpace_queue_waiting",
+            "requests waiting in this replica's queue",
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.m_counter = Gauge(
             "tokenpace_vtc_counter",
             "virtual token counter (VTC) per tenant, as this replica last saw it",
             ["tenant"],
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
 
