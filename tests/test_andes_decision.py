@@ -26,17 +26,17 @@ LLAMA = get_profile("llama-3.1-8b-h100")
 
 
 def reference_pack(
-    policy: Andes,
     table: RequestTable,
+    levels: np.ndarray | None,
+    asks: np.ndarray | None,
     order: np.ndarray,
     demand: np.ndarray,
     kv_tokens: int,
     max_batch: int,
 ) -> np.ndarray:
-    """Greedy packing with skip (Algorithm 1); with tenant levels, once a waiting row does
+    """Greedy packing with skip (Algorithm 1); with tenant levels, once an asking row does
     not fit, waiting rows of higher levels are passed over (qos/policy/fair.py)."""
-    levels = policy.shares.levels(table) if policy.shares is not None else None
-    if levels is None:
+    if levels is None or asks is None:
         return pack_in_order(order, demand, kv_tokens, max_batch, table.n)
     chosen = np.zeros(table.n, dtype=bool)
     used = count = 0
@@ -50,7 +50,7 @@ def reference_pack(
             chosen[row] = True
             used += int(demand[row])
             count += 1
-        elif not table.running[row]:
+        elif asks[row]:
             blocked_above = min(blocked_above, levels[row])
     return chosen
 
@@ -71,12 +71,23 @@ def reference_schedule(
     count = min(policy.batch_candidates, b_max - b_min + 1)
     sizes = sorted({round(b_min + (b_max - b_min) * i / max(count - 1, 1)) for i in range(count)})
     context_s = policy.profile.per_context_token_s * float(demand.mean())
+    tau = float(policy.profile.decode_s(b_max)) + context_s * b_max
+    times = list(policy._finished_at)
+    wait = policy.horizon_s
+    if len(times) >= 2 and times[-1] > times[0]:
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        wait = min((int((~running).sum()) + 1) / rate, policy.horizon_s)
+    if wait < policy.horizon_s:  # Q_wait: served after the wait (a preempted one recomputes)
+        delay = wait + np.where(running, policy.profile.prefill_per_token_s * table.context, 0.0)
+        forecast.q_wait = forecast.q_serve_after(delay, tau)
+    fresh = ~running & (table.col("output") == 0)
+    asks = fresh & (forecast.q_serve(tau) - forecast.q_wait > 1e-9)
+    levels = policy.shares.levels(table, asks) if policy.shares is not None else None
     best, best_value, best_order = None, -np.inf, None
     for b in sizes:
         gain = policy.gains(forecast, now, float(policy.profile.decode_s(b)) + context_s * b)
         if policy.preemption_cost:
             gain = gain - policy.stall_charge(forecast, gain, running)
-        levels = policy.shares.levels(table) if policy.shares is not None else None
         if levels is None:
             order = policy.packing_order(table, gain / demand)
         else:  # lowest level first, then Andes's order
@@ -84,7 +95,7 @@ def reference_schedule(
         if policy.solver is not None:
             chosen = policy.solver(gain, demand, packing.kv_tokens, b)
         else:
-            chosen = reference_pack(policy, table, order, demand, packing.kv_tokens, b)
+            chosen = reference_pack(table, levels, asks, order, demand, packing.kv_tokens, b)
         value = float(gain[chosen].sum())
         if value > best_value:
             best, best_value, best_order = chosen, value, order
@@ -104,7 +115,7 @@ def reference_schedule(
     room = int(policy.kv_watermark * capacity.kv_tokens) - used
     if room > 0 and slots > 0:
         admissions = best_order[(best & ~running)[best_order]]
-        packed |= reference_pack(policy, table, admissions, demand, room, slots)
+        packed |= reference_pack(table, levels, asks, admissions, demand, room, slots)
     policy.preemptions += int((running & ~packed).sum())
     return packed
 
@@ -200,6 +211,14 @@ def test_random_decisions_match_reference(
     kv = max(1, int(kv_scale * max(full.kv_tokens, int(table.demand.sum()) // 4)))
     policy = POLICIES[policy_name](profile)
     policy.arrivals = arrivals
+    finish_gap = float(rng.choice([0.0, 0.01, 0.2, 5.0]))  # W: none, short, long, past Δt
+    if finish_gap:
+        done = RequestTable()
+        for i in range(8):
+            row = done.add(f"d{i}", arrival=0.0, prompt_tokens=1, ttft=1.0, tds=5.0)
+            policy.on_arrival(done, row, 0.0)
+            policy.on_finish(done, row, now - finish_gap * (8 - i))
+        policy.arrivals = arrivals
     assert_same_decisions(policy, table, Capacity(kv, max_batch, block_size), now)
 
 

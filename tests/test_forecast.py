@@ -114,3 +114,45 @@ def test_fused_q_serve_matches_the_reference_composition(seed, tau, horizon, kin
     np.testing.assert_allclose(forecast.q_serve(tau), reference, rtol=1e-9, atol=1e-9)
     waiting = score(kind, digested_area_at(forecast.state, h), forecast.expected)
     np.testing.assert_allclose(forecast.q_wait, waiting, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), tau=st.floats(0.005, 2.0), wait=st.floats(0.0, 40.0))
+def test_served_after_a_wait_matches_the_reference_composition(seed, tau, wait):
+    """Forecast.q_serve_after(W) = the same stream started W later; W = 0 is Q_serve, and
+    a wait past the horizon is Q_wait; a longer wait never scores higher."""
+    rng = np.random.default_rng(seed)
+    rows, now, horizon = 64, 50.0, 20.0
+    n = rng.integers(0, 40, rows).astype(float)
+    tds = rng.uniform(0.5, 30.0, rows)
+    last = np.where(n > 0, now + rng.uniform(-20.0, 10.0, rows), -1e18)
+    forecast = Forecast.build(
+        kind="andes",
+        n=n,
+        dig_sum=np.where(n > 0, n * (last - 0.5 * (n - 1) / tds), 0.0),
+        dig_last=last,
+        tds=tds,
+        ttft=rng.uniform(0.0, 3.0, rows),
+        arrival=now - rng.uniform(0.0, 40.0, rows),
+        now=now,
+        horizon=now + horizon,
+        first_delay=np.where(rng.random(rows) < 0.5, 0.0, rng.uniform(0.0, 2.0, rows)),
+        remaining=np.full(rows, np.inf),
+    )
+    delay = np.full(rows, wait)
+    h = now + horizon
+    t0 = forecast.first_delay + now + wait + tau
+    k = np.floor(np.maximum(h - (t0 - tau), 0.0) / tau)
+    reference = score(
+        "andes", digested_area_at(append_stream(forecast.state, t0, tau, k), h), forecast.expected
+    )
+    later = forecast.q_serve_after(delay, tau)
+    np.testing.assert_allclose(later, reference, rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(
+        forecast.q_serve_after(np.zeros(rows), tau), forecast.q_serve(tau)
+    )
+    np.testing.assert_allclose(
+        forecast.q_serve_after(np.full(rows, horizon), tau), forecast.q_wait, rtol=1e-12
+    )
+    worse = forecast.q_serve_after(delay + 1.0, tau) - later
+    assert worse.max() <= 1e-9, worse.max()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -903,10 +904,12 @@ def test_levels_pack_the_tenant_ahead_after_the_one_behind():
     plain = Andes(FAST, horizon_s=10.0).schedule(table, capacity, now=10.0)
     assert sorted(table.keys[r] for r in np.flatnonzero(plain)) == ["a0", "a1", "a2"]
     policy.shares.vtc.charge("a", 1.0, output_tokens=20)  # a: 40, within b + 50
-    assert policy.shares.levels(table) is None
+    assert policy.shares.levels(table, ~table.running) is None
     np.testing.assert_array_equal(policy.schedule(table, capacity, 10.0), plain)
     policy.shares.vtc.charge("a", 1.0, output_tokens=10)  # a: 60 > 0 + 50: b goes first
-    np.testing.assert_array_equal(policy.shares.levels(table), [k[0] == "a" for k in table.keys])
+    np.testing.assert_array_equal(
+        policy.shares.levels(table, ~table.running), [k[0] == "a" for k in table.keys]
+    )
     mask = policy.schedule(table, capacity, 10.0)
     assert sorted(table.keys[r] for r in np.flatnonzero(mask)) == ["b0", "b1", "b2"]
 
@@ -921,7 +924,9 @@ def test_a_tenant_with_nothing_waiting_sets_no_level():
     for r in range(table.n):
         policy.on_arrival(table, r, 0.0)
     policy.shares.vtc.charge("b", 1.0, output_tokens=100)  # b: 200, c: 0, a: live 11/4
-    levels = dict(zip(table.keys, policy.shares.levels(table).tolist(), strict=True))
+    levels = dict(
+        zip(table.keys, policy.shares.levels(table, ~table.running).tolist(), strict=True)
+    )
     assert levels == {"a0": 0.0, "b0": 4.0, "c0": 0.0}  # b: ⌊(200 − 0) / 50⌋
 
 
@@ -1231,3 +1236,80 @@ def test_registry_builds_every_named_policy_and_names_the_choices():
     assert (paper.preemption_cap, paper.preemption_cost) == (1.0, 0.0)
     with pytest.raises(ValueError, match="unknown 'lifo'; use one of fcfs, round-robin"):
         make_policy("lifo", FAST)
+
+
+# -- Q_wait over the expected wait until there is room ------------------------------------
+def test_expected_wait_is_the_queue_over_the_completion_rate():
+    policy = Andes(FAST, horizon_s=30.0)
+    table = RequestTable()
+    add(table, "run", running=True)
+    for i in range(3):
+        add(table, f"w{i}")
+    assert policy.expected_wait_s(table) == 30.0  # no completion yet: the horizon
+    done = RequestTable()
+    for i in range(5):  # five completions 0.5 s apart: 2 per second
+        r = add(done, f"d{i}")
+        policy.on_finish(done, r, 10.0 + 0.5 * i)
+    assert policy.expected_wait_s(table) == pytest.approx((3 + 1) / 2.0)
+    for i in range(3, 80):
+        add(table, f"w{i}")
+    assert policy.expected_wait_s(table) == 30.0  # the queue outlasts the horizon
+
+
+def test_a_short_expected_wait_keeps_running_requests_in_place():
+    """Four running requests with long contexts and a fresh short one, the cache full.
+    With the paper's Q_wait (no token for a whole horizon) the fresh request's gain per
+    token wins and a running one is preempted; when the queue drains in a fraction of a
+    second, waiting costs the fresh request little and a preempted one would first
+    recompute its context (about a second here), so nothing is preempted."""
+    profile = replace(FAST, prefill_per_token_s=2.6e-3)
+
+    def decide(finish_gap_s: float) -> np.ndarray:
+        policy = tokenpace_andes(profile, horizon_s=20.0, fair_share_slack=None)
+        done = RequestTable()
+        for i in range(10):
+            policy.on_finish(done, add(done, f"d{i}"), 10.0 + finish_gap_s * i)
+        table = RequestTable()
+        for i in range(4):
+            tokens = [6.0 + 0.05 * k for k in range(60)]
+            add(table, f"run{i}", arrival=5.0, prompt=300, running=True, tokens_at=tokens)
+        add(table, "new", arrival=19.9, prompt=40)
+        policy.arrivals = 100  # preemption budget left
+        return policy.schedule(table, Capacity(kv_tokens=1540, max_batch=8), now=20.0)
+
+    slow = decide(finish_gap_s=50.0)  # W past the horizon: the paper's Q_wait
+    fast = decide(finish_gap_s=0.01)  # W = 0.02 s
+    assert slow[-1] and not slow[:-1].all()
+    np.testing.assert_array_equal(fast, [True, True, True, True, False])
+
+
+def test_a_waiting_request_ahead_of_its_reader_does_not_make_its_tenant_backlogged():
+    """Tenant b (weight 2) is far behind a in service, and its only waiting request was
+    paused well ahead of its reader: waiting does not hurt it, so b is no reference and
+    a's fresh request runs as without weights. Behind its reader, the same request asks:
+    b is backlogged, a is at a higher level, and a's request waits."""
+
+    def decide(ahead: bool) -> np.ndarray:
+        policy = weighted_andes(kv_watermark=1.0, preemption_cap=0.0)
+        table = RequestTable()
+        add(table, "a-run", arrival=0.0, prompt=40, tenant="a", weight=1.0, running=True)
+        start = 9.0 if ahead else -30.0  # 100 tokens read at 5/s take 20 s
+        tokens = [start + 0.01 * k for k in range(100)]
+        add(
+            table,
+            "b-paused",
+            arrival=start - 1.0,
+            prompt=10,
+            tenant="b",
+            weight=2.0,
+            tokens_at=tokens,
+        )
+        add(table, "a-new", arrival=9.9, prompt=9, tenant="a", weight=1.0)
+        for r in range(table.n):
+            policy.on_arrival(table, r, 0.0)
+        policy.shares.vtc.charge("a", 1.0, prompt_tokens=500)  # a far ahead
+        # room for a-run and one of the two waiting requests, not both
+        return policy.schedule(table, Capacity(kv_tokens=155, max_batch=8), now=10.0)
+
+    np.testing.assert_array_equal(decide(ahead=True), [True, False, True])
+    assert not decide(ahead=False)[2]

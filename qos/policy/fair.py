@@ -3,7 +3,10 @@
 Service is counted as VTC counts it ("Fairness in Serving Large Language Models", Sheng
 et al.; :mod:`qos.fairness`): W = w_p·prompt + w_q·output, a tenant's counter growing
 by W / weight, lifted when the tenant becomes active again. A tenant is active while
-it has a request in the engine, *backlogged* while one of them waits.
+it has a request in the engine, *backlogged* while one of them *asks*: it waits, and
+waiting hurts it (its Andes gain Q_serve − Q_wait, Eq. 2, is positive at the expected
+wait, :meth:`qos.policy.andes.Andes.asking`). A request paused ahead of its reader, or
+one that the expected wait leaves on time, is no unmet demand.
 
 **Levels.** Row i of tenant f (weight w_i) is at level
 
@@ -11,7 +14,7 @@ it has a request in the engine, *backlogged* while one of them waits.
                                          weight differs from w_i
 
 (0 where there is no such tenant). Andes packs level by level, lowest first, in its
-own order (Eq. 5 priority) within a level; and once a *waiting* row of some level does
+own order (Eq. 5 priority) within a level; and once an *asking* row of some level does
 not fit, no waiting row of a higher level is admitted (the room it leaves is kept for
 it, as VTC's execution stream stops at the first request that does not fit). Running
 rows of any level may still keep their place.
@@ -97,17 +100,18 @@ class TenantShares:
         settled = np.array([self.vtc.counter(t) for t in table.tenant_names])
         return (settled + live)[ids]
 
-    def levels(self, table: RequestTable) -> np.ndarray | None:
-        """Each row's level (module docstring), or None where every level is 0."""
+    def levels(self, table: RequestTable, asks: np.ndarray) -> np.ndarray | None:
+        """Each row's level (module docstring), or None where every level is 0.
+
+        ``asks``: the rows that make their tenant backlogged (module docstring)."""
         weight = table.col("weight")
         if weight.size == 0 or bool((weight == weight[0]).all()):
             return None
         counters = self.counters(table)
-        waiting = ~table.running
         levels = np.zeros(table.n)
         for value in np.unique(weight):
             mine = weight == value
-            ref = waiting & ~mine
+            ref = asks & ~mine
             if ref.any():
                 ahead = np.maximum(counters[mine] - counters[ref].min(), 0.0)
                 levels[mine] = np.floor(ahead / self.slack) if self.slack > 0 else ahead
@@ -118,14 +122,15 @@ def pack_by_level(
     order: np.ndarray,
     levels: np.ndarray,
     running: np.ndarray,
+    asks: np.ndarray,
     demand: np.ndarray,
     kv_tokens: int,
     max_batch: int,
     n: int,
 ) -> np.ndarray:
     """Greedy packing of ``order`` (sorted by level first) with the level rule: skip what
-    does not fit, but after a waiting row is skipped, take only running rows of higher
-    levels. Returns a bool mask of length ``n``."""
+    does not fit, but after an asking row (``asks``) is skipped, take only running rows
+    of higher levels. Returns a bool mask of length ``n``."""
     chosen = np.zeros(n, dtype=bool)
     kv_left, slots = kv_tokens, max_batch
     blocked = False
@@ -140,5 +145,5 @@ def pack_by_level(
         slots -= int(np.count_nonzero(took))
         if slots <= 0:
             break
-        blocked = blocked or bool((~took[rows] & ~running[rows]).any())
+        blocked = blocked or bool((~took[rows] & asks[rows]).any())
     return chosen
