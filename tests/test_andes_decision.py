@@ -35,23 +35,23 @@ def reference_pack(
     max_batch: int,
 ) -> np.ndarray:
     """Greedy packing with skip (Algorithm 1); with tenant levels, once an asking row does
-    not fit, waiting rows of higher levels are passed over (qos/policy/fair.py)."""
+    not fit, every waiting row after it is passed over (qos/policy/fair.py)."""
     if levels is None or asks is None:
         return pack_in_order(order, demand, kv_tokens, max_batch, table.n)
     chosen = np.zeros(table.n, dtype=bool)
     used = count = 0
-    blocked_above = np.inf
+    blocked = False
     for row in order.tolist():
         if count >= max_batch:
             break
-        if not table.running[row] and levels[row] > blocked_above:
+        if blocked and not table.running[row]:
             continue
         if used + demand[row] <= kv_tokens:
             chosen[row] = True
             used += int(demand[row])
             count += 1
         elif asks[row]:
-            blocked_above = min(blocked_above, levels[row])
+            blocked = True
     return chosen
 
 

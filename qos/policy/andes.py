@@ -340,7 +340,7 @@ class Andes(Policy):
             assert self._asks is not None
             asks = self._asks
             return (
-                pack_by_level(order, self._levels, table.running, asks, demand, kv_tokens, b, n),
+                pack_by_level(order, table.running, asks, demand, kv_tokens, b, n),
                 order,
             )
         if b >= n or type(self).packing_order is not Andes.packing_order:
@@ -427,9 +427,7 @@ class Andes(Policy):
             order = self._in_solver_order(chosen & ~running)
             if self._levels is not None:
                 assert self._asks is not None
-                packed |= pack_by_level(
-                    order, self._levels, running, self._asks, demand, room, slots, table.n
-                )
+                packed |= pack_by_level(order, running, self._asks, demand, room, slots, table.n)
             else:
                 packed |= pack_in_order(order, demand, room, slots, table.n)
         self.preemptions += np.count_nonzero(running & ~packed)

@@ -14,10 +14,11 @@ one that the expected wait leaves on time, is no unmet demand.
                                          weight differs from w_i
 
 (0 where there is no such tenant). Andes packs level by level, lowest first, in its
-own order (Eq. 5 priority) within a level; and once an *asking* row of some level does
-not fit, no waiting row of a higher level is admitted (the room it leaves is kept for
-it, as VTC's execution stream stops at the first request that does not fit). Running
-rows of any level may still keep their place.
+own order (Eq. 5 priority) within a level; and once an *asking* row does not fit, no
+waiting row after it is admitted, of its level or a higher one: the room is kept for
+it, as VTC's execution stream stops at the first request that does not fit (without
+the stop, the short requests behind it fill every gap and a long one never fits).
+Running rows of any level may still keep their place.
 
 - One tenant, or all rows of one weight: every level is 0 and the decision is exactly
   Andes's (the rule never reads a counter).
@@ -120,7 +121,6 @@ class TenantShares:
 
 def pack_by_level(
     order: np.ndarray,
-    levels: np.ndarray,
     running: np.ndarray,
     asks: np.ndarray,
     demand: np.ndarray,
@@ -128,22 +128,15 @@ def pack_by_level(
     max_batch: int,
     n: int,
 ) -> np.ndarray:
-    """Greedy packing of ``order`` (sorted by level first) with the level rule: skip what
-    does not fit, but after an asking row (``asks``) is skipped, take only running rows
-    of higher levels. Returns a bool mask of length ``n``."""
-    chosen = np.zeros(n, dtype=bool)
-    kv_left, slots = kv_tokens, max_batch
-    blocked = False
-    row_levels = levels[order]
-    for level in np.unique(row_levels):
-        rows = order[row_levels == level]
-        if blocked:
-            rows = rows[running[rows]]
-        took = pack_in_order(rows, demand, kv_left, slots, n)
-        chosen |= took
-        kv_left -= int(demand[took].sum())
-        slots -= int(np.count_nonzero(took))
-        if slots <= 0:
-            break
-        blocked = blocked or bool((~took[rows] & asks[rows]).any())
-    return chosen
+    """Greedy packing of ``order`` (sorted by level first) with VTC's stop: skip what does
+    not fit, but after the first asking row (``asks``) that does not fit, take only
+    running rows; the room is kept for it. Returns a bool mask of length ``n``."""
+    took = pack_in_order(order, demand, kv_tokens, max_batch, n)
+    missed = (~took[order] & asks[order]).nonzero()[0]
+    if not missed.size:
+        return took
+    after = order[missed[0] + 1 :]
+    took[after] = False
+    kv_left = kv_tokens - int(demand[took].sum())
+    slots = max_batch - int(np.count_nonzero(took))
+    return took | pack_in_order(after[running[after]], demand, kv_left, slots, n)
