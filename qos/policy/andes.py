@@ -228,13 +228,17 @@ class Andes(Policy):
 
     def gains(self, forecast: Forecast, now: float, tau: float) -> np.ndarray:
         """QoE gain of serving each request at decode latency τ (Eq. 2, 6 or 7)."""
+        gain: np.ndarray
         if self.objective == "max-min":
-            return np.maximum(float(forecast.q_now.min()) - forecast.q_wait, 0.0)
+            gain = np.maximum(float(forecast.q_now.min()) - forecast.q_wait, 0.0)
+            return gain
         q_serve = forecast.q_serve(tau)
         if self.objective == "average":
-            return q_serve - forecast.q_wait
+            gain = q_serve - forecast.q_wait
+            return gain
         now_perfect = forecast.q_now >= _PERFECT
-        return ((q_serve >= _PERFECT).astype(float) - (forecast.q_wait >= _PERFECT)) * now_perfect
+        gain = ((q_serve >= _PERFECT).astype(float) - (forecast.q_wait >= _PERFECT)) * now_perfect
+        return gain
 
     def batch_range(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray | None = None
@@ -308,6 +312,7 @@ class Andes(Policy):
             if self.preemption_cost:
                 gain = gain - self.stall_charge(forecast, gain, running)
             priority = gain / size
+            order: np.ndarray | None
             if self.solver is not None:
                 order = self.packing_order(table, priority)
                 chosen = self.solver(gain, demand, capacity.kv_tokens, b)
@@ -355,7 +360,7 @@ class Andes(Policy):
             return chosen, None
         head = _in_priority_order(head, key, running)
         chosen = pack_in_order(head, demand, kv_tokens, b, n)
-        taken = np.count_nonzero(chosen)
+        taken = int(np.count_nonzero(chosen))
         if taken == b:
             return chosen, head
         left = kv_tokens - int(demand[chosen].sum())
@@ -366,15 +371,19 @@ class Andes(Policy):
 
     def _in_solver_order(self, admitted: np.ndarray) -> np.ndarray:
         """The rows of ``admitted`` (waiting rows) in the last solve's packing order."""
+        rows: np.ndarray
         if self._order is not None:
-            return self._order[admitted[self._order]]
+            rows = self._order[admitted[self._order]]
+            return rows
         rows = admitted.nonzero()[0]  # Andes's own order: priority, then row (all waiting)
-        return rows[np.argsort(-self._priority[rows], kind="stable")]
+        rows = rows[np.argsort(-self._priority[rows], kind="stable")]
+        return rows
 
     def asking(self, table: RequestTable, forecast: Forecast, tau: float) -> np.ndarray:
         """The rows that are their tenant's unmet ask (:mod:`qos.policy.fair`): waiting,
-        not started, and hurt by waiting (Q_serve at τ above Q_wait)."""
-        return ~table.running & (forecast.q_serve(tau) - forecast.q_wait > _HURT)
+        and hurt by waiting (Q_serve at τ above Q_wait, at the expected wait)."""
+        asks: np.ndarray = ~table.running & (forecast.q_serve(tau) - forecast.q_wait > _HURT)
+        return asks
 
     def stall_charge(self, forecast: Forecast, gain: np.ndarray, running: np.ndarray) -> np.ndarray:
         """k·(p_i / Δt)·G: what request i's prefill costs the running batch (module doc)."""
@@ -399,7 +408,7 @@ class Andes(Policy):
         """Optimisation #4: keep preemptions ≤ P per request on average."""
         running = table.running
         evicted = running & ~chosen
-        count = np.count_nonzero(evicted)
+        count = int(np.count_nonzero(evicted))
         budget = int(self.preemption_cap * self.arrivals) - self.preemptions
         if count <= budget:
             self.preemptions += count
@@ -413,14 +422,16 @@ class Andes(Policy):
             kept[keep] = True
         else:  # budget spent: every victim stays
             kept = running.copy()
-        used, slots = int(demand[kept].sum()), capacity.max_batch - np.count_nonzero(kept)
+        used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
+        packed: np.ndarray
         if used <= capacity.kv_tokens and slots >= 0:
             packed = kept  # the usual case: what was running still fits
         else:
             packed = pack_in_order(
                 kept.nonzero()[0], demand, capacity.kv_tokens, capacity.max_batch, table.n
             )
-            used, slots = int(demand[packed].sum()), capacity.max_batch - np.count_nonzero(packed)
+            used = int(demand[packed].sum())
+            slots = capacity.max_batch - int(np.count_nonzero(packed))
         # Admissions only into the room left under the watermark (see _solve).
         room = int(self.kv_watermark * capacity.kv_tokens) - used
         if room > 0 and slots > 0:
@@ -430,7 +441,7 @@ class Andes(Policy):
                 packed |= pack_by_level(order, running, self._asks, demand, room, slots, table.n)
             else:
                 packed |= pack_in_order(order, demand, room, slots, table.n)
-        self.preemptions += np.count_nonzero(running & ~packed)
+        self.preemptions += int(np.count_nonzero(running & ~packed))
         return packed
 
 

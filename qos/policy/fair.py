@@ -71,7 +71,8 @@ class TenantShares:
         output = table.col("output")
         prompt = np.where(output > 0, table.col("prompt"), 0)
         service = self.vtc.w_prompt * prompt + self.vtc.w_output * output
-        return service / table.col("weight")
+        per_weight: np.ndarray = service / table.col("weight")
+        return per_weight
 
     def on_arrival(self, table: RequestTable, row: int) -> None:
         tenant = table.tenant_names[int(table.col("tenant")[row])]
@@ -99,7 +100,8 @@ class TenantShares:
         ids = table.col("tenant")
         live = np.bincount(ids, weights=self._live(table), minlength=len(table.tenant_names))
         settled = np.array([self.vtc.counter(t) for t in table.tenant_names])
-        return (settled + live)[ids]
+        counters: np.ndarray = (settled + live)[ids]
+        return counters
 
     def levels(self, table: RequestTable, asks: np.ndarray) -> np.ndarray | None:
         """Each row's level (module docstring), or None where every level is 0.
@@ -139,4 +141,5 @@ def pack_by_level(
     took[after] = False
     kv_left = kv_tokens - int(demand[took].sum())
     slots = max_batch - int(np.count_nonzero(took))
-    return took | pack_in_order(after[running[after]], demand, kv_left, slots, n)
+    took |= pack_in_order(after[running[after]], demand, kv_left, slots, n)
+    return took
