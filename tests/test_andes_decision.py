@@ -72,16 +72,7 @@ def reference_schedule(
     sizes = sorted({round(b_min + (b_max - b_min) * i / max(count - 1, 1)) for i in range(count)})
     context_s = policy.profile.per_context_token_s * float(demand.mean())
     tau = float(policy.profile.decode_s(b_max)) + context_s * b_max
-    times = list(policy._finished_at)
-    wait = policy.horizon_s
-    if len(times) >= 2 and times[-1] > times[0]:
-        rate = (len(times) - 1) / (times[-1] - times[0])
-        wait = min((int((~running).sum()) + 1) / rate, policy.horizon_s)
-    if wait < policy.horizon_s:  # Q_wait: served after the wait (a preempted one recomputes)
-        delay = wait + np.where(running, policy.profile.prefill_per_token_s * table.context, 0.0)
-        forecast.q_wait = forecast.q_serve_after(delay, tau)
-    fresh = ~running & (table.col("output") == 0)
-    asks = fresh & (forecast.q_serve(tau) - forecast.q_wait > 1e-9)
+    asks = ~running & (forecast.q_serve(tau) - forecast.q_wait > 1e-9)
     levels = policy.shares.levels(table, asks) if policy.shares is not None else None
     best, best_value, best_order = None, -np.inf, None
     for b in sizes:
@@ -211,14 +202,6 @@ def test_random_decisions_match_reference(
     kv = max(1, int(kv_scale * max(full.kv_tokens, int(table.demand.sum()) // 4)))
     policy = POLICIES[policy_name](profile)
     policy.arrivals = arrivals
-    finish_gap = float(rng.choice([0.0, 0.01, 0.2, 5.0]))  # W: none, short, long, past Δt
-    if finish_gap:
-        done = RequestTable()
-        for i in range(8):
-            row = done.add(f"d{i}", arrival=0.0, prompt_tokens=1, ttft=1.0, tds=5.0)
-            policy.on_arrival(done, row, 0.0)
-            policy.on_finish(done, row, now - finish_gap * (8 - i))
-        policy.arrivals = arrivals
     assert_same_decisions(policy, table, Capacity(kv, max_batch, block_size), now)
 
 

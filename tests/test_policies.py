@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -1236,51 +1235,6 @@ def test_registry_builds_every_named_policy_and_names_the_choices():
     assert (paper.preemption_cap, paper.preemption_cost) == (1.0, 0.0)
     with pytest.raises(ValueError, match="unknown 'lifo'; use one of fcfs, round-robin"):
         make_policy("lifo", FAST)
-
-
-# -- Q_wait over the expected wait until there is room ------------------------------------
-def test_expected_wait_is_the_queue_over_the_completion_rate():
-    policy = Andes(FAST, horizon_s=30.0)
-    table = RequestTable()
-    add(table, "run", running=True)
-    for i in range(3):
-        add(table, f"w{i}")
-    assert policy.expected_wait_s(table) == 30.0  # no completion yet: the horizon
-    done = RequestTable()
-    for i in range(5):  # five completions 0.5 s apart: 2 per second
-        r = add(done, f"d{i}")
-        policy.on_finish(done, r, 10.0 + 0.5 * i)
-    assert policy.expected_wait_s(table) == pytest.approx((3 + 1) / 2.0)
-    for i in range(3, 80):
-        add(table, f"w{i}")
-    assert policy.expected_wait_s(table) == 30.0  # the queue outlasts the horizon
-
-
-def test_a_short_expected_wait_keeps_running_requests_in_place():
-    """Four running requests with long contexts and a fresh short one, the cache full.
-    With the paper's Q_wait (no token for a whole horizon) the fresh request's gain per
-    token wins and a running one is preempted; when the queue drains in a fraction of a
-    second, waiting costs the fresh request little and a preempted one would first
-    recompute its context (about a second here), so nothing is preempted."""
-    profile = replace(FAST, prefill_per_token_s=2.6e-3)
-
-    def decide(finish_gap_s: float) -> np.ndarray:
-        policy = tokenpace_andes(profile, horizon_s=20.0, fair_share_slack=None)
-        done = RequestTable()
-        for i in range(10):
-            policy.on_finish(done, add(done, f"d{i}"), 10.0 + finish_gap_s * i)
-        table = RequestTable()
-        for i in range(4):
-            tokens = [6.0 + 0.05 * k for k in range(60)]
-            add(table, f"run{i}", arrival=5.0, prompt=300, running=True, tokens_at=tokens)
-        add(table, "new", arrival=19.9, prompt=40)
-        policy.arrivals = 100  # preemption budget left
-        return policy.schedule(table, Capacity(kv_tokens=1540, max_batch=8), now=20.0)
-
-    slow = decide(finish_gap_s=50.0)  # W past the horizon: the paper's Q_wait
-    fast = decide(finish_gap_s=0.01)  # W = 0.02 s
-    assert slow[-1] and not slow[:-1].all()
-    np.testing.assert_array_equal(fast, [True, True, True, True, False])
 
 
 def test_a_waiting_request_ahead_of_its_reader_does_not_make_its_tenant_backlogged():

@@ -32,17 +32,6 @@ weights every level is 0 and the decisions are the ones above.
 
 Q_serve and Q_wait come from :mod:`qos.policy.forecast` and the latency model; the
 horizon Δt defaults to the running mean request completion time (§4.1).
-
-Q_wait over the expected wait (tokenpace extension). §4.1 defines Q_wait as the QoE
-at Δt of a request *not served during Δt*. That holds when the queue outlasts Δt; when
-it does not, a request left out now is served once there is room, after W =
-(waiting + 1) / completion rate (each completion makes room for about one admission),
-and a running request left out is preempted and recomputes its context first. Q_wait
-is then the QoE at Δt of service from W on (:meth:`Andes.expected_wait_s`,
-:meth:`~qos.policy.forecast.Forecast.q_serve_after`). Near capacity, where the paper's
-Q_wait makes every newcomer worth a preemption, this values waiting at what it costs:
-a preemption must buy more than a short wait, and the recompute it causes counts
-against it. Once W ≥ Δt it is the paper's Q_wait exactly.
 """
 
 from __future__ import annotations
@@ -115,7 +104,6 @@ class Andes(Policy):
         self._levels: np.ndarray | None = None  # the last solve's tenant levels
         self._asks: np.ndarray | None = None  # and the rows that asked (fair.asking)
         self._completions: deque[float] = deque([initial_horizon_s], maxlen=256)
-        self._finished_at: deque[float] = deque(maxlen=64)  # recent finish times
         self._completion_sum = initial_horizon_s
         self.arrivals = 0
         self.preemptions = 0
@@ -143,7 +131,6 @@ class Andes(Policy):
             self.shares.on_finish(table, row)
         if len(self._completions) == self._completions.maxlen:
             self._completion_sum -= self._completions[0]
-        self._finished_at.append(now)
         took = now - float(table.col("arrival")[row])
         self._completions.append(took)
         self._completion_sum += took
@@ -154,22 +141,6 @@ class Andes(Policy):
         if self.fixed_horizon is not None:
             return self.fixed_horizon
         return max(self._completion_sum / len(self._completions), 1e-3)
-
-    def expected_wait_s(self, table: RequestTable) -> float:
-        """W: how long a request left out now waits until the engine has room for it.
-
-        Each completion makes room for about one admission, so the waiting requests,
-        with the one left out, are through in (waiting + 1) / completion rate, the rate of
-        the last 64 completions. Capped at the horizon Δt, where Q_wait is the paper's
-        (no service during Δt); Δt too while the rate is unknown.
-        """
-        times = self._finished_at
-        horizon = self.horizon_s
-        if len(times) < 2 or times[-1] <= times[0]:
-            return horizon
-        rate = (len(times) - 1) / (times[-1] - times[0])
-        waiting = table.n - int(np.count_nonzero(table.running))
-        return min((waiting + 1) / rate, horizon)
 
     # -- decision ---------------------------------------------------------------------
     def triggered(
@@ -291,17 +262,9 @@ class Andes(Policy):
         decode = self._decode_table(b_max)
         per_context = self.profile.per_context_token_s
         context_s = per_context * float(demand.mean()) if per_context else 0.0
-        tau = float(decode[b_max]) + context_s * b_max
-        wait_s = self.expected_wait_s(table)
-        if wait_s < self.horizon_s:
-            # Q_wait over the expected wait W rather than the whole horizon; a running
-            # request left out is preempted and recomputes its context before it resumes.
-            delay = wait_s + np.where(
-                table.running, self.profile.prefill_per_token_s * table.context, 0.0
-            )
-            forecast.q_wait = forecast.q_serve_after(delay, tau)
         self._levels = self._asks = None
         if self.shares is not None:
+            tau = float(decode[b_max]) + context_s * b_max
             self._asks = self.asking(table, forecast, tau)
             self._levels = self.shares.levels(table, self._asks)
         best, best_value = None, -np.inf
@@ -381,7 +344,7 @@ class Andes(Policy):
 
     def asking(self, table: RequestTable, forecast: Forecast, tau: float) -> np.ndarray:
         """The rows that are their tenant's unmet ask (:mod:`qos.policy.fair`): waiting,
-        and hurt by waiting (Q_serve at τ above Q_wait, at the expected wait)."""
+        and hurt by waiting (Q_serve at τ, the decode latency at B_max, above Q_wait)."""
         asks: np.ndarray = ~table.running & (forecast.q_serve(tau) - forecast.q_wait > _HURT)
         return asks
 

@@ -192,23 +192,13 @@ class Forecast:
         Tokens arrive at t0 = start + τ, t0 + τ, ... up to the horizon: k = ⌊(h - start)/τ⌋
         of them, at most ``remaining``; the sums are those of :func:`append_stream`.
         """
-        return self._served_from(self._start, self._reach, tau)
-
-    def q_serve_after(self, delay: np.ndarray, tau: float) -> np.ndarray:
-        """QoE at the horizon if request i is served at τ per token from ``delay`` seconds
-        on (beyond its ``first_delay``): Q_wait when the wait ends before the horizon.
-        With delay ≥ h - now it is :attr:`q_wait` exactly (no token before the horizon)."""
-        start = self._start + delay
-        return self._served_from(start, np.maximum(self.horizon - start, self._zero), tau)
-
-    def _served_from(self, start: np.ndarray, reach: np.ndarray, tau: float) -> np.ndarray:
         step, zero = self.state.step, self._zero
-        k = np.minimum(np.floor(reach * (1.0 / tau)), self.remaining)
+        k = np.minimum(np.floor(self._reach * (1.0 / tau)), self.remaining)
         km1 = k - 1.0
         self._tau.fill(tau)
         slow = np.maximum(step, self._tau)
         gap = slow - step
-        t0 = start + tau
+        t0 = self._start + tau
         lead = self._first - t0
         with np.errstate(divide="ignore", invalid="ignore"):
             cross = np.fmax(np.fmin(np.ceil(lead / gap), k), zero)  # nan (0/0) -> k
