@@ -263,7 +263,7 @@ class Andes(Policy):
         per_context = self.profile.per_context_token_s
         context_s = per_context * float(demand.mean()) if per_context else 0.0
         self._levels = self._asks = None
-        if self.shares is not None:
+        if self.shares is not None and self.shares.weighted(table):
             tau = float(decode[b_max]) + context_s * b_max
             self._asks = self.asking(table, forecast, tau)
             self._levels = self.shares.levels(table, self._asks)

@@ -103,13 +103,19 @@ class TenantShares:
         counters: np.ndarray = (settled + live)[ids]
         return counters
 
+    @staticmethod
+    def weighted(table: RequestTable) -> bool:
+        """Whether the rows' weights differ (else every level is 0)."""
+        weight = table.col("weight")
+        return weight.size > 0 and not bool((weight == weight[0]).all())
+
     def levels(self, table: RequestTable, asks: np.ndarray) -> np.ndarray | None:
         """Each row's level (module docstring), or None where every level is 0.
 
         ``asks``: the rows that make their tenant backlogged (module docstring)."""
-        weight = table.col("weight")
-        if weight.size == 0 or bool((weight == weight[0]).all()):
+        if not self.weighted(table):
             return None
+        weight = table.col("weight")
         counters = self.counters(table)
         levels = np.zeros(table.n)
         for value in np.unique(weight):
