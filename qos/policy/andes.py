@@ -102,7 +102,7 @@ class Andes(Policy):
         self.solver = solver
         self.shares = None if fair_share_slack is None else TenantShares(fair_share_slack, counter)
         self._levels: np.ndarray | None = None  # the last solve's tenant levels
-        self._asks: np.ndarray | None = None  # and the rows that asked (fair.asking)
+        self._asks: np.ndarray | None = None  # and the rows that asked (asking)
         self._completions: deque[float] = deque([initial_horizon_s], maxlen=256)
         self._completion_sum = initial_horizon_s
         self.arrivals = 0
@@ -306,11 +306,8 @@ class Andes(Policy):
         if self._levels is not None:
             order = self.packing_order(table, priority)
             assert self._asks is not None
-            asks = self._asks
-            return (
-                pack_by_level(order, table.running, asks, demand, kv_tokens, b, n),
-                order,
-            )
+            chosen = pack_by_level(order, table.running, self._asks, demand, kv_tokens, b, n)
+            return chosen, order
         if b >= n or type(self).packing_order is not Andes.packing_order:
             order = self.packing_order(table, priority)
             return pack_in_order(order, demand, kv_tokens, b, n), order

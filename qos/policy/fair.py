@@ -4,9 +4,9 @@ Service is counted as VTC counts it ("Fairness in Serving Large Language Models"
 et al.; :mod:`qos.fairness`): W = w_p·prompt + w_q·output, a tenant's counter growing
 by W / weight, lifted when the tenant becomes active again. A tenant is active while
 it has a request in the engine, *backlogged* while one of them *asks*: it waits, and
-waiting hurts it (its Andes gain Q_serve − Q_wait, Eq. 2, is positive at the expected
-wait, :meth:`qos.policy.andes.Andes.asking`). A request paused ahead of its reader, or
-one that the expected wait leaves on time, is no unmet demand.
+waiting hurts it (its Andes gain Q_serve − Q_wait, Eq. 2, is positive:
+:meth:`qos.policy.andes.Andes.asking`). A request paused ahead of its reader is no
+unmet demand.
 
 **Levels.** Row i of tenant f (weight w_i) is at level
 
