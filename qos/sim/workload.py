@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -165,7 +165,7 @@ def load_andes_trace(path: str | os.PathLike[str] | None = None) -> list[TraceEn
     return entries
 
 
-def _csv_rows(text: str) -> list[dict]:
+def _csv_rows(text: str) -> list[dict[str, Any]]:
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     return [
         {**row, "ttft": row.get("ttft_s"), "latency": row.get("latency_s")}
@@ -173,7 +173,7 @@ def _csv_rows(text: str) -> list[dict]:
     ]
 
 
-def _json_rows(text: str, p: Path) -> list[dict]:
+def _json_rows(text: str, p: Path) -> list[dict[str, Any]]:
     raw = json.loads(text)
     if not isinstance(raw, list):
         raise ValueError(f"path: {p} does not hold a JSON list of trace entries")
@@ -229,7 +229,8 @@ def _shares(values: Sequence[float], what: str) -> np.ndarray:
         raise ValueError(f"{what}: shares must be finite and >= 0, got {p.tolist()}")
     if not math.isclose(float(p.sum()), 1.0, abs_tol=1e-6):
         raise ValueError(f"{what}: shares must sum to 1, got {float(p.sum()):g}")
-    return p / p.sum()
+    normalised: np.ndarray = p / p.sum()
+    return normalised
 
 
 def _parse_tier_mix(tier_mix: TierMix) -> tuple[list[Tier], np.ndarray]:
@@ -340,10 +341,13 @@ def build_workload(
         raise ValueError(f"arrivals: must be 'poisson' or 'gamma', got {arrivals!r}")
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise ValueError(f"seed: must be an integer, got {seed!r}")
-    tiers = tier_shares = None
+    tiers: list[Tier] = []
+    tier_shares = None
     if tier_mix is not None:
         tiers, tier_shares = _parse_tier_mix(tier_mix)
-    tenant_names = tenant_weights = tenant_shares = None
+    tenant_names: list[str] = []
+    tenant_weights = np.ones(0)
+    tenant_shares = None
     if tenants is not None:
         tenant_names, tenant_weights, tenant_shares = _parse_tenants(tenants)
 
