@@ -239,7 +239,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 def _check_ns(ns: argparse.Namespace) -> int:
     import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
-    from gateway.backends import build_backends
+    from gateway.backends.kinds import build_backends
 
     try:
         config = load_config(ns.file)

@@ -17,7 +17,7 @@ import os
 import re
 import secrets
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -35,6 +35,7 @@ from pydantic import (
 CONFIG_ENV = "TOKENPACE_CONFIG"
 DEMO_MODEL = "tokenpace-sim"
 CUSTOM_TIER = "custom"
+BACKEND_KINDS = ("embedded", "http")  # gateway.backends.kinds builds each
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
@@ -175,7 +176,7 @@ class BackendConfig(_Strict):
     """An upstream that serves OpenAI-compatible requests."""
 
     name: str
-    kind: str = Field("http", description="'http', or a kind registered by an embedded engine")
+    kind: str = Field("http", description="'http', or 'embedded' (the simulated engine)")
     url: str | None = Field(None, description="base URL including /v1, e.g. http://vllm:8000/v1")
     models: list[str] = Field(min_length=1, description="model names served; '*' = any")
     tokenpace: bool = Field(False, description="runs the tokenpace scheduler: tag with vllm_xargs")
@@ -466,16 +467,15 @@ class GatewayConfig(_Strict):
                     (f"{where}.default_tier", f"{t.default_tier!r} is not in this tenant's tiers")
                 )
         seen_backends: set[str] = set()
-        known_kinds = backend_kinds()
         for i, b in enumerate(self.backends):
             if b.name in seen_backends:
                 problems.append((f"backends[{i}].name", f"duplicate backend name {b.name!r}"))
             seen_backends.add(b.name)
-            if known_kinds is not None and b.kind not in known_kinds:
+            if b.kind not in BACKEND_KINDS:
                 problems.append(
                     (
                         f"backends[{i}].kind",
-                        f"unknown backend kind {b.kind!r}; known: {', '.join(sorted(known_kinds))}",
+                        f"unknown backend kind {b.kind!r}; known: {', '.join(BACKEND_KINDS)}",
                     )
                 )
         if problems:
@@ -489,20 +489,6 @@ class GatewayConfig(_Strict):
 
 def _names(tiers: Iterable[str]) -> str:
     return ", ".join(sorted(tiers))
-
-
-# The backend kinds config validation accepts. gateway.backends fills this in (http)
-# and embedded engines add theirs with gateway.backends.register_backend_kind.
-_KIND_PROVIDER: Callable[[], set[str]] | None = None
-
-
-def set_backend_kind_provider(provider: Callable[[], set[str]]) -> None:
-    global _KIND_PROVIDER
-    _KIND_PROVIDER = provider
-
-
-def backend_kinds() -> set[str] | None:
-    return _KIND_PROVIDER() if _KIND_PROVIDER is not None else None
 
 
 # ---------------------------------------------------------------------------------
@@ -571,10 +557,6 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
     return parse_config(data if data is not None else {}, str(p))
 
 
-def config_path_from_env() -> str | None:
-    return os.environ.get(CONFIG_ENV) or None
-
-
 def new_api_key(prefix: str = "tp-") -> str:
     return prefix + secrets.token_urlsafe(24)
 
@@ -587,19 +569,14 @@ def demo_config(
     """The configuration ``tokenpace serve`` uses without a file.
 
     One tenant ``demo`` (every tier, custom tiers allowed) whose key is ``key`` or a new
-    random one; ``backends`` defaults to the embedded engine when one is registered
-    (kind ``embedded``, model ``tokenpace-sim``), else none; the admin key (the
-    dashboard's) is ``admin_key``, else none. Returns (config, plain key).
+    random one; ``backends`` defaults to the embedded engine (kind ``embedded``, model
+    ``tokenpace-sim``); the admin key (the dashboard's) is ``admin_key``, else none.
+    Returns (config, plain key).
     """
     key = key or new_api_key("tp-demo-")
     if backends is None:
-        kinds = backend_kinds() or set()
-        backends = (
-            [{"name": "embedded", "kind": "embedded", "models": [DEMO_MODEL]}]
-            if "embedded" in kinds
-            else []
-        )
-    data = {
+        backends = [{"name": "embedded", "kind": "embedded", "models": [DEMO_MODEL]}]
+    data: dict[str, Any] = {
         "tenants": [
             {"name": "demo", "api_keys": [{"key": key}], "allow_custom": True, "weight": 1.0}
         ],

@@ -21,11 +21,16 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   ``tokenpace_backend_outstanding_tokens{backend}``,
   ``tokenpace_backend_waiting_time_seconds{backend}`` (the routing estimate): read
   from the router at scrape time.
+- ``tokenpace_admissions_total{tenant,outcome}``, ``tokenpace_queue_waiting``,
+  ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission`).
+- ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
+  ``telemetry.window_s`` (:mod:`gateway.telemetry`), refreshed at each scrape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -38,9 +43,13 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.backends import Router
+from gateway.context import UNKNOWN
+from gateway.routing import Router
 
-UNKNOWN = "-"
+__all__ = ["UNKNOWN", "GatewayMetrics", "QoESummary"]
+
+QoESummary = dict[str, Any]  # gateway.telemetry.summarize: tenant -> tiers -> sides -> stats
+_STATS = ("mean", "p50", "p90", "p99")
 _LATENCY_BUCKETS = (
     0.01,
     0.025,
@@ -109,7 +118,33 @@ class _BackendCollector(Collector):
         yield from (healthy, in_flight, outstanding, waiting)
 
 
+class _QoEWindowCollector(Collector):
+    """``tokenpace_qoe_window`` from the last telemetry summary."""
+
+    def __init__(self) -> None:
+        self.summary: QoESummary = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily(
+            "tokenpace_qoe_window",
+            "QoE over telemetry.window_s, all replicas (side=gateway|client, "
+            "metric=andes|monotone|displayed_andes, stat=mean|p50|p90|p99|count)",
+            labels=["tenant", "tier", "side", "metric", "stat"],
+        )
+        for tenant, t in self.summary.items():
+            for tier, sides in t["tiers"].items():
+                for side, s in sides.items():
+                    g.add_metric([tenant, tier, side, "all", "count"], float(s["count"]))
+                    for metric in ("andes", "monotone", "displayed_andes"):
+                        for stat in _STATS:
+                            if metric in s:
+                                g.add_metric([tenant, tier, side, metric, stat], s[metric][stat])
+        yield g
+
+
 class GatewayMetrics:
+    """Every series the gateway exports, in one registry of the app's own."""
+
     def __init__(self, router: Router) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -155,7 +190,24 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+        self.admissions = Counter(
+            "tokenpace_admissions",
+            "admission decisions (admitted, queued, limited, queue_full, timeout, gone_away)",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.queue_waiting = Gauge(
+            "tokenpace_queue_waiting", "requests waiting in this replica's queue", registry=r
+        )
+        self.vtc_counter = Gauge(
+            "tokenpace_vtc_counter",
+            "virtual token counter (VTC) per tenant, as this replica last saw it",
+            ["tenant"],
+            registry=r,
+        )
         r.register(_BackendCollector(router))
+        self.qoe_window = _QoEWindowCollector()
+        r.register(self.qoe_window)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

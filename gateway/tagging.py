@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.backends import Backend, RequestContext
+from gateway.backends import Backend
+from gateway.context import RequestContext
 
 TAG_KEYS = ("tp_tier", "tp_ttft", "tp_tds", "tp_tenant", "tp_weight", "tp_request_id")
 

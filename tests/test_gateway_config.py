@@ -192,8 +192,6 @@ def test_contract_default_tiers():
     ],
 )
 def test_errors_name_the_bad_key(patch, expected):
-    import gateway.backends  # noqa: F401 - registers the backend kinds checked above
-
     data = {"tenants": [{"name": "ok", "api_keys": ["tp-fine-key-1"]}], **patch}
     with pytest.raises(ConfigError) as err:
         parse_config(data, "test.yaml")

@@ -101,8 +101,7 @@ def test_the_price_tiering_example_is_valid_and_warns_about_its_fast_tier(capsys
 
 
 def test_the_price_tiering_example_engine_runs_weighted_andes_with_its_slack():
-    import gateway.embedded  # noqa: F401 - registers the embedded kind
-    from gateway.backends import build_backends
+    from gateway.backends.kinds import build_backends
     from gateway.config import load_config
 
     example = Path(__file__).resolve().parents[1] / "examples" / "price_tiering" / "gateway.yaml"

@@ -8,7 +8,9 @@ When a command fails (connection refused or reset, timeout), Redis is marked dow
 logged once. ``fail_mode: open`` (default) serves from the local store from then on:
 fair share, queue and limits hold per replica only. ``fail_mode: closed`` raises
 :class:`~gateway.store.base.StoreUnavailable` (the API answers 503). Nothing waits on a
-dead Redis: commands time out after ``store.timeout_s``, and while down none is sent.
+dead Redis: a call that takes longer than ``store.timeout_s`` (its round trips
+together) counts as a failure, and while down none is sent. This is the gateway's one
+store timeout: callers never add their own.
 
 API keys (docs/architecture.md, "API keys"): each replica mirrors the whole key table
 (live keys and revoked digests) and the store's *epoch*, a random id set once per
@@ -71,8 +73,10 @@ class ResilientStore(Store):
         fail_open: bool = True,
         reconnect_interval_s: float = 1.0,
         buffer_max: int = 10000,
+        timeout_s: float = 2.0,
     ) -> None:
         self.redis = redis
+        self.timeout_s = timeout_s
         self.local = local
         self.fail_open = fail_open
         self.reconnect_interval_s = reconnect_interval_s
@@ -168,9 +172,9 @@ class ResilientStore(Store):
         while self._buffer:
             batch = [self._buffer.popleft() for _ in range(min(500, len(self._buffer)))]
             try:
-                for rec, info in batch:
-                    if info is not None:  # fields only: a 'reported' mark already there stays
-                        await self.redis.remember(rec.request_id, info)
+                for rec, owner in batch:
+                    if owner is not None:  # fields only: a 'reported' mark already there stays
+                        await self.redis.remember(rec.request_id, owner)
                 results = await self.redis.add_qoe([rec for rec, _ in batch])
             except BaseException:
                 self._buffer.extendleft(reversed(batch))
@@ -183,7 +187,8 @@ class ResilientStore(Store):
         """(True, result) from Redis, or (False, None) when it is down (fail open)."""
         if self.up:
             try:
-                return True, await getattr(self.redis, name)(*args)
+                async with asyncio.timeout(self.timeout_s):
+                    return True, await getattr(self.redis, name)(*args)
             except _FAILURES as exc:
                 self._down(exc)
         if not self.fail_open:
@@ -246,8 +251,9 @@ class ResilientStore(Store):
             # live by the mirror, unknown to Redis: revoked meanwhile, or Redis lost its
             # data; find out which before answering
             try:
-                await self._sync_keys()
-                name = await self.redis.tenant_for_key(digest)
+                async with asyncio.timeout(self.timeout_s):
+                    await self._sync_keys()
+                    name = await self.redis.tenant_for_key(digest)
             except _FAILURES as exc:
                 self._down(exc)
                 return await self._offline_tenant(digest)
@@ -287,7 +293,8 @@ class ResilientStore(Store):
         if not self.keys_known:
             raise StoreUnavailable("the API key table is being restored")
         try:
-            return await getattr(self.redis, name)(*args)
+            async with asyncio.timeout(self.timeout_s):
+                return await getattr(self.redis, name)(*args)
         except _FAILURES as exc:
             self._down(exc)
             raise StoreUnavailable("the shared state store (Redis) is unreachable") from exc
