@@ -56,13 +56,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.backends.base import BackendError, BackendRuntime, InProcessBackend
-from gateway.config import (
-    DEMO_MODEL,
-    BackendConfig,
-    ConfigError,
-    GatewayConfig,
-    validation_problems,
-)
+from gateway.config import DEMO_MODEL, BackendConfig, ConfigError, GatewayConfig
+from gateway.config_loader import validation_problems
 from gateway.context import Endpoint, RequestContext
 from gateway.embedded_text import Placeholder, StopText, text_seed
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body

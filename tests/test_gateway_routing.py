@@ -24,7 +24,8 @@ from test_gateway_support import (
 )
 
 from gateway.backends import Backend, BackendError, InProcessBackend, aggregate_chunks
-from gateway.config import BACKEND_KINDS, ConfigError, parse_config
+from gateway.config import BACKEND_KINDS, ConfigError
+from gateway.config_loader import parse_config
 from gateway.context import RequestContext
 from gateway.logs import JsonFormatter, RequestIdFilter, request_id_var
 from gateway.routing import Router
