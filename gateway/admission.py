@@ -1,31 +1,11 @@
 """Admission: weighted fair share (VTC) at the gateway, a queue, backend capacity.
 
-Each backend has a capacity: ``max_concurrent`` requests in flight, counted over every
-replica (slots in the store), and, for vLLM backends with ``vllm_metrics``, room in its
-KV cache and waiting queue as its ``/metrics`` says (:meth:`Router.capacity_loop`). A request
-is admitted when it is the head of its model's queue and a backend serving the model
-has room; otherwise it waits in the gateway's queue. The head is the request of the
-tenant with the least virtual token counter, and within a tenant the one with the
-earliest TTFT deadline (arrival + its tier's TTFT); VTC as in the slides of "Fairness in
-Serving Large Language Models" (Sheng et al.): prompt tokens are charged at admission
-(``w_p``), output tokens as they stream (``w_q``), divided by the tenant's weight, and
-an idle tenant's counter is lifted when it queues again.
-
-Across replicas (docs/architecture.md, "Fair share across replicas"): the queue itself
-is in the store. Every queued request has an entry there (tenant, deadline), the
-counters are shared, and one atomic script decides "head of the queue and a slot is
-free": a replica can admit only the global head, whichever replica holds it. Each
-replica keeps its own waiters locally and *pumps* them: on every local release and every
-``admission.poll_interval_s`` it asks the store for its best local waiter; the answer
-names the global head, which it tries next if it holds it, and it stops when the head
-is elsewhere (that replica's pump admits it) or nothing has room.
-
-Round trips: an admitted request costs one store call to arrive (limits, request
-record, enqueue with lift, admission and prompt charge in one script) and one to
-release its slot. Output tokens are charged in batches: one call per replica every
-``admission.charge_interval_s`` for all its streams. A queued request adds one call per
-pump attempt. A heartbeat renews this replica's slot and queue leases (and re-creates
-them after a Redis restart); a replica that dies loses its holds after ``lease_s``.
+A request is admitted when it is the head of its model's queue (the tenant with the
+least virtual token counter, then the earliest TTFT deadline; VTC as in "Fairness in
+Serving Large Language Models", Sheng et al.) and a backend serving the model has a free
+slot; otherwise it waits. The queue, the counters and the slots are in the store, so the
+order holds across replicas; each replica pumps its own waiters. docs/architecture.md,
+"Fair share across gateway replicas", has the design and its round trips.
 """
 
 from __future__ import annotations

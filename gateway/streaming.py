@@ -1,31 +1,14 @@
 """The SSE relay: backend chunks out to the client as they come, nothing added to them.
 
-One :class:`StreamRelay` per streaming request. Its response generator reads the
-backend's :class:`~gateway.backends.ChunkStream` a batch at a time (every chunk that
-has arrived) and waits for the next batch with a deadline. Reads are cancel-safe (the
-``ChunkStream`` contract), so a deadline that passes costs nothing, which is what lets
-the relay
-
-- send ``: ping`` comments while it waits (``timeouts.ping_interval_s``), before the
-  first token above all, so proxies and clients keep the connection;
-- enforce the first-chunk (``timeouts.first_byte_s``) and between-chunk
-  (``timeouts.idle_s``) deadlines;
-- fail over to another backend when the stream fails before its first chunk (only
-  pings went out, so the client cannot tell), and otherwise end the stream with an
-  OpenAI-style error event and ``data: [DONE]``: the client never hangs.
-
-No task of its own: the reading happens in the response's task (an HTTP backend's
-socket is read by its connection's callbacks in any case, so a slow client does not
-stall the upstream until the connection's buffer fills, which is the backpressure).
-When the client goes away sse-starlette cancels the generator; the relay then closes
-the backend stream (for HTTP backends: the upstream connection, so vLLM aborts the
-generation) within :data:`~gateway.dispatch.CLOSE_TIMEOUT_S`. Nothing outlives the
-request: the lease on the backend is released once.
-
-Every chunk carrying tokens is timed when it is handed to the client: TTFT, inter-token
-times and, at the end of a completed stream, the gateway-side QoE
-(:func:`qos.metrics.andes_qoe` and :func:`qos.metrics.monotone_qoe`), returned by
-:meth:`StreamRelay.finish` as a :class:`~gateway.context.StreamOutcome`.
+One :class:`StreamRelay` per streaming request; :meth:`StreamRelay.events` is the
+response body. It reads the backend's :class:`~gateway.backends.ChunkStream` a batch at
+a time with a deadline (pings while it waits, the first-chunk and between-chunk
+timeouts), fails over before the first chunk, and otherwise ends a failed stream with an
+OpenAI error event and ``data: [DONE]``. Every chunk carrying tokens is timed as it is
+handed to the client; :meth:`StreamRelay.finish` returns the stream's
+:class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
+gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
+:func:`qos.metrics.monotone_qoe`). docs/architecture.md, "The streaming relay".
 """
 
 from __future__ import annotations

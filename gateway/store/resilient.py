@@ -1,35 +1,13 @@
 """Redis with a local fallback: what the gateway uses when ``store.redis_url`` is set.
 
-While Redis answers, every operation goes to it, and the local
-:class:`~gateway.store.memory.MemoryStore` mirrors what this replica learns (the
-counters Redis returns, the requests it served), so that it can carry on alone.
-
-When a command fails (connection refused or reset, timeout), Redis is marked down and
-logged once. ``fail_mode: open`` (default) serves from the local store from then on:
-fair share, queue and limits hold per replica only. ``fail_mode: closed`` raises
-:class:`~gateway.store.base.StoreUnavailable` (the API answers 503). Nothing waits on a
-dead Redis: a call that takes longer than ``store.timeout_s`` (its round trips
-together) counts as a failure, and while down none is sent. This is the gateway's one
-store timeout: callers never add their own.
-
-API keys (docs/architecture.md, "API keys"): each replica mirrors the whole key table
-(live keys and revoked digests) and the store's *epoch*, a random id set once per
-store. Every ``store.reconnect_interval_s`` it reads the epoch and the table's version
-(one round trip) and reloads the table when it changed. An epoch that changed or went
-means the store lost its data (Redis restarted empty): the replica writes its mirror
-back (revocations first and for good, then the keys, admin-created ones included) and
-the configured keys, then adopts the new epoch. Key administration is refused (503)
-while Redis is down and until the mirror is in step (``keys_known``). At start-up the
-store says whether Redis persists its data (AOF); when it does not, a loud error says
-what that costs.
-
-A probe task pings Redis every ``store.reconnect_interval_s``. When it answers, the
-store reconciles before taking traffic again: the key table is checked as above,
-requests served meanwhile are remembered in Redis (so their telemetry is accepted),
-counters are raised to at least this replica's view (``max``, so a Redis that
-restarted empty never resets a tenant to zero, and none goes backwards), the slots
-this replica holds are re-registered (the admission heartbeat, ``on_reconnect``), and
-the telemetry buffered meanwhile (bounded, oldest dropped first) is written.
+While Redis answers, every operation goes to it and a local
+:class:`~gateway.store.memory.MemoryStore` mirrors what this replica learns. A call that
+fails or takes longer than ``store.timeout_s`` (the gateway's one store timeout: callers
+add none) marks Redis down: ``fail_mode: open`` serves from the local store, ``closed``
+raises :class:`~gateway.store.base.StoreUnavailable` (503). A probe reconnects and
+reconciles (the key table, requests, counters, slots, buffered telemetry).
+docs/architecture.md, "Fair share across gateway replicas" ("Failure") and "API keys:
+what survives what", has the design.
 """
 
 from __future__ import annotations
