@@ -118,7 +118,7 @@ class GatewayMiddleware:
             outcome,
         )
         self.metrics.requests.labels(*labels).inc()
-        if endpoint == "models":
+        if endpoint == "models" or not access_log.isEnabledFor(logging.INFO):
             return
         extra = record.log_fields()
         extra.update(endpoint=endpoint, status=status, outcome=outcome)

@@ -232,7 +232,7 @@ class HttpBackend(Backend):
                 "Accept-Encoding": "identity",  # relayed as read: no decoding on the way
             },
             # No read timeout: the caller bounds the wait for the response headers
-            # (gateway.dispatch.open_attempt) and the relay the first-chunk and
+            # (Dispatcher.open_stream) and the relay the first-chunk and
             # between-chunk gaps; a per-read timer here would cost every chunk.
             timeout=httpx.Timeout(
                 connect=t.connect_s, read=None, write=t.connect_s, pool=t.connect_s
