@@ -239,7 +239,8 @@ def test_backend_kinds_are_one_table_whatever_was_imported():
 
     assert set(KINDS) == set(BACKEND_KINDS)
     check = (
-        "import sys; from gateway.config import ConfigError, parse_config\n"
+        "import sys; from gateway.config import ConfigError\n"
+        "from gateway.config_loader import parse_config\n"
         "base = {'tenants': [{'name': 't', 'api_keys': ['tp-kind-key-1']}]}\n"
         "parse_config({**base, 'backends': [{'name': 'e', 'kind': 'embedded', 'models': ['m']}]})\n"
         "try:\n"
