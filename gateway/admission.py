@@ -148,17 +148,14 @@ class AdmissionController:
 
     # -- backends -------------------------------------------------------------------------
     def slots_for(self, model: str) -> list[Slot]:
-        """Backends serving ``model`` with room by their own report, in routing order."""
+        """Backends serving ``model`` with room by their own report, in routing order: the
+        store grants the first with a free slot, and that is the backend the request goes
+        to (the one place a backend is chosen; failover goes on in the router's order)."""
         return [
             Slot(s.name, self._caps.get(s.name, 0))
             for s in self.router.ranked(model)
             if not s.saturated
         ]
-
-    def preferred(self, backend: str) -> str | None:
-        """The backend the router should try first: the slot's, unless no backend is capped
-        (then the router's own least-work choice is as good and fresher)."""
-        return backend if any(self._caps.values()) else None
 
     # -- admission ------------------------------------------------------------------------
     async def admit(self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int) -> Ticket:

@@ -102,7 +102,7 @@ class CompletionService:
                 ticket = await unless_disconnected(request, admit)
             except ClientGone:
                 return client_gone(record)
-            ctx.backend = self.admission.preferred(ticket.backend)
+            ctx.backend = ticket.backend  # the choice: failover goes on in the router's order
             headers = {
                 **headers,
                 **ticket.rate.headers(),

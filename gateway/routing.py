@@ -105,11 +105,13 @@ class Router:
         """The backends serving ``model`` outside ``exclude``, best first: the one order.
 
         Healthy before unhealthy (tried only when no healthy one is left), then least
-        waiting time, fewest in flight, round robin from the backend after the last one
-        chosen.
+        waiting time, fewest in flight, round robin: from the backend after the last one
+        chosen, one further at each call (concurrent arrivals, admitted before any of them
+        is sent, spread over equals).
         """
         excluded = set(exclude)
         n, rr = len(self.states), self._rr
+        self._rr = (rr + 1) % max(n, 1)
         return sorted(
             (s for s in self.states if s.name not in excluded and s.backend.serves(model)),
             key=lambda s: (not s.healthy, s.waiting_time(), s.in_flight, (s.index - rr) % n),
