@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("tp_request_id", default="-")
 
@@ -59,7 +60,7 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-class _GatewayHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _GatewayHandler(logging.StreamHandler[TextIO]):
     """The handler :func:`setup_logging` installs (and replaces when called again)."""
 
 
