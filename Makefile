@@ -4,22 +4,34 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint format bench-qoe clean run vllm system-deps bench-gateway webui sdk-web
+.PHONY: venv constraints test lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# The server and, next to it, the client distribution (sdk_python/, tokenpace-client).
-$(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev]' -e './sdk_python[openai]'
+# The server and, next to it, the client distribution (sdk_python/, tokenpace-client), at
+# the versions the tests passed with: constraints.txt, `make constraints` after a change.
+$(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml constraints.txt
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]' -e './sdk_python[openai]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
+# Rewrite constraints.txt from .venv (everything but the project's own editable packages):
+# after changing a dependency, `make venv constraints`, run the tests, commit both.
+constraints: venv
+	{ echo "# pip constraints: the versions \`make venv\` installs (\`make constraints\` writes it)"; \
+	  $(BIN)/pip freeze --exclude-editable; } > constraints.txt
+
+# What mypy checks (configuration: pyproject.toml, [tool.mypy]); add a package here once
+# it passes.
+MYPY_PATHS := qos gateway sdk_python/tokenpace_client
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(MYPY_PATHS)
 
 format: venv
 	$(BIN)/ruff check --fix .
@@ -29,6 +41,12 @@ format: venv
 # bench use (.models/tiny-llama, .models/small-llama); idempotent, scripts/setup-vllm.sh.
 vllm:
 	PYTHON=$(PYTHON) scripts/setup-vllm.sh
+
+# The vLLM plugin checked against vLLM's own types: `make lint` runs before vLLM is
+# installed and sees it as untyped (pyproject.toml); this run sees the real thing.
+mypy-vllm: venv vllm
+	$(BIN)/mypy --python-executable .venv-vllm/bin/python --follow-imports=silent \
+		--cache-dir .mypy_cache/vllm qos/vllm
 
 # System packages the tests use (redis-server, chromium and espeak-ng, from Debian); a no-op
 # when present. Node.js >= 20 must be there already (scripts/check-node.sh says so).
@@ -61,7 +79,7 @@ webui/.built: webui/node_modules/.installed $(WEBUI_SOURCES)
 webui: webui/.built
 
 # Python tests, then the web SDK's unit tests, then the pages in Chromium (webui/test/).
-test: venv lint vllm system-deps sdk-web webui
+test: venv lint vllm mypy-vllm system-deps sdk-web webui
 	$(BIN)/pytest -q
 	cd sdk_web && $(NPM) test
 	cd webui && $(NPM) test
@@ -88,4 +106,4 @@ run: venv webui
 	$(BIN)/tokenpace serve --host $(HOST) --port $(PORT)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache webui/dist webui/.built webui/test-artifacts
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache webui/dist webui/.built webui/test-artifacts

@@ -32,6 +32,14 @@ this process are pinned to the first half of the CPUs and the proxies to the oth
 half, as a proxy on hosts of its own would run: its CPU use does not slow the
 upstream or the client, and direct is measured on the same CPUs.
 
+``--workers 1,2`` measures the gateway once per worker count, side by side in the same
+run (``gateway`` is the single process, ``gateway-2w`` ``tokenpace serve --workers 2``).
+A gateway of more workers than the proxy half has CPUs is pinned to every CPU: on two
+cores the two workers get both, and the upstream and the load generator keep the first
+one, as in the single-worker run (they share it with a worker; no priorities are
+changed). With more than one worker every gateway uses a Redis store (``--redis`` for
+one worker alone): a ``redis-server`` on a free loopback port, on the harness's CPUs.
+
 The server's CPU seconds (process tree, psutil) are taken over each phase and divided
 by the content chunks (= tokens) delivered; RSS is sampled every 50 ms. Last, the
 memory run sends ``--memory-requests`` requests through the gateway and samples its RSS
@@ -454,10 +462,15 @@ class RssSampler:
         self._thread.join()
 
 
-def gateway_config(port: int, upstream_port: int, concurrency: int) -> str:
-    """The gateway's configuration: one tenant, one plain HTTP backend, WARNING logs."""
+def gateway_config(
+    port: int, upstream_port: int, concurrency: int, redis: tuple[str, str] | None = None
+) -> str:
+    """The gateway's configuration: one tenant, one plain HTTP backend, WARNING logs;
+    ``redis`` = (URL, key prefix) for a Redis store."""
+    store = {"store": {"redis_url": redis[0], "key_prefix": redis[1]}} if redis else {}
     return json.dumps(
         {
+            **store,
             "server": {"host": "127.0.0.1", "port": port},
             "tenants": [{"name": "bench", "api_keys": [{"key": BENCH_KEY}]}],
             "backends": [
@@ -473,6 +486,11 @@ def gateway_config(port: int, upstream_port: int, concurrency: int) -> str:
         },
         indent=2,
     )
+
+
+def gateway_name(workers: int) -> str:
+    """The target name of the gateway with ``workers`` worker processes."""
+    return "gateway" if workers == 1 else f"gateway-{workers}w"
 
 
 def litellm_config(upstream_port: int, models: list[str]) -> str:
@@ -585,6 +603,7 @@ class Bench:
         self.ports: dict[str, int] = {}
         self.sampler: RssSampler | None = None
         self.skipped: dict[str, str] = {}
+        self.redis: subprocess.Popen[bytes] | None = None
 
     def start(self, targets: list[str], litellm_bin: Path | None) -> None:
         a = self.args
@@ -600,19 +619,20 @@ class Bench:
         self.ports["direct"] = up_port
         conc = max(a.ns) * 2
         if "gateway" in targets:
-            port = free_port()
-            cfg = self.tmp / "gateway.yaml"
-            cfg.write_text(gateway_config(port, up_port, conc))
+            redis = None
+            if a.redis or max(a.workers) > 1:
+                redis = self.start_redis()
             tokenpace = Path(sys.executable).parent / "tokenpace"
-            self.servers["gateway"] = Server(
-                "gateway",
-                [str(tokenpace), "serve", "--config", str(cfg)],
-                port,
-                "/readyz",
-                self.tmp,
-                self.proxy_cpus,
-            )
-            self.ports["gateway"] = port
+            for workers in a.workers:
+                name = gateway_name(workers)
+                port = free_port()
+                cfg = self.tmp / f"{name}.yaml"
+                store = (redis, f"bench-{name}") if redis else None
+                cfg.write_text(gateway_config(port, up_port, conc, store))
+                cmd = [str(tokenpace), "serve", "--config", str(cfg), "--workers", str(workers)]
+                cpus = self.gateway_cpus(workers)
+                self.servers[name] = Server(name, cmd, port, "/readyz", self.tmp, cpus)
+                self.ports[name] = port
         if "floor" in targets:
             port = free_port()
             self.servers["floor"] = Server(
@@ -664,6 +684,32 @@ class Bench:
             _say(self.out, f"starting {s.name} on port {s.port} ...")
             s.wait_ready(180.0 if s.name == "litellm" else 60.0)
         self.sampler = RssSampler([s for n, s in self.servers.items() if n != "upstream"])
+
+    def gateway_cpus(self, workers: int) -> set[int] | None:
+        """The proxy half, or every CPU for more workers than the proxy half has CPUs."""
+        if self.proxy_cpus is None or workers <= len(self.proxy_cpus):
+            return self.proxy_cpus
+        return self.proxy_cpus | (self.harness_cpus or set())
+
+    def start_redis(self) -> str:
+        """A redis-server on a free loopback port, on the harness's CPUs; its URL."""
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server not found (scripts/install-system-deps.sh)")
+        port = free_port()
+        args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.tmp)]
+        self.redis = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
+        if self.harness_cpus:
+            os.sched_setaffinity(self.redis.pid, self.harness_cpus)
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline or self.redis.poll() is not None:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        return f"redis://127.0.0.1:{port}/0"
 
     def spec(self, target: str, **kw: Any) -> LoadSpec:
         key = LITELLM_KEY if target == "litellm" else BENCH_KEY
@@ -755,6 +801,25 @@ class Bench:
         )
         return self.measure(target, spec)
 
+    def per_request(self, target: str) -> dict[str, Any]:
+        """Requests of one token each: the proxy's CPU per request, relay nearly excluded."""
+        a = self.args
+        spec = self.spec(
+            target,
+            model="tps-0",
+            tokens=1,
+            concurrency=a.request_concurrency,
+            ramp_s=0.0,
+            record_s=3600.0,
+            stop_s=3600.0,
+            requests=a.requests,
+        )
+        res = self.measure(target, spec)
+        done = max(res["streams_completed"], 1)
+        if "server_cpu_s" in res:
+            res["cpu_ms_per_request"] = res["server_cpu_s"] / done * 1000
+        return res
+
     def memory(self) -> dict[str, Any]:
         a = self.args
         gw = self.servers["gateway"]
@@ -798,6 +863,9 @@ class Bench:
             self.sampler.close()
         for s in reversed(list(self.servers.values())):
             s.stop()
+        if self.redis is not None:
+            self.redis.terminate()
+            self.redis.wait(10)
 
 
 def _added(res: dict[str, Any], direct: dict[str, Any], key: str, p: str) -> float | None:
@@ -860,6 +928,14 @@ def summarize(results: dict[str, Any], targets: list[str], ns: list[int]) -> lis
         }
         cut = {t: by[t]["fixed"]["streams_cut"] for t in targets if t in by}
         lines += ["", f"errors: {errors}; fixed-rate streams cut off unfinished: {cut}", ""]
+    per = results.get("per_request", {})
+    if per:
+        lines += ["| target | CPU ms / request (one token) | requests | errors |"]
+        lines += ["| --- | --- | --- | --- |"]
+        for t, r in per.items():
+            cpu = _fmt(r.get("cpu_ms_per_request"), ".3f")
+            lines.append(f"| {t} | {cpu} | {r['streams_completed']} | {r['errors']} |")
+        lines.append("")
     return lines
 
 
@@ -882,6 +958,8 @@ def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]
         )
     for m in ns:
         b = results["runs"][str(m)]
+        if "gateway" not in b:
+            continue
         r = b["gateway"]["saturation"]["chunks_per_s"] / b["direct"]["saturation"]["chunks_per_s"]
         checks.append(
             {
@@ -901,6 +979,7 @@ def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]
                     "met": lr >= 2,
                 }
             )
+    checks += _cost_checks(results, ns)
     mem = results.get("memory")
     if mem:
         checks.append(
@@ -910,6 +989,44 @@ def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]
                 "met": abs(mem["change_pct"]) <= 10,
             }
         )
+    return checks
+
+
+def _cost_checks(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]]:
+    """The gateway's own cost against the stack floor's, measured in the same run."""
+    checks: list[dict[str, Any]] = []
+    per = results.get("per_request", {})
+    if "gateway" in per and "floor" in per:
+        own = per["gateway"]["cpu_ms_per_request"] - per["floor"]["cpu_ms_per_request"]
+        checks.append(
+            {"target": "CPU per request above the floor <= 1 ms", "measured": own, "met": own <= 1}
+        )
+    for m in ns:
+        b = results["runs"][str(m)]
+        if "gateway" not in b or "floor" not in b:
+            continue
+        gw, floor = b["gateway"]["fixed"], b["floor"]["fixed"]
+        ratio = gw["cpu_s_per_1k_tokens"] / floor["cpu_s_per_1k_tokens"]
+        checks.append(
+            {
+                "target": f"CPU per token <= 1.15x the floor's at {m}",
+                "measured": ratio,
+                "met": ratio <= 1.15,
+            }
+        )
+        if m == 64:
+            d = b["direct"]["fixed"]
+            gw_add = _added(gw, d, "ttft_ms", "p50")
+            floor_add = _added(floor, d, "ttft_ms", "p50")
+            if gw_add is not None and floor_add is not None:
+                extra = gw_add - floor_add
+                checks.append(
+                    {
+                        "target": "added TTFT p50 at 64 <= the floor's + 1 ms",
+                        "measured": extra,
+                        "met": extra <= 1,
+                    }
+                )
     return checks
 
 
@@ -933,6 +1050,9 @@ def run(args: argparse.Namespace) -> int:
         "pinning": {
             "harness_cpus": sorted(bench.harness_cpus or []),
             "proxy_cpus": sorted(bench.proxy_cpus or []),
+            "gateway_cpus": {
+                gateway_name(w): sorted(bench.gateway_cpus(w) or []) for w in args.workers
+            },
         },
         "settings": {
             k: getattr(args, k)
@@ -945,6 +1065,10 @@ def run(args: argparse.Namespace) -> int:
                 "sat_warm_s",
                 "sat_repeats",
                 "memory_requests",
+                "requests",
+                "request_concurrency",
+                "workers",
+                "redis",
             )
         },
         "runs": {},
@@ -952,7 +1076,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         bench.start(targets, litellm_bin)
-        active = [t for t in targets if t == "direct" or t in bench.servers]
+        gateways = [gateway_name(w) for w in args.workers] if "gateway" in targets else []
+        expanded = [g for t in targets for g in (gateways if t == "gateway" else [t])]
+        active = [t for t in expanded if t == "direct" or t in bench.servers]
         for t in active:
             _say(out, f"warming up {t}")
             bench.warm_up(t)
@@ -981,6 +1107,13 @@ def run(args: argparse.Namespace) -> int:
                 runs[t]["saturation"] = ranked[len(ranked) // 2]
                 runs[t]["saturation_chunks_per_s"] = [r["chunks_per_s"] for r in reps[t]]
             results["runs"][str(n)] = runs
+        if args.requests > 0:
+            per: dict[str, Any] = {}
+            for t in (t for t in active if t in ("floor", "gateway")):
+                _say(out, f"{t}: {args.requests} one-token requests ...")
+                per[t] = r = bench.per_request(t)
+                _say(out, f"  {_fmt(r.get('cpu_ms_per_request'), '.3f')} ms CPU per request")
+            results["per_request"] = per
         if "gateway" in bench.servers and args.memory_requests > 0:
             _say(out, f"memory: {args.memory_requests} requests through the gateway ...")
             results["memory"] = bench.memory()
@@ -1020,16 +1153,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sat-s", type=float, default=6.0, help="saturation window, s")
     p.add_argument("--sat-warm-s", type=float, default=2.0, help="saturation warm-up, s")
     p.add_argument("--sat-repeats", type=int, default=3, help="saturation runs (median kept)")
+    p.add_argument(
+        "--requests", type=int, default=3000, help="one-token requests for CPU per request"
+    )
+    p.add_argument("--request-concurrency", type=int, default=8)
     p.add_argument("--memory-requests", type=int, default=10_000)
     p.add_argument("--memory-tokens", type=int, default=20, help="tokens per memory-run stream")
     p.add_argument("--memory-concurrency", type=int, default=64)
     p.add_argument("--litellm", default=".venv-litellm/bin/litellm", help="the litellm command")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
+    p.add_argument(
+        "--workers", default="1", help="gateway worker counts to measure, comma-separated"
+    )
+    p.add_argument("--redis", action="store_true", help="the gateways on a Redis store")
     p.add_argument("--out", default="results/gateway_load")
     args = p.parse_args(argv)
     if args.loadgen:
         return loadgen_main(args.loadgen)
     args.ns = [int(x) for x in args.ns.split(",") if x]
+    args.workers = sorted({int(x) for x in args.workers.split(",") if x})
     return run(args)
 
 

@@ -51,6 +51,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from qos.sim.workload import build_workload, load_andes_trace
+from qos.tags import RequestTags, encode_tags
 from qos.vllm import scheduler as current
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +119,7 @@ def workload(max_num_seqs: int, n: int, args: argparse.Namespace) -> list[Arriva
     for r in requests:
         prompt = int(np.clip(round(r.prompt_tokens * 0.25), 4, limit))
         output = int(np.clip(round(r.output_tokens * 0.25), 4, limit))
-        tags = {"tp_ttft": r.ttft, "tp_tds": r.tds, "tp_tier": r.tier}
+        tags = encode_tags(RequestTags(tier=r.tier, ttft=r.ttft, tds=r.tds))
         arrivals.append((r.arrival, r.id, prompt, output, tags))
     return arrivals
 

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,28 +29,6 @@ from gateway.routing import Router
 from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
 
 log = logging.getLogger("tokenpace.gateway.admission")
-
-_CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb for English text
-
-
-def estimate_prompt_tokens(raw: dict[str, Any]) -> int:
-    """Prompt tokens, estimated from the text (the gateway has no tokenizer): chars / 4."""
-    chars = 0
-
-    def text(value: Any) -> int:
-        if isinstance(value, str):
-            return len(value)
-        if isinstance(value, list):
-            return sum(text(v) for v in value)
-        if isinstance(value, dict):
-            return text(value.get("text")) + text(value.get("content"))
-        return 0
-
-    for msg in raw.get("messages") or ():
-        if isinstance(msg, dict):
-            chars += text(msg.get("content")) + 4 * _CHARS_PER_TOKEN  # role and framing
-    chars += text(raw.get("prompt"))
-    return max(1, math.ceil(chars / _CHARS_PER_TOKEN))
 
 
 def tenant_limits(t: TenantConfig) -> Limits:

@@ -43,6 +43,23 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="port to listen on (default: server.port, 8080)")
     p.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="gateway processes serving the port (default 1; N > 1 needs store.redis_url)",
+    )
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def _add_check_args(p: argparse.ArgumentParser) -> None:
@@ -176,7 +193,12 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     level = ns.log_level or config.logging.level
     setup_logging(json_logs=json_logs, level=level)
     try:
-        app = create_app(config)
+        if ns.workers > 1:  # the app is built in each worker (gateway.workers)
+            from gateway.workers import WorkerPool
+
+            pool = WorkerPool(config, ns.workers, log_json=json_logs, log_level=level)
+        else:
+            app = create_app(config)
     except ConfigError as exc:  # backend options are checked when the backend is built
         print(f"tokenpace serve: {exc}", file=sys.stderr)
         return 2
@@ -198,6 +220,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
             f"anyone who reaches {host}:{port}; set metrics.port or metrics.token",
             file=sys.stderr,
         )
+    if ns.workers > 1:
+        return pool.run(sockets)
     freeze_startup_objects()
     server = uvicorn.Server(
         uvicorn_config(app, config, log_level=level.lower(), timeout_graceful_shutdown=5)
@@ -219,7 +243,7 @@ def freeze_startup_objects() -> None:
 
 
 def serve(argv: Sequence[str] | None = None) -> int:
-    """``tokenpace serve [--config FILE] [--host H] [--port P]``; returns the exit code."""
+    """``tokenpace serve [--config FILE] [--host H] [--port P] [--workers N]``; the exit code."""
     p = argparse.ArgumentParser(prog="tokenpace serve", description="Run the gateway.")
     _add_serve_args(p)
     return _serve_ns(p.parse_args(argv))

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Send
 
-from gateway.admission import AdmissionController, Ticket, estimate_prompt_tokens
+from gateway.admission import AdmissionController, Ticket
 from gateway.backends import BackendError
 from gateway.config import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord
@@ -36,6 +36,7 @@ from gateway.streaming import StreamRelay
 from gateway.telemetry import Telemetry
 from gateway.telemetry_token import TelemetryTokens
 from gateway.tiers import resolve_tier
+from qos.prompt_tokens import estimate_prompt_tokens
 
 T = TypeVar("T")
 

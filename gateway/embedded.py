@@ -18,7 +18,7 @@ batched like vLLM's sequences) with
 
 - the tier's expected TTFT/TDS, the tenant and its weight (what andes-tp, weights
   included, schedules on), arrival = when the gateway received it;
-- prompt tokens estimated from the text as ``qos.sim.workload`` does (chars/4: the
+- prompt tokens estimated from the text as ``qos.prompt_tokens`` does (chars/4: the
   contents of the messages, or the prompt; a prompt of token ids counts its ids);
 - output tokens = ``max_completion_tokens`` or ``max_tokens`` exactly (finish reason
   ``length``); without either, a completion gets 16 (OpenAI's and vLLM's default,
@@ -63,8 +63,9 @@ from gateway.embedded_text import Placeholder, StopText, text_seed
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from qos.latency import PROFILES, get_profile
 from qos.policy.registry import POLICIES, make_policy
+from qos.prompt_tokens import estimate_text_tokens
 from qos.sim.engine import Engine, StepResult
-from qos.sim.workload import SimRequest, estimate_prompt_tokens
+from qos.sim.workload import SimRequest
 
 log = logging.getLogger("tokenpace.gateway.embedded")
 
@@ -166,15 +167,15 @@ def _prompts(endpoint: Endpoint, body: dict[str, Any]) -> list[tuple[str, int]]:
     """(text, prompt tokens) of each prompt: the messages, or the completion prompt(s)."""
     if endpoint == "chat.completions":
         text = _message_text(body.get("messages") or [])
-        return [(text, estimate_prompt_tokens(text))]
+        return [(text, estimate_text_tokens(text))]
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return [(prompt, estimate_prompt_tokens(prompt))]
+        return [(prompt, estimate_text_tokens(prompt))]
     if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
         return [(repr(prompt), len(prompt))]  # token ids: count them
     if isinstance(prompt, list) and prompt:
         return [
-            (p, estimate_prompt_tokens(p)) if isinstance(p, str) else (repr(p), max(1, len(p)))
+            (p, estimate_text_tokens(p)) if isinstance(p, str) else (repr(p), max(1, len(p)))
             for p in prompt
         ]
     raise _bad("'prompt' must not be empty.", "prompt")

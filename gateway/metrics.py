@@ -25,12 +25,19 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission`).
 - ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
   ``telemetry.window_s`` (:mod:`gateway.telemetry`), refreshed at each scrape.
+
+Several workers (``tokenpace serve --workers N``) share one view through
+``prometheus_client.multiprocess``: each process writes to ``$PROMETHEUS_MULTIPROC_DIR``
+and any worker's scrape reads every file (docs/architecture.md, "Worker processes", says
+how each series combines). The backend series are then gauges each worker publishes
+(:meth:`GatewayMetrics.publish_backends`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -40,16 +47,19 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway.context import UNKNOWN
-from gateway.routing import Router
+from gateway.routing import BackendState, Router
 
 __all__ = ["UNKNOWN", "GatewayMetrics", "QoESummary"]
 
 QoESummary = dict[str, Any]  # gateway.telemetry.summarize: tenant -> tiers -> sides -> stats
 _STATS = ("mean", "p50", "p90", "p99")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's switch to multiprocess mode
 _LATENCY_BUCKETS = (
     0.01,
     0.025,
@@ -87,35 +97,74 @@ _ITL_BUCKETS = (
 _QOE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
+# Each backend series: name, help, how workers' values combine, how a router state reads.
+_Combine = Literal["livemin", "livesum"]  # prometheus_client's multiprocess modes used here
+_BACKEND_SERIES: tuple[tuple[str, str, _Combine, Callable[[BackendState], float]], ...] = (
+    (
+        "tokenpace_backend_healthy",
+        "1 when the backend passes health checks",
+        "livemin",
+        lambda s: 1.0 if s.healthy else 0.0,
+    ),
+    (
+        "tokenpace_backend_in_flight",
+        "requests in flight on the backend",
+        "livesum",
+        lambda s: float(s.in_flight),
+    ),
+    (
+        "tokenpace_backend_outstanding_tokens",
+        "output tokens still expected from the backend's requests",
+        "livesum",
+        lambda s: float(s.outstanding_tokens),
+    ),
+    (
+        "tokenpace_backend_waiting_time_seconds",
+        "QLM request waiting time estimate used for routing",
+        "livesum",
+        lambda s: s.waiting_time(),
+    ),
+)
+
+
 class _BackendCollector(Collector):
     def __init__(self, router: Router) -> None:
         self._router = router
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        healthy = GaugeMetricFamily(
-            "tokenpace_backend_healthy",
-            "1 when the backend passes health checks",
-            labels=["backend"],
-        )
-        in_flight = GaugeMetricFamily(
-            "tokenpace_backend_in_flight", "requests in flight on the backend", labels=["backend"]
-        )
-        outstanding = GaugeMetricFamily(
-            "tokenpace_backend_outstanding_tokens",
-            "output tokens still expected from the backend's requests",
-            labels=["backend"],
-        )
-        waiting = GaugeMetricFamily(
-            "tokenpace_backend_waiting_time_seconds",
-            "QLM request waiting time estimate used for routing",
-            labels=["backend"],
-        )
-        for s in self._router.states:
-            healthy.add_metric([s.name], 1.0 if s.healthy else 0.0)
-            in_flight.add_metric([s.name], float(s.in_flight))
-            outstanding.add_metric([s.name], float(s.outstanding_tokens))
-            waiting.add_metric([s.name], s.waiting_time())
-        yield from (healthy, in_flight, outstanding, waiting)
+        for name, doc, _mode, read in _BACKEND_SERIES:
+            family = GaugeMetricFamily(name, doc, labels=["backend"])
+            for s in self._router.states:
+                family.add_metric([s.name], read(s))
+            yield family
+
+
+class _MultiProcessRegistry(CollectorRegistry):
+    """What every worker wrote to ``path``, plus this process's collectors of other kinds.
+
+    The metrics registered here (counters, gauges, histograms) write to ``path``; they are
+    read back from there with the other workers', not collected twice.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(auto_describe=True)
+        self._files = MultiProcessCollector(None, path)
+        self._live: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        if not isinstance(collector, MetricWrapperBase):
+            self._live.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        if collector in self._live:
+            self._live.remove(collector)
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._files.collect()
+        for collector in list(self._live):
+            yield from collector.collect()
 
 
 class _QoEWindowCollector(Collector):
@@ -146,8 +195,11 @@ class GatewayMetrics:
     """Every series the gateway exports, in one registry of the app's own."""
 
     def __init__(self, router: Router) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._router = router
+        path = os.environ.get(MULTIPROC_ENV)
+        self.multiprocess = bool(path)
+        r = _MultiProcessRegistry(path) if path else CollectorRegistry(auto_describe=True)
+        self.registry = r
         self.requests = Counter(
             "tokenpace_requests",
             "finished API requests",
@@ -155,7 +207,11 @@ class GatewayMetrics:
             registry=r,
         )
         self.in_flight = Gauge(
-            "tokenpace_requests_in_flight", "API requests being served", ["endpoint"], registry=r
+            "tokenpace_requests_in_flight",
+            "API requests being served",
+            ["endpoint"],
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.ttft = Histogram(
             "tokenpace_ttft_seconds",
@@ -197,17 +253,34 @@ class GatewayMetrics:
             registry=r,
         )
         self.queue_waiting = Gauge(
-            "tokenpace_queue_waiting", "requests waiting in this replica's queue", registry=r
+            "tokenpace_queue_waiting",
+            "requests waiting in this replica's queue",
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.vtc_counter = Gauge(
             "tokenpace_vtc_counter",
             "virtual token counter (VTC) per tenant, as this replica last saw it",
             ["tenant"],
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
-        r.register(_BackendCollector(router))
         self.qoe_window = _QoEWindowCollector()
         r.register(self.qoe_window)
+        self._backend_gauges: list[tuple[Gauge, Callable[[BackendState], float]]] = []
+        if self.multiprocess:
+            for name, doc, mode, read in _BACKEND_SERIES:
+                gauge = Gauge(name, doc, ["backend"], multiprocess_mode=mode, registry=r)
+                self._backend_gauges.append((gauge, read))
+        else:
+            r.register(_BackendCollector(router))
+
+    def publish_backends(self) -> None:
+        """Write this worker's view of the backends for the others' scrapes (multiprocess)."""
+        for gauge, read in self._backend_gauges:
+            for s in self._router.states:
+                gauge.labels(s.name).set(read(s))
 
     def render(self) -> tuple[bytes, str]:
+        self.publish_backends()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 
@@ -130,8 +130,16 @@ class LatencyProfile:
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if xs.size > 1 else 0.0
         object.__setattr__(self, "_tail_slope", float(slope))
 
+    @overload
+    def decode_s(self, batch_size: float, context_tokens: float = 0) -> float: ...
+    @overload
     def decode_s(
-        self, batch_size: int | np.ndarray, context_tokens: int | np.ndarray = 0
+        self, batch_size: np.ndarray, context_tokens: float | np.ndarray = 0
+    ) -> np.ndarray: ...
+    @overload
+    def decode_s(self, batch_size: float, context_tokens: np.ndarray) -> np.ndarray: ...
+    def decode_s(
+        self, batch_size: float | np.ndarray, context_tokens: float | np.ndarray = 0
     ) -> float | np.ndarray:
         """Seconds of one decode iteration over ``batch_size`` sequences (vectorised).
 
@@ -179,7 +187,11 @@ class LatencyProfile:
             raise ValueError(f"mode: profile {self.name!r} does not support swap")
         return self.swap_per_token_s * tokens
 
-    def tokens_per_s(self, batch_size: int | np.ndarray) -> float | np.ndarray:
+    @overload
+    def tokens_per_s(self, batch_size: float) -> float: ...
+    @overload
+    def tokens_per_s(self, batch_size: np.ndarray) -> np.ndarray: ...
+    def tokens_per_s(self, batch_size: float | np.ndarray) -> float | np.ndarray:
         """Per-request decode speed at ``batch_size`` (>= 1): ``1 / decode_s(batch_size)``."""
         if np.any(np.asarray(batch_size) < 1):
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")

@@ -51,10 +51,10 @@ class Process:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> Process:
+    def start(self, timeout: float = 20.0) -> Process:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        _wait_http(self.url + self.ready_path, self.proc)
+        _wait_http(self.url + self.ready_path, self.proc, timeout)
         return self
 
     @property

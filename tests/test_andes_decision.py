@@ -26,32 +26,32 @@ LLAMA = get_profile("llama-3.1-8b-h100")
 
 
 def reference_pack(
-    policy: Andes,
     table: RequestTable,
+    levels: np.ndarray | None,
+    asks: np.ndarray | None,
     order: np.ndarray,
     demand: np.ndarray,
     kv_tokens: int,
     max_batch: int,
 ) -> np.ndarray:
-    """Greedy packing with skip (Algorithm 1); with tenant levels, once a waiting row does
-    not fit, waiting rows of higher levels are passed over (qos/policy/fair.py)."""
-    levels = policy.shares.levels(table) if policy.shares is not None else None
-    if levels is None:
+    """Greedy packing with skip (Algorithm 1); with tenant levels, once an asking row does
+    not fit, every waiting row after it is passed over (qos/policy/fair.py)."""
+    if levels is None or asks is None:
         return pack_in_order(order, demand, kv_tokens, max_batch, table.n)
     chosen = np.zeros(table.n, dtype=bool)
     used = count = 0
-    blocked_above = np.inf
+    blocked = False
     for row in order.tolist():
         if count >= max_batch:
             break
-        if not table.running[row] and levels[row] > blocked_above:
+        if blocked and not table.running[row]:
             continue
         if used + demand[row] <= kv_tokens:
             chosen[row] = True
             used += int(demand[row])
             count += 1
-        elif not table.running[row]:
-            blocked_above = min(blocked_above, levels[row])
+        elif asks[row]:
+            blocked = True
     return chosen
 
 
@@ -71,12 +71,14 @@ def reference_schedule(
     count = min(policy.batch_candidates, b_max - b_min + 1)
     sizes = sorted({round(b_min + (b_max - b_min) * i / max(count - 1, 1)) for i in range(count)})
     context_s = policy.profile.per_context_token_s * float(demand.mean())
+    tau = float(policy.profile.decode_s(b_max)) + context_s * b_max
+    asks = ~running & (forecast.q_serve(tau) - forecast.q_wait > 1e-9)
+    levels = policy.shares.levels(table, asks) if policy.shares is not None else None
     best, best_value, best_order = None, -np.inf, None
     for b in sizes:
         gain = policy.gains(forecast, now, float(policy.profile.decode_s(b)) + context_s * b)
         if policy.preemption_cost:
             gain = gain - policy.stall_charge(forecast, gain, running)
-        levels = policy.shares.levels(table) if policy.shares is not None else None
         if levels is None:
             order = policy.packing_order(table, gain / demand)
         else:  # lowest level first, then Andes's order
@@ -84,7 +86,7 @@ def reference_schedule(
         if policy.solver is not None:
             chosen = policy.solver(gain, demand, packing.kv_tokens, b)
         else:
-            chosen = reference_pack(policy, table, order, demand, packing.kv_tokens, b)
+            chosen = reference_pack(table, levels, asks, order, demand, packing.kv_tokens, b)
         value = float(gain[chosen].sum())
         if value > best_value:
             best, best_value, best_order = chosen, value, order
@@ -104,7 +106,7 @@ def reference_schedule(
     room = int(policy.kv_watermark * capacity.kv_tokens) - used
     if room > 0 and slots > 0:
         admissions = best_order[(best & ~running)[best_order]]
-        packed |= reference_pack(policy, table, admissions, demand, room, slots)
+        packed |= reference_pack(table, levels, asks, admissions, demand, room, slots)
     policy.preemptions += int((running & ~packed).sum())
     return packed
 

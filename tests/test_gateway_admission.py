@@ -9,7 +9,6 @@ from typing import Any
 from cluster_support import CappedUpstream, chat, cluster_config, replicas
 from test_gateway_support import run_server
 
-from gateway.admission import estimate_prompt_tokens
 from gateway.backends.http import vllm_gauge
 
 KEY = "key-acme-00000000"
@@ -42,12 +41,6 @@ def test_vllm_gauge_parsing() -> None:
     assert vllm_gauge(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") == 0.5
     assert vllm_gauge(text, "vllm:num_requests_waiting") == 3.0
     assert vllm_gauge(text, "vllm:missing") is None
-
-
-def test_prompt_estimate() -> None:
-    parts = [{"type": "text", "text": "x" * 40}]
-    assert estimate_prompt_tokens({"prompt": "y" * 400}) == 100
-    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": parts}]}) == 14
 
 
 async def test_full_kv_cache_holds_requests_in_the_queue(key_prefix) -> None:

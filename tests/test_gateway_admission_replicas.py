@@ -15,8 +15,8 @@ import time
 import pytest
 from cluster_support import Log, backlog, capped_upstream, cluster_config, replicas, stream_once
 
-from gateway.admission import estimate_prompt_tokens
 from qos.fairness import W_OUTPUT, W_PROMPT
+from qos.prompt_tokens import estimate_prompt_tokens
 
 PROMPT = estimate_prompt_tokens({"messages": [{"role": "user", "content": "hi"}]})
 

@@ -32,7 +32,7 @@ from gateway.context import RequestContext
 from gateway.embedded import OWNED_BY, EmbeddedEngine
 from gateway.tiers import ResolvedTier
 from qos.policy.andes import Andes
-from qos.sim.workload import estimate_prompt_tokens
+from qos.prompt_tokens import estimate_text_tokens
 
 SMALL = "tokenpace-sim-small"
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -114,7 +114,7 @@ async def test_streaming_chat_exact_tokens_usage_and_shapes(shared):
     assert chunks[-2].choices[0].finish_reason == "length"
     usage = chunks[-1].usage
     assert chunks[-1].choices == [] and usage.completion_tokens == 7
-    assert usage.prompt_tokens == estimate_prompt_tokens("Hello!")
+    assert usage.prompt_tokens == estimate_text_tokens("Hello!")
     assert usage.total_tokens == usage.prompt_tokens + 7
     assert all(c.usage is None for c in chunks[:-1])
     # paced by the simulation: 7 iterations take at least 7 decode times of the profile
@@ -156,7 +156,7 @@ async def test_completions_streaming_and_default_length(shared):
     assert len(texts) == 9
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].usage.completion_tokens == 9
-    assert chunks[-1].usage.prompt_tokens == estimate_prompt_tokens("Once upon a time")
+    assert chunks[-1].usage.prompt_tokens == estimate_text_tokens("Once upon a time")
     # without max_tokens: OpenAI's default of 16 for completions
     done = await client.completions.create(model=DEMO_MODEL, prompt="Once upon a time")
     assert done.usage.completion_tokens == 16 and done.choices[0].finish_reason == "length"

@@ -9,8 +9,9 @@ import pytest
 from gateway.config_loader import parse_config
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.tagging import TAG_KEYS, upstream_body
+from gateway.tagging import upstream_body
 from gateway.tiers import ResolvedTier, resolve_tier
+from qos.tags import TAG_KEYS
 
 CONFIG = parse_config(
     {

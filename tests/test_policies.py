@@ -903,10 +903,12 @@ def test_levels_pack_the_tenant_ahead_after_the_one_behind():
     plain = Andes(FAST, horizon_s=10.0).schedule(table, capacity, now=10.0)
     assert sorted(table.keys[r] for r in np.flatnonzero(plain)) == ["a0", "a1", "a2"]
     policy.shares.vtc.charge("a", 1.0, output_tokens=20)  # a: 40, within b + 50
-    assert policy.shares.levels(table) is None
+    assert policy.shares.levels(table, ~table.running) is None
     np.testing.assert_array_equal(policy.schedule(table, capacity, 10.0), plain)
     policy.shares.vtc.charge("a", 1.0, output_tokens=10)  # a: 60 > 0 + 50: b goes first
-    np.testing.assert_array_equal(policy.shares.levels(table), [k[0] == "a" for k in table.keys])
+    np.testing.assert_array_equal(
+        policy.shares.levels(table, ~table.running), [k[0] == "a" for k in table.keys]
+    )
     mask = policy.schedule(table, capacity, 10.0)
     assert sorted(table.keys[r] for r in np.flatnonzero(mask)) == ["b0", "b1", "b2"]
 
@@ -921,7 +923,9 @@ def test_a_tenant_with_nothing_waiting_sets_no_level():
     for r in range(table.n):
         policy.on_arrival(table, r, 0.0)
     policy.shares.vtc.charge("b", 1.0, output_tokens=100)  # b: 200, c: 0, a: live 11/4
-    levels = dict(zip(table.keys, policy.shares.levels(table).tolist(), strict=True))
+    levels = dict(
+        zip(table.keys, policy.shares.levels(table, ~table.running).tolist(), strict=True)
+    )
     assert levels == {"a0": 0.0, "b0": 4.0, "c0": 0.0}  # b: ⌊(200 − 0) / 50⌋
 
 
@@ -1231,3 +1235,35 @@ def test_registry_builds_every_named_policy_and_names_the_choices():
     assert (paper.preemption_cap, paper.preemption_cost) == (1.0, 0.0)
     with pytest.raises(ValueError, match="unknown 'lifo'; use one of fcfs, round-robin"):
         make_policy("lifo", FAST)
+
+
+def test_a_waiting_request_ahead_of_its_reader_does_not_make_its_tenant_backlogged():
+    """Tenant b (weight 2) is far behind a in service, and its only waiting request was
+    paused well ahead of its reader: waiting does not hurt it, so b is no reference and
+    a's fresh request runs as without weights. Behind its reader, the same request asks:
+    b is backlogged, a is at a higher level, and a's request waits."""
+
+    def decide(ahead: bool) -> np.ndarray:
+        policy = weighted_andes(kv_watermark=1.0, preemption_cap=0.0)
+        table = RequestTable()
+        add(table, "a-run", arrival=0.0, prompt=40, tenant="a", weight=1.0, running=True)
+        start = 9.0 if ahead else -30.0  # 100 tokens read at 5/s take 20 s
+        tokens = [start + 0.01 * k for k in range(100)]
+        add(
+            table,
+            "b-paused",
+            arrival=start - 1.0,
+            prompt=10,
+            tenant="b",
+            weight=2.0,
+            tokens_at=tokens,
+        )
+        add(table, "a-new", arrival=9.9, prompt=9, tenant="a", weight=1.0)
+        for r in range(table.n):
+            policy.on_arrival(table, r, 0.0)
+        policy.shares.vtc.charge("a", 1.0, prompt_tokens=500)  # a far ahead
+        # room for a-run and one of the two waiting requests, not both
+        return policy.schedule(table, Capacity(kv_tokens=155, max_batch=8), now=10.0)
+
+    np.testing.assert_array_equal(decide(ahead=True), [True, False, True])
+    assert not decide(ahead=False)[2]

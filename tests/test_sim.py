@@ -20,7 +20,6 @@ from qos.sim import (
     TraceEntry,
     build_workload,
     default_trace_path,
-    estimate_prompt_tokens,
     gamma_arrivals,
     load_andes_trace,
     poisson_arrivals,
@@ -378,7 +377,6 @@ def test_trace_loader_json_with_prompt_text(tmp_path, monkeypatch):
     assert default_trace_path() == p
     (e,) = load_andes_trace()
     assert (e.prompt_tokens, e.output_len, e.ttft, e.tds) == (2, 7, 1.0, 4.0)
-    assert estimate_prompt_tokens("") == 1 and estimate_prompt_tokens("a" * 10) == 2
     p.write_text("[]")
     with pytest.raises(ValueError, match="path"):
         load_andes_trace(p)

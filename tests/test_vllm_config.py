@@ -1,5 +1,6 @@
-"""The vLLM plugin's parts that need no vLLM: tags, configuration, version check, online
-profile. ``import qos`` and ``import qos.vllm`` must not import vLLM."""
+"""The vLLM plugin's parts that need no vLLM: configuration, version check, online
+profile (the tags it reads: test_tags.py). ``import qos`` and ``import qos.vllm`` must not
+import vLLM."""
 
 from __future__ import annotations
 
@@ -12,61 +13,15 @@ from qos.latency import LatencyProfile, get_profile
 from qos.policy.andes import Andes
 from qos.policy.fcfs import FCFS
 from qos.policy.registry import POLICIES, make_policy
+from qos.tags import RequestTags
 from qos.vllm import check_vllm_version
 from qos.vllm.config import PluginConfig
 from qos.vllm.online import SEED_DECODE_S, OnlineProfile
-from qos.vllm.tags import RequestTags, parse_tags
-
-DEFAULTS = RequestTags(tier="chat", ttft=1.0, tds=4.8)
 
 
 def test_importing_qos_vllm_does_not_import_vllm() -> None:
     code = "import sys, qos, qos.vllm, qos.vllm.config; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_gateway_tags_are_read() -> None:
-    tags, problems = parse_tags(
-        {
-            "tp_tier": "voice",
-            "tp_ttft": 0.8,
-            "tp_tds": 3.3,
-            "tp_tenant": "acme",
-            "tp_weight": 2,
-            "tp_request_id": "ab" * 16,
-            "other": "kept for other extensions",
-        },
-        DEFAULTS,
-    )
-    assert problems == []
-    assert tags == RequestTags("voice", 0.8, 3.3, "acme", 2.0, "ab" * 16)
-
-
-def test_missing_tags_take_the_defaults() -> None:
-    assert parse_tags(None, DEFAULTS) == (DEFAULTS, [])
-    assert parse_tags({}, DEFAULTS) == (DEFAULTS, [])
-    tags, _ = parse_tags({"tp_tds": 10}, DEFAULTS)
-    assert (tags.tier, tags.ttft, tags.tds, tags.tenant) == ("chat", 1.0, 10.0, "default")
-
-
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        ("tp_tds", 0),
-        ("tp_tds", -1.0),
-        ("tp_tds", float("inf")),
-        ("tp_ttft", -0.5),
-        ("tp_ttft", "1.0"),
-        ("tp_weight", True),
-        ("tp_weight", 0),
-        ("tp_tenant", ""),
-        ("tp_tier", 3),
-    ],
-)
-def test_malformed_tags_fall_back_and_are_reported(key: str, value: object) -> None:
-    tags, problems = parse_tags({key: value, "tp_tenant_ok": 1}, DEFAULTS)
-    assert tags == DEFAULTS
-    assert len(problems) == 1 and key in problems[0]
 
 
 def test_config_from_environment() -> None:

@@ -5,11 +5,14 @@ started from ``.venv-vllm`` with this checkout's ``qos`` first on its path) runs
 plugin with its default policy, ``andes-tp``. The tokenpace gateway in front of it has
 two tenants, ``basic`` (weight 1) and ``premium`` (weight 4), and tags every request
 with its tenant and weight (``tp_tenant``, ``tp_weight``). Both send the same demand at
-once: eight requests each, interleaved, 320 tokens at a tier scaled to the engine (first
-token within 0.5 s, then 30 tokens/s), through four sequence slots (``--max-num-seqs
-4``): sixteen streams asking for 480 tokens/s from an engine that gave about 420 here,
-so that the premium tenant's four fifths cover its 240 tokens/s and the basic tenant
-is short.
+once: eight requests each, interleaved, 320 tokens, through four sequence slots
+(``--max-num-seqs 4``), at a tier **scaled to the engine's measured speed**: a first
+gateway streams four 96-token replies at once to measure s, the tokens/s of one request
+in a full batch, and the measured gateway's tier asks for ``TDS_PER_FULL_BATCH_SPEED`` ×
+s tokens/s after a first token within ``TTFT_TOKENS`` / TDS seconds (0.5 s at 30
+tokens/s). Sixteen streams then ask for about 1.14
+times what the engine gives (4 s), so the premium tenant's four fifths cover its half of
+the demand and the basic tenant is short, however fast the machine is today.
 
 The slack is set to 256 service units (``TOKENPACE_FAIR_SHARE_SLACK``): the shipped
 16,384 is ~10 s of a GPU engine's output and would outlast this whole run. Checked:
@@ -41,10 +44,13 @@ from vllm_harness import (
     tenant_key,
 )
 
-TIERS = {"chat": {"ttft": 0.5, "tds": 30.0, "priority": 1}}
+TDS_PER_FULL_BATCH_SPEED = 0.286  # 16 streams at this TDS ask 1.14 x the engine's 4 s
+TTFT_TOKENS = 15.0  # the expected TTFT, in tokens' worth of the tier's TDS
+CALIBRATION_TOKENS = 96
 TENANTS = {"basic": 1.0, "premium": 4.0}
 TOKENS = 320
 PER_TENANT = 8
+SLOTS = 4  # --max-num-seqs
 
 
 def workload() -> list[Job]:
@@ -56,16 +62,33 @@ def workload() -> list[Job]:
     return jobs
 
 
-async def drive(server: VllmServer) -> list[JobResult]:
-    async with serve_gateway(gateway_config([server], TIERS, TENANTS)) as url:
-        warm = [
-            Job(0.0, "chat", "warm up " * (i + 1), 8 + 8 * i, tenant_key("premium"))
-            for i in range(4)
-        ]
+def tiers(tds: float) -> dict[str, dict[str, float]]:
+    return {"chat": {"ttft": TTFT_TOKENS / tds, "tds": tds, "priority": 1}}
+
+
+async def full_batch_speed(server: VllmServer, slots: int) -> float:
+    """Warm the engine up, then the median tokens/s of one request among ``slots`` at once."""
+    async with serve_gateway(gateway_config([server], tiers(30.0), TENANTS)) as url:
+        key = tenant_key("premium")
+        warm = [Job(0.0, "chat", "warm up " * (i + 1), 8 + 8 * i, key) for i in range(slots)]
         assert all(
             r.completion_tokens == r.job.max_tokens for r in await run_jobs(url, server.name, warm)
         )
-        return await run_jobs(url, server.name, workload())
+        batch = [Job(0.0, "chat", f"{i}: calibrate", CALIBRATION_TOKENS, key) for i in range(slots)]
+        runs = await run_jobs(url, server.name, batch)
+    speeds = [
+        (r.completion_tokens - r.times[0][1]) / (r.times[-1][0] - r.times[0][0])
+        for r in runs
+        if len(r.times) > 1
+    ]
+    assert speeds, "calibration: no request streamed more than one chunk"
+    return statistics.median(speeds)
+
+
+async def drive(server: VllmServer, slots: int) -> tuple[float, list[JobResult]]:
+    tds = TDS_PER_FULL_BATCH_SPEED * await full_batch_speed(server, slots)
+    async with serve_gateway(gateway_config([server], tiers(tds), TENANTS)) as url:
+        return tds, await run_jobs(url, server.name, workload())
 
 
 def test_the_heavier_tenant_gets_clearly_better_qoe(tmp_path: Path) -> None:
@@ -76,7 +99,7 @@ def test_the_heavier_tenant_gets_clearly_better_qoe(tmp_path: Path) -> None:
         "andes",
         tmp_path,
         kv_blocks=256,
-        max_num_seqs=4,
+        max_num_seqs=SLOTS,
         max_model_len=1024,
         extra_args=("--stream-interval", "4"),
         env={"TOKENPACE_FAIR_SHARE_SLACK": "256"},
@@ -85,7 +108,7 @@ def test_the_heavier_tenant_gets_clearly_better_qoe(tmp_path: Path) -> None:
     try:
         server.start()
         server.wait_ready(timeout_s=400)
-        results = asyncio.run(drive(server))
+        tds, results = asyncio.run(drive(server, SLOTS))
         stats = server.stats()
     finally:
         server.stop()
@@ -104,7 +127,10 @@ def test_the_heavier_tenant_gets_clearly_better_qoe(tmp_path: Path) -> None:
         name: sum(n for r in rs for t, n in r.times if r.job.at_s + t <= done)
         for name, rs in by_tenant.items()
     }
-    report = f"average QoE {qoe}, tokens by {done:.1f} s {served}, plugin stats {stats}"
+    report = (
+        f"tier {tds:.1f} tokens/s, average QoE {qoe}, tokens by {done:.1f} s {served}, "
+        f"plugin stats {stats}"
+    )
     print(report)
     assert qoe["premium"] >= 1.2 * qoe["basic"], report
     assert served["premium"] >= 1.5 * served["basic"], report

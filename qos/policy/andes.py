@@ -53,6 +53,7 @@ Objective = Literal["average", "max-min", "perfect"]
 Solver = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 
 _PERFECT = 1.0 - 1e-9
+_HURT = 1e-9  # a QoE difference above float noise
 
 
 class Andes(Policy):
@@ -101,6 +102,7 @@ class Andes(Policy):
         self.solver = solver
         self.shares = None if fair_share_slack is None else TenantShares(fair_share_slack, counter)
         self._levels: np.ndarray | None = None  # the last solve's tenant levels
+        self._asks: np.ndarray | None = None  # and the rows that asked (asking)
         self._completions: deque[float] = deque([initial_horizon_s], maxlen=256)
         self._completion_sum = initial_horizon_s
         self.arrivals = 0
@@ -197,13 +199,17 @@ class Andes(Policy):
 
     def gains(self, forecast: Forecast, now: float, tau: float) -> np.ndarray:
         """QoE gain of serving each request at decode latency τ (Eq. 2, 6 or 7)."""
+        gain: np.ndarray
         if self.objective == "max-min":
-            return np.maximum(float(forecast.q_now.min()) - forecast.q_wait, 0.0)
+            gain = np.maximum(float(forecast.q_now.min()) - forecast.q_wait, 0.0)
+            return gain
         q_serve = forecast.q_serve(tau)
         if self.objective == "average":
-            return q_serve - forecast.q_wait
+            gain = q_serve - forecast.q_wait
+            return gain
         now_perfect = forecast.q_now >= _PERFECT
-        return ((q_serve >= _PERFECT).astype(float) - (forecast.q_wait >= _PERFECT)) * now_perfect
+        gain = ((q_serve >= _PERFECT).astype(float) - (forecast.q_wait >= _PERFECT)) * now_perfect
+        return gain
 
     def batch_range(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray | None = None
@@ -256,7 +262,11 @@ class Andes(Policy):
         decode = self._decode_table(b_max)
         per_context = self.profile.per_context_token_s
         context_s = per_context * float(demand.mean()) if per_context else 0.0
-        self._levels = self.shares.levels(table) if self.shares is not None else None
+        self._levels = self._asks = None
+        if self.shares is not None and self.shares.weighted(table):
+            tau = float(decode[b_max]) + context_s * b_max
+            self._asks = self.asking(table, forecast, tau)
+            self._levels = self.shares.levels(table, self._asks)
         best, best_value = None, -np.inf
         running = table.running
         size = demand.astype(float)  # l_i; dividing by it as floats is 3x cheaper
@@ -265,6 +275,7 @@ class Andes(Policy):
             if self.preemption_cost:
                 gain = gain - self.stall_charge(forecast, gain, running)
             priority = gain / size
+            order: np.ndarray | None
             if self.solver is not None:
                 order = self.packing_order(table, priority)
                 chosen = self.solver(gain, demand, capacity.kv_tokens, b)
@@ -294,7 +305,9 @@ class Andes(Policy):
         n = table.n
         if self._levels is not None:
             order = self.packing_order(table, priority)
-            return pack_by_level(order, self._levels, table.running, demand, kv_tokens, b, n), order
+            assert self._asks is not None
+            chosen = pack_by_level(order, table.running, self._asks, demand, kv_tokens, b, n)
+            return chosen, order
         if b >= n or type(self).packing_order is not Andes.packing_order:
             order = self.packing_order(table, priority)
             return pack_in_order(order, demand, kv_tokens, b, n), order
@@ -307,7 +320,7 @@ class Andes(Policy):
             return chosen, None
         head = _in_priority_order(head, key, running)
         chosen = pack_in_order(head, demand, kv_tokens, b, n)
-        taken = np.count_nonzero(chosen)
+        taken = int(np.count_nonzero(chosen))
         if taken == b:
             return chosen, head
         left = kv_tokens - int(demand[chosen].sum())
@@ -318,10 +331,19 @@ class Andes(Policy):
 
     def _in_solver_order(self, admitted: np.ndarray) -> np.ndarray:
         """The rows of ``admitted`` (waiting rows) in the last solve's packing order."""
+        rows: np.ndarray
         if self._order is not None:
-            return self._order[admitted[self._order]]
+            rows = self._order[admitted[self._order]]
+            return rows
         rows = admitted.nonzero()[0]  # Andes's own order: priority, then row (all waiting)
-        return rows[np.argsort(-self._priority[rows], kind="stable")]
+        rows = rows[np.argsort(-self._priority[rows], kind="stable")]
+        return rows
+
+    def asking(self, table: RequestTable, forecast: Forecast, tau: float) -> np.ndarray:
+        """The rows that are their tenant's unmet ask (:mod:`qos.policy.fair`): waiting,
+        and hurt by waiting (Q_serve at τ, the decode latency at B_max, above Q_wait)."""
+        asks: np.ndarray = ~table.running & (forecast.q_serve(tau) - forecast.q_wait > _HURT)
+        return asks
 
     def stall_charge(self, forecast: Forecast, gain: np.ndarray, running: np.ndarray) -> np.ndarray:
         """k·(p_i / Δt)·G: what request i's prefill costs the running batch (module doc)."""
@@ -346,7 +368,7 @@ class Andes(Policy):
         """Optimisation #4: keep preemptions ≤ P per request on average."""
         running = table.running
         evicted = running & ~chosen
-        count = np.count_nonzero(evicted)
+        count = int(np.count_nonzero(evicted))
         budget = int(self.preemption_cap * self.arrivals) - self.preemptions
         if count <= budget:
             self.preemptions += count
@@ -360,23 +382,26 @@ class Andes(Policy):
             kept[keep] = True
         else:  # budget spent: every victim stays
             kept = running.copy()
-        used, slots = int(demand[kept].sum()), capacity.max_batch - np.count_nonzero(kept)
+        used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
+        packed: np.ndarray
         if used <= capacity.kv_tokens and slots >= 0:
             packed = kept  # the usual case: what was running still fits
         else:
             packed = pack_in_order(
                 kept.nonzero()[0], demand, capacity.kv_tokens, capacity.max_batch, table.n
             )
-            used, slots = int(demand[packed].sum()), capacity.max_batch - np.count_nonzero(packed)
+            used = int(demand[packed].sum())
+            slots = capacity.max_batch - int(np.count_nonzero(packed))
         # Admissions only into the room left under the watermark (see _solve).
         room = int(self.kv_watermark * capacity.kv_tokens) - used
         if room > 0 and slots > 0:
             order = self._in_solver_order(chosen & ~running)
             if self._levels is not None:
-                packed |= pack_by_level(order, self._levels, running, demand, room, slots, table.n)
+                assert self._asks is not None
+                packed |= pack_by_level(order, running, self._asks, demand, room, slots, table.n)
             else:
                 packed |= pack_in_order(order, demand, room, slots, table.n)
-        self.preemptions += np.count_nonzero(running & ~packed)
+        self.preemptions += int(np.count_nonzero(running & ~packed))
         return packed
 
 

@@ -3,7 +3,10 @@
 Service is counted as VTC counts it ("Fairness in Serving Large Language Models", Sheng
 et al.; :mod:`qos.fairness`): W = w_p·prompt + w_q·output, a tenant's counter growing
 by W / weight, lifted when the tenant becomes active again. A tenant is active while
-it has a request in the engine, *backlogged* while one of them waits.
+it has a request in the engine, *backlogged* while one of them *asks*: it waits, and
+waiting hurts it (its Andes gain Q_serve − Q_wait, Eq. 2, is positive:
+:meth:`qos.policy.andes.Andes.asking`). A request paused ahead of its reader is no
+unmet demand.
 
 **Levels.** Row i of tenant f (weight w_i) is at level
 
@@ -11,10 +14,11 @@ it has a request in the engine, *backlogged* while one of them waits.
                                          weight differs from w_i
 
 (0 where there is no such tenant). Andes packs level by level, lowest first, in its
-own order (Eq. 5 priority) within a level; and once a *waiting* row of some level does
-not fit, no waiting row of a higher level is admitted (the room it leaves is kept for
-it, as VTC's execution stream stops at the first request that does not fit). Running
-rows of any level may still keep their place.
+own order (Eq. 5 priority) within a level; and once an *asking* row does not fit, no
+waiting row after it is admitted, of its level or a higher one: the room is kept for
+it, as VTC's execution stream stops at the first request that does not fit (without
+the stop, the short requests behind it fill every gap and a long one never fits).
+Running rows of any level may still keep their place.
 
 - One tenant, or all rows of one weight: every level is 0 and the decision is exactly
   Andes's (the rule never reads a counter).
@@ -67,7 +71,8 @@ class TenantShares:
         output = table.col("output")
         prompt = np.where(output > 0, table.col("prompt"), 0)
         service = self.vtc.w_prompt * prompt + self.vtc.w_output * output
-        return service / table.col("weight")
+        per_weight: np.ndarray = service / table.col("weight")
+        return per_weight
 
     def on_arrival(self, table: RequestTable, row: int) -> None:
         tenant = table.tenant_names[int(table.col("tenant")[row])]
@@ -95,19 +100,27 @@ class TenantShares:
         ids = table.col("tenant")
         live = np.bincount(ids, weights=self._live(table), minlength=len(table.tenant_names))
         settled = np.array([self.vtc.counter(t) for t in table.tenant_names])
-        return (settled + live)[ids]
+        counters: np.ndarray = (settled + live)[ids]
+        return counters
 
-    def levels(self, table: RequestTable) -> np.ndarray | None:
-        """Each row's level (module docstring), or None where every level is 0."""
+    @staticmethod
+    def weighted(table: RequestTable) -> bool:
+        """Whether the rows' weights differ (else every level is 0)."""
         weight = table.col("weight")
-        if weight.size == 0 or bool((weight == weight[0]).all()):
+        return weight.size > 0 and not bool((weight == weight[0]).all())
+
+    def levels(self, table: RequestTable, asks: np.ndarray) -> np.ndarray | None:
+        """Each row's level (module docstring), or None where every level is 0.
+
+        ``asks``: the rows that make their tenant backlogged (module docstring)."""
+        if not self.weighted(table):
             return None
+        weight = table.col("weight")
         counters = self.counters(table)
-        waiting = ~table.running
         levels = np.zeros(table.n)
         for value in np.unique(weight):
             mine = weight == value
-            ref = waiting & ~mine
+            ref = asks & ~mine
             if ref.any():
                 ahead = np.maximum(counters[mine] - counters[ref].min(), 0.0)
                 levels[mine] = np.floor(ahead / self.slack) if self.slack > 0 else ahead
@@ -116,29 +129,23 @@ class TenantShares:
 
 def pack_by_level(
     order: np.ndarray,
-    levels: np.ndarray,
     running: np.ndarray,
+    asks: np.ndarray,
     demand: np.ndarray,
     kv_tokens: int,
     max_batch: int,
     n: int,
 ) -> np.ndarray:
-    """Greedy packing of ``order`` (sorted by level first) with the level rule: skip what
-    does not fit, but after a waiting row is skipped, take only running rows of higher
-    levels. Returns a bool mask of length ``n``."""
-    chosen = np.zeros(n, dtype=bool)
-    kv_left, slots = kv_tokens, max_batch
-    blocked = False
-    row_levels = levels[order]
-    for level in np.unique(row_levels):
-        rows = order[row_levels == level]
-        if blocked:
-            rows = rows[running[rows]]
-        took = pack_in_order(rows, demand, kv_left, slots, n)
-        chosen |= took
-        kv_left -= int(demand[took].sum())
-        slots -= int(np.count_nonzero(took))
-        if slots <= 0:
-            break
-        blocked = blocked or bool((~took[rows] & ~running[rows]).any())
-    return chosen
+    """Greedy packing of ``order`` (sorted by level first) with VTC's stop: skip what does
+    not fit, but after the first asking row (``asks``) that does not fit, take only
+    running rows; the room is kept for it. Returns a bool mask of length ``n``."""
+    took = pack_in_order(order, demand, kv_tokens, max_batch, n)
+    missed = (~took[order] & asks[order]).nonzero()[0]
+    if not missed.size:
+        return took
+    after = order[missed[0] + 1 :]
+    took[after] = False
+    kv_left = kv_tokens - int(demand[took].sum())
+    slots = max_batch - int(np.count_nonzero(took))
+    took |= pack_in_order(after[running[after]], demand, kv_left, slots, n)
+    return took

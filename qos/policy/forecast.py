@@ -53,12 +53,13 @@ def digested_area_at(state: Digest, horizon: float | np.ndarray) -> np.ndarray:
     TTFT); before it the expected area is 0 and :func:`score` gives 1 regardless.
     """
     drain = np.maximum(state.last + state.step - horizon, 0.0)
-    return (
+    area: np.ndarray = (
         state.n * horizon
         - state.total
         - 0.5 * state.n * state.step
         + 0.5 * state.tds * drain * drain
     )
+    return area
 
 
 def append_stream(state: Digest, t0: np.ndarray, tau: float, k: np.ndarray) -> Digest:
@@ -110,10 +111,13 @@ class _Scorer:
             self.zero = np.zeros(expected.shape)
 
     def __call__(self, actual: np.ndarray) -> np.ndarray:
+        q: np.ndarray
         if self.kind == "andes":
-            return np.minimum(actual * self.inv + self.floor, self.one)
-        deficit = np.maximum(self.expected - actual, self.zero)  # 0 where E = 0: scores 1
-        return self.safe / (self.safe + deficit)
+            q = np.minimum(actual * self.inv + self.floor, self.one)
+        else:
+            deficit = np.maximum(self.expected - actual, self.zero)  # 0 where E = 0: scores 1
+            q = self.safe / (self.safe + deficit)
+        return q
 
 
 @dataclass
@@ -159,7 +163,7 @@ class Forecast:
         s, h = self.state, self.horizon
         zero = self._zero = np.zeros(s.step.shape)  # the bound 0 as an array: see _Scorer
         half_tds = self._half_tds = 0.5 * s.tds
-        self.expected = expected_area(h - self.arrival, self.ttft, s.tds, np.inf)
+        self.expected = np.asarray(expected_area(h - self.arrival, self.ttft, s.tds, np.inf))
         self._scorer = _Scorer(self.kind, self.expected)
         self._tau = np.empty(zero.shape)  # τ broadcast, filled by q_serve
         # ∫_0^h A dt = lin + k·(h - s/2) - Σ new d + (TDS/2)·drain², lin = n·h - Σ d - n·s/2
@@ -177,7 +181,9 @@ class Forecast:
     @cached_property
     def q_now(self) -> np.ndarray:
         """Q_current,i: QoE so far."""
-        expected_now = expected_area(self.now - self.arrival, self.ttft, self.state.tds, np.inf)
+        expected_now = np.asarray(
+            expected_area(self.now - self.arrival, self.ttft, self.state.tds, np.inf)
+        )
         return score(self.kind, digested_area_at(self.state, self.now), expected_now)
 
     def q_serve(self, tau: float) -> np.ndarray:

@@ -88,7 +88,8 @@ class RequestTable:
     @property
     def context(self) -> np.ndarray:
         """l_i: prompt plus generated tokens, the KV slots the request needs to run."""
-        return self._cols["prompt"][: self.n] + self._cols["output"][: self.n]
+        context: np.ndarray = self._cols["prompt"][: self.n] + self._cols["output"][: self.n]
+        return context
 
     @property
     def demand(self) -> np.ndarray:

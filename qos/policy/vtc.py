@@ -44,7 +44,8 @@ class FairShareHooks(Policy):
     def tenant_counters(self, table: RequestTable) -> np.ndarray:
         """Counter of each row's tenant."""
         by_id = np.array([self.vtc.counter(name) for name in table.tenant_names])
-        return by_id[table.col("tenant")]
+        counters: np.ndarray = by_id[table.col("tenant")]
+        return counters
 
 
 class VTC(FairShareHooks):

@@ -53,12 +53,13 @@ import heapq
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from qos.latency import LatencyProfile
 from qos.metrics import (
+    IdlePenalty,
     RequestRecord,
     ServingMetrics,
     andes_qoe,
@@ -652,12 +653,12 @@ class SimResult:
         n = len(self.requests)
         return sum(r.preemptions for r in self.requests) / n if n else math.nan
 
-    def smooth_goodput(self, alpha: float = 2.5, penalty: str = "linear") -> float:
+    def smooth_goodput(self, alpha: float = 2.5, penalty: IdlePenalty = "linear") -> float:
         """Σ benefit / makespan (Wang et al. Eq. 10-11), α = 2.5, linear idle penalty."""
         if not self.makespan > 0:
             return math.nan
         total = sum(
-            request_benefit(r.times, r.ttft, r.tds, alpha=alpha, penalty=penalty)  # type: ignore[arg-type]
+            request_benefit(r.times, r.ttft, r.tds, alpha=alpha, penalty=penalty)
             for r in self.requests
         )
         return float(total) / self.makespan
@@ -675,7 +676,7 @@ class SimResult:
         ]
         return serving_metrics(records, self.makespan)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """Aggregates as a JSON-serialisable dict (NaN becomes None)."""
         it = self.iterations
         dec = it.get("decision_s", np.zeros(0))
@@ -715,7 +716,9 @@ class SimResult:
                 "decision_s_total": float(dec.sum()),
             },
         }
-        return _jsonable(out)  # type: ignore[return-value]
+        result = _jsonable(out)
+        assert isinstance(result, dict)
+        return result
 
 
 def simulate(
@@ -755,7 +758,9 @@ def simulate(
     last_token = start
     while engine.has_work():
         if engine.table.n == 0:
-            now = max(now, engine.next_arrival_time())  # type: ignore[type-var]
+            arrival = engine.next_arrival_time()
+            assert arrival is not None  # has_work: something is yet to arrive
+            now = max(now, arrival)
         if max_time is not None and now >= max_time:
             break
         res = engine.step(now)

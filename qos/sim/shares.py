@@ -68,11 +68,13 @@ class ShareReport:
         """[tenant, bin]: each tenant's fraction of the bin's service (NaN for idle bins)."""
         total = self.service.sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return self.service / np.where(total > 0, total, np.nan)
+            share: np.ndarray = self.service / np.where(total > 0, total, np.nan)
+        return share
 
     def fair_fraction(self) -> np.ndarray:
         """Each tenant's fair share as a fraction of the window's service."""
-        return self.fair / self.fair.sum()
+        fraction: np.ndarray = self.fair / self.fair.sum()
+        return fraction
 
 
 def water_fill(asked: np.ndarray, weights: np.ndarray, total: float) -> np.ndarray:
@@ -86,7 +88,8 @@ def water_fill(asked: np.ndarray, weights: np.ndarray, total: float) -> np.ndarr
         offer = left * w / w.sum()
         capped = open_ & (share + offer >= asked)
         if not capped.any():
-            return share + offer
+            filled: np.ndarray = share + offer
+            return filled
         left -= float((asked[capped] - share[capped]).sum())
         share[capped] = asked[capped]
         open_ &= ~capped

@@ -26,9 +26,11 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+
+from qos.prompt_tokens import estimate_text_tokens
 
 PROMPT_TOKEN_ESTIMATE = "chars/4: max(1, round(len(prompt) / 4))"
 """How :func:`load_andes_trace` counts prompt tokens; quote it next to any result."""
@@ -113,11 +115,6 @@ TIERS = {t.name: t for t in (CHAT, VOICE, FAST, BATCH)}
 """The gateway's default tiers (``gateway.config.DEFAULT_TIERS``), by name."""
 
 
-def estimate_prompt_tokens(prompt: str) -> int:
-    """Prompt tokens by the chars/4 estimate: ``max(1, round(len(prompt) / 4))``."""
-    return max(1, round(len(prompt) / 4))
-
-
 def default_trace_path() -> Path:
     """``$TOKENPACE_TRACE`` if set, else the shipped CSV (:data:`DEFAULT_TRACE`)."""
     env = os.environ.get(TRACE_ENV)
@@ -168,7 +165,7 @@ def load_andes_trace(path: str | os.PathLike[str] | None = None) -> list[TraceEn
     return entries
 
 
-def _csv_rows(text: str) -> list[dict]:
+def _csv_rows(text: str) -> list[dict[str, Any]]:
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     return [
         {**row, "ttft": row.get("ttft_s"), "latency": row.get("latency_s")}
@@ -176,7 +173,7 @@ def _csv_rows(text: str) -> list[dict]:
     ]
 
 
-def _json_rows(text: str, p: Path) -> list[dict]:
+def _json_rows(text: str, p: Path) -> list[dict[str, Any]]:
     raw = json.loads(text)
     if not isinstance(raw, list):
         raise ValueError(f"path: {p} does not hold a JSON list of trace entries")
@@ -184,7 +181,7 @@ def _json_rows(text: str, p: Path) -> list[dict]:
     for i, e in enumerate(raw):
         if not isinstance(e, dict) or not isinstance(e.get("prompt"), str):
             raise ValueError(f"path: entry {i} of {p} is malformed (no prompt text)")
-        rows.append({**e, "prompt_tokens": estimate_prompt_tokens(e["prompt"])})
+        rows.append({**e, "prompt_tokens": estimate_text_tokens(e["prompt"])})
     return rows
 
 
@@ -232,7 +229,8 @@ def _shares(values: Sequence[float], what: str) -> np.ndarray:
         raise ValueError(f"{what}: shares must be finite and >= 0, got {p.tolist()}")
     if not math.isclose(float(p.sum()), 1.0, abs_tol=1e-6):
         raise ValueError(f"{what}: shares must sum to 1, got {float(p.sum()):g}")
-    return p / p.sum()
+    normalised: np.ndarray = p / p.sum()
+    return normalised
 
 
 def _parse_tier_mix(tier_mix: TierMix) -> tuple[list[Tier], np.ndarray]:
@@ -343,10 +341,13 @@ def build_workload(
         raise ValueError(f"arrivals: must be 'poisson' or 'gamma', got {arrivals!r}")
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise ValueError(f"seed: must be an integer, got {seed!r}")
-    tiers = tier_shares = None
+    tiers: list[Tier] = []
+    tier_shares = None
     if tier_mix is not None:
         tiers, tier_shares = _parse_tier_mix(tier_mix)
-    tenant_names = tenant_weights = tenant_shares = None
+    tenant_names: list[str] = []
+    tenant_weights = np.ones(0)
+    tenant_shares = None
     if tenants is not None:
         tenant_names, tenant_weights, tenant_shares = _parse_tenants(tenants)
 

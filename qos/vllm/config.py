@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from qos.latency import PROFILES, LatencyProfile
 from qos.policy.base import Policy
 from qos.policy.registry import POLICIES, make_policy
-from qos.vllm.tags import RequestTags
+from qos.tags import RequestTags
 
 OBJECTIVES = ("average", "max-min", "perfect")
 _FLAGS = {

@@ -6,7 +6,7 @@ does (token budget, chunked prefill, KV block allocation, prefix caching, the
 those mechanisms get to work on. Each iteration:
 
 1. **Table.** A :class:`~qos.policy.table.RequestTable` row per live request, added in
-   ``add_request`` (tags from ``sampling_params.extra_args``, :mod:`qos.vllm.tags`),
+   ``add_request`` (tags from ``sampling_params.extra_args``, :mod:`qos.tags`),
    removed in ``_free_request`` (finished or aborted); running flags are synced from
    vLLM's ``running`` list before the decision (vLLM may have preempted on its own).
 2. **Decision.** The configured qos policy (by default Andes as tokenpace ships it,
@@ -72,6 +72,7 @@ check_vllm_version(vllm.__version__)
 from vllm.logger import init_logger  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.engine import EngineCoreOutputs  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
@@ -79,9 +80,9 @@ from qos.latency import LatencyProfile, get_profile  # noqa: E402
 from qos.policy.andes import Andes  # noqa: E402
 from qos.policy.base import Policy  # noqa: E402
 from qos.policy.table import Capacity, RequestTable  # noqa: E402
+from qos.tags import decode_tags  # noqa: E402
 from qos.vllm.config import PluginConfig  # noqa: E402
 from qos.vllm.online import OnlineProfile  # noqa: E402
-from qos.vllm.tags import parse_tags  # noqa: E402
 
 logger = init_logger("vllm.tokenpace")  # under "vllm": vLLM configures its handlers
 
@@ -96,6 +97,8 @@ class TimedScheduler(Scheduler):
     A step's time is schedule() + model execution + update_from_output(), so idle waits
     between requests never count.
     """
+
+    running: list[Request]  # vLLM's running queue (declared: the scheduler reorders it)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -122,7 +125,7 @@ class TimedScheduler(Scheduler):
             stats = self.stats
             stats["steps"] += 1
             stats["schedule_s"] += self._schedule_end - start
-            stats["preemptions"] += len(output.preempted_req_ids)
+            stats["preemptions"] += len(output.preempted_req_ids or ())
             stats["scheduled_tokens"] += output.total_num_scheduled_tokens
         return output
 
@@ -132,9 +135,11 @@ class TimedScheduler(Scheduler):
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-    ) -> dict[int, Any]:
+    ) -> dict[int, EngineCoreOutputs]:
         start = time.perf_counter()
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        outputs: dict[int, EngineCoreOutputs] = super().update_from_output(
+            scheduler_output, model_runner_output
+        )
         end = time.perf_counter()
         if scheduler_output.total_num_scheduled_tokens > 0:
             model_s = start - self._schedule_end
@@ -228,7 +233,7 @@ class AndesScheduler(TimedScheduler):
         if known or request.request_id not in self.requests:
             return  # a streaming-input continuation of a request already in the table
         extra = request.sampling_params.extra_args if request.sampling_params else None
-        tags, problems = parse_tags(extra, self.qos_config.defaults)
+        tags, problems = decode_tags(extra, self.qos_config.defaults)
         if problems:
             logger.warning("request %s: %s", request.request_id, "; ".join(problems))
         row = self.table.add(
@@ -301,7 +306,7 @@ class AndesScheduler(TimedScheduler):
         finally:
             self._put_back(held)
             self.running.extend(paused)
-        if len(output.preempted_req_ids) > preempted:
+        if len(output.preempted_req_ids or ()) > preempted:
             self._dirty = True  # vLLM preempted on its own: decide again next step
         self._sync_running(now)
         return output

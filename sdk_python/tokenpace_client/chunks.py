@@ -9,6 +9,7 @@ carries a running ``usage.completion_tokens`` that says more (vLLM's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 _PAYLOAD = ("content", "reasoning_content", "reasoning", "tool_calls", "refusal")
@@ -41,7 +42,7 @@ def chunk_text(chunk: Any) -> str | None:
     Only such chunks are split into pieces or joined into words and sentences; any
     other chunk (roles, finish reasons, tool calls, several choices) goes out whole.
     """
-    choices = get_field(chunk, "choices") or ()
+    choices: Sequence[Any] = get_field(chunk, "choices") or ()
     if len(choices) != 1 or get_field(choices[0], "finish_reason"):
         return None
     choice = choices[0]
@@ -59,7 +60,8 @@ def chunk_text(chunk: Any) -> str | None:
 
 def with_text(chunk: Any, text: str) -> Any:
     """A copy of a :func:`chunk_text` chunk whose text is ``text`` (the original is untouched)."""
-    choice = (get_field(chunk, "choices") or ())[0]
+    choices: Sequence[Any] = get_field(chunk, "choices") or ()
+    choice = choices[0]
     delta = get_field(choice, "delta")
     if isinstance(chunk, dict):
         new_choice = (

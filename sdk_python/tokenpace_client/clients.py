@@ -39,15 +39,22 @@ def _with_default_tier(options: Any, tier: str | None) -> Any:
     return options.model_copy(update={"extra_json": {**extra, "tokenpace": {"tier": tier}}})
 
 
+def _pacing(client: object) -> dict[str, Any]:
+    """The pacing options of the drop-in client that a resource belongs to."""
+    if not isinstance(client, _TokenpaceOptions):
+        raise TypeError(f"a paced resource of {type(client).__name__}, not a tokenpace client")
+    return client._tokenpace_pacing
+
+
 class _PacedCompletions(Completions):
-    def create(self, **kwargs: Any) -> Any:  # type: ignore[override]
+    def create(self, **kwargs: Any) -> Any:
         if kwargs.get("stream") is not True:
             return super().create(**kwargs)
         sent_at = time.monotonic()
         stream = super().create(**kwargs)
         if not isinstance(stream, openai.Stream):  # e.g. a raw response: unchanged
             return stream
-        return pace(stream, sent_at=sent_at, **self._client._tokenpace_pacing)
+        return pace(stream, sent_at=sent_at, **_pacing(self._client))
 
 
 class _PacedChat(Chat):
@@ -57,14 +64,14 @@ class _PacedChat(Chat):
 
 
 class _AsyncPacedCompletions(AsyncCompletions):
-    async def create(self, **kwargs: Any) -> Any:  # type: ignore[override]
+    async def create(self, **kwargs: Any) -> Any:
         if kwargs.get("stream") is not True:
             return await super().create(**kwargs)
         sent_at = time.monotonic()
         stream = await super().create(**kwargs)
         if not isinstance(stream, openai.AsyncStream):
             return stream
-        return apace(stream, sent_at=sent_at, **self._client._tokenpace_pacing)
+        return apace(stream, sent_at=sent_at, **_pacing(self._client))
 
 
 class _AsyncPacedChat(AsyncChat):
@@ -88,7 +95,7 @@ class _TokenpaceOptions:
     ) -> None:
         resolve({}, tds=None, ttft=None, unit=unit, end=end)  # ValueError naming a bad argument
         self.tier = tier
-        self._tokenpace_pacing = {"unit": unit, "end": end, "telemetry": telemetry}
+        self._tokenpace_pacing: dict[str, Any] = {"unit": unit, "end": end, "telemetry": telemetry}
         super().__init__(*args, **kwargs)
 
     def copy(self, *args: Any, _extra_kwargs: Any = None, **kwargs: Any) -> Any:
@@ -102,7 +109,7 @@ class OpenAI(_TokenpaceOptions, openai.OpenAI):
     """``openai.OpenAI`` whose streaming chat completions are paced (:class:`PacedStream`)."""
 
     @cached_property
-    def chat(self) -> _PacedChat:  # type: ignore[override]
+    def chat(self) -> _PacedChat:
         return _PacedChat(self)
 
     def _prepare_options(self, options: Any) -> Any:
@@ -113,7 +120,7 @@ class AsyncOpenAI(_TokenpaceOptions, openai.AsyncOpenAI):
     """``openai.AsyncOpenAI`` whose streaming chat completions are paced (async)."""
 
     @cached_property
-    def chat(self) -> _AsyncPacedChat:  # type: ignore[override]
+    def chat(self) -> _AsyncPacedChat:
         return _AsyncPacedChat(self)
 
     async def _prepare_options(self, options: Any) -> Any:

@@ -73,7 +73,7 @@ def resolve(
         tier=tier,
         ttft=ttft if ttft is not None else header_ttft if header_ttft is not None else DEFAULT_TTFT,
         tds=tds if tds is not None else header_tds if header_tds is not None else DEFAULT_TDS,
-        unit=unit,  # type: ignore[arg-type]
-        end=end,  # type: ignore[arg-type]
+        unit=unit,
+        end=end,
         request_id=headers.get("X-Request-Id"),
     )

@@ -114,12 +114,12 @@ class _Paced:
         self.timeline = self._pacer.timeline()
         self.qoe = QoE.of(self.timeline, self.ttft, self.tds)
         try:
-            self._report()
+            self._report(self.timeline, outcome)
             otel.record(self.timeline, self.qoe, model=self._model, tier=self.tier)
         except Exception:
             log.exception("tokenpace telemetry of request %s failed", self.request_id)
 
-    def _report(self) -> None:
+    def _report(self, timeline: Timeline, outcome: str) -> None:
         if self._sender is None or self.request_id is None or self.response is None:
             return
         request = getattr(self.response, "request", None)
@@ -128,9 +128,7 @@ class _Paced:
         target = destination(str(request.url), request.headers, self.response.headers)
         if target is None:
             return
-        body = report_body(
-            self.request_id, self.ttft, self.tds, self.timeline, self.outcome, __version__
-        )
+        body = report_body(self.request_id, self.ttft, self.tds, timeline, outcome, __version__)
         self._sender.submit(Delivery(target[0], target[1], body, self.request_id))
 
     def _raise_or_stop(self, stop: type[Exception]) -> None:
@@ -334,9 +332,11 @@ def apace(
 
     async def open_iterable() -> AsyncIterable[Any]:
         if not raw:
-            return stream
+            chunks: AsyncIterable[Any] = stream
+            return chunks
         parsed = stream.parse()
-        return await parsed if inspect.isawaitable(parsed) else parsed
+        chunks = await parsed if inspect.isawaitable(parsed) else parsed
+        return chunks
 
     async def close() -> None:
         target = response if raw else stream
