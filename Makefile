@@ -26,7 +26,7 @@ constraints: venv
 
 # What mypy checks (configuration: pyproject.toml, [tool.mypy]); add a package here once
 # it passes.
-MYPY_PATHS := qos sdk_python/tokenpace_client
+MYPY_PATHS := qos gateway sdk_python/tokenpace_client
 
 lint: venv
 	$(BIN)/ruff check .

@@ -26,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from sse_starlette.sse import EventSourceResponse
 
-from gateway.backends import upstream_transport
+from gateway.backends.http import upstream_transport
 from gateway.cli import freeze_startup_objects
 from gateway.upstream import body_reader
 

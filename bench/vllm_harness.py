@@ -36,7 +36,8 @@ import psutil
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig, parse_config
+from gateway.config import GatewayConfig
+from gateway.config_loader import parse_config
 from qos.metrics import andes_qoe
 
 API_KEY = "tp-bench-key-0000001"

@@ -1,15 +1,15 @@
 """tokenpace gateway: the OpenAI-compatible front door.
 
-Modules: ``config`` (configuration models and loader), ``errors`` (OpenAI error bodies),
-``schemas`` (request/response models), ``tiers`` (tier resolution), ``tagging`` (what a
-backend receives), ``backends`` (the Backend seam, HTTP backends, routing), ``upstream``
-(the aiohttp transport), ``dispatch`` (failover), ``streaming`` (the SSE relay),
-``cancel_safe``, ``admission`` (rate limits, the fair-share queue), ``store`` (shared
-state: memory or Redis), ``keys`` (the API key cache), ``ratelimit``, ``telemetry`` and
-``telemetry_token`` (QoE reports), ``admin`` and ``admin_status``, ``pages`` (/demo,
-/dashboard), ``embedded`` (the simulated engine), ``serveability`` (tiers a backend
-cannot serve), ``server`` (uvicorn with the gateway's connection limits), ``metrics``,
-``logs``, ``state``, ``app`` (``create_app``) and ``cli`` (``serve``, ``check-config``,
-``hash-key``).
-The wire contract is docs/protocol.md. Importing this package imports nothing heavy.
+Modules (docs/architecture.md, "The gateway's modules", says how they fit): ``app``
+(``create_app``, the composition root), ``middleware``, ``auth``, ``routes``,
+``completions`` (the completion request path), ``openapi``, ``context`` (the typed
+per-request records), ``errors``, ``config`` (the schema) and ``config_loader`` (files,
+the demo default), ``schemas``, ``tiers``, ``tagging``, ``admission``, ``ratelimit``,
+``routing``, ``dispatch`` (failover), ``streaming`` (the SSE relay), ``cancel_safe``,
+``backends`` (``base``, ``http``, ``sse``, ``aggregate``, ``kinds``), ``upstream`` (the
+aiohttp transport), ``embedded`` and ``embedded_text`` (the simulated engine),
+``store`` (memory or Redis), ``keys``, ``telemetry``, ``telemetry_token``, ``admin``,
+``admin_status``, ``pages``, ``serveability``, ``server``, ``metrics``, ``logs`` and
+``cli``. The wire contract is docs/protocol.md. Importing this package imports nothing
+heavy.
 """

@@ -19,58 +19,23 @@ what survives what").
 
 from __future__ import annotations
 
-import hmac
+from collections.abc import Mapping
+from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import FastAPI, Path, Security
 from starlette.responses import JSONResponse
 
-from gateway.admission import store_unavailable
-from gateway.config import hash_key, new_api_key
-from gateway.errors import GatewayError, unauthorized
+from gateway.auth import Authenticator
+from gateway.config import TenantConfig, hash_key, new_api_key
+from gateway.errors import key_not_found, tenant_not_found
+from gateway.keys import KeyCache
 from gateway.schemas import ErrorResponse
-from gateway.state import GatewayState
-from gateway.store import StoreUnavailable
+from gateway.store import Store
 
 ADMIN_PREFIX = "/v1/tokenpace/admin/"
 
-_admin_bearer = HTTPBearer(
-    auto_error=False, scheme_name="AdminKey", description="The operator's admin key."
-)
-
 KeyId = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="the key's SHA-256 digest")]
-
-
-def is_admin(gw: GatewayState, authorization: str | None) -> bool:
-    """True when ``authorization`` carries the admin key (compared in constant time)."""
-    digest = gw.config.admin.key_sha256
-    if not digest or not authorization:
-        return False
-    scheme, _, key = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return False
-    return hmac.compare_digest(hash_key(key.strip()), digest)
-
-
-async def admin_dependency(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_admin_bearer)],
-) -> None:
-    if not is_admin(request.app.state.gateway, request.headers.get("authorization")):
-        raise unauthorized("This route needs the gateway's admin key.")
-
-
-def _tenant(gw: GatewayState, name: str) -> None:
-    if name not in gw.tenants:
-        raise GatewayError(404, f"No tenant {name!r}.", param="tenant", code="tenant_not_found")
-
-
-async def _new_key(gw: GatewayState, tenant: str) -> tuple[str, str]:
-    key = new_api_key()
-    digest = hash_key(key)
-    await gw.store.add_key(tenant, digest)
-    return key, digest
 
 
 def admin_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -83,12 +48,25 @@ def admin_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": ErrorResponse, "description": what[c]} for c in codes}
 
 
-def add_admin_routes(app: FastAPI) -> None:
-    deps = [Security(admin_dependency)]
-    tags = ["admin"]
+def add_admin_routes(
+    app: FastAPI,
+    auth: Authenticator,
+    tenants: Mapping[str, TenantConfig],
+    store: Store,
+    keys: KeyCache,
+) -> None:
+    deps = [Security(auth.admin_dependency())]
+    tags: list[str | Enum] = ["admin"]
 
-    def gw_of(request: Request) -> GatewayState:
-        return request.app.state.gateway
+    def known(name: str) -> None:
+        if name not in tenants:
+            raise tenant_not_found(name)
+
+    async def new_key(tenant: str) -> tuple[str, str]:
+        key = new_api_key()
+        digest = hash_key(key)
+        await store.add_key(tenant, digest)
+        return key, digest
 
     @app.get(
         "/v1/tokenpace/admin/tenants",
@@ -96,24 +74,19 @@ def add_admin_routes(app: FastAPI) -> None:
         dependencies=deps,
         responses=admin_responses(401, 503),
     )
-    async def list_tenants(request: Request) -> dict[str, Any]:
-        gw = gw_of(request)
-        data = []
-        try:
-            for name, t in gw.tenants.items():
-                data.append(
-                    {
-                        "name": name,
-                        "weight": t.weight,
-                        "requests_per_minute": t.requests_per_minute,
-                        "tokens_per_minute": t.tokens_per_minute,
-                        "token_budget": t.token_budget,
-                        "max_queued": t.max_queued,
-                        "keys": await gw.store.tenant_keys(name),
-                    }
-                )
-        except StoreUnavailable:
-            raise store_unavailable() from None
+    async def list_tenants() -> dict[str, Any]:
+        data = [
+            {
+                "name": name,
+                "weight": t.weight,
+                "requests_per_minute": t.requests_per_minute,
+                "tokens_per_minute": t.tokens_per_minute,
+                "token_budget": t.token_budget,
+                "max_queued": t.max_queued,
+                "keys": await store.tenant_keys(name),
+            }
+            for name, t in tenants.items()
+        ]
         return {"object": "list", "data": data}
 
     @app.post(
@@ -123,13 +96,9 @@ def add_admin_routes(app: FastAPI) -> None:
         status_code=201,
         responses=admin_responses(401, 404, 503),
     )
-    async def add_key(request: Request, tenant: str) -> JSONResponse:
-        gw = gw_of(request)
-        _tenant(gw, tenant)
-        try:
-            key, digest = await _new_key(gw, tenant)
-        except StoreUnavailable:
-            raise store_unavailable() from None
+    async def add_key(tenant: str) -> JSONResponse:
+        known(tenant)
+        key, digest = await new_key(tenant)
         return JSONResponse({"tenant": tenant, "id": digest, "key": key}, status_code=201)
 
     @app.post(
@@ -139,17 +108,13 @@ def add_admin_routes(app: FastAPI) -> None:
         status_code=201,
         responses=admin_responses(400, 401, 404, 503),
     )
-    async def rotate_key(request: Request, tenant: str, key_id: KeyId) -> JSONResponse:
-        gw = gw_of(request)
-        _tenant(gw, tenant)
-        try:
-            if key_id not in await gw.store.tenant_keys(tenant):
-                raise _no_key(key_id)
-            key, digest = await _new_key(gw, tenant)
-            await gw.store.revoke_key(tenant, key_id)
-        except StoreUnavailable:
-            raise store_unavailable() from None
-        gw.keys.forget(key_id)
+    async def rotate_key(tenant: str, key_id: KeyId) -> JSONResponse:
+        known(tenant)
+        if key_id not in await store.tenant_keys(tenant):
+            raise key_not_found(key_id)
+        key, digest = await new_key(tenant)
+        await store.revoke_key(tenant, key_id)
+        keys.forget(key_id)
         body = {"tenant": tenant, "id": digest, "key": key, "revoked": key_id}
         return JSONResponse(body, status_code=201)
 
@@ -159,17 +124,9 @@ def add_admin_routes(app: FastAPI) -> None:
         dependencies=deps,
         responses=admin_responses(400, 401, 404, 503),
     )
-    async def revoke_key(request: Request, tenant: str, key_id: KeyId) -> dict[str, Any]:
-        gw = gw_of(request)
-        _tenant(gw, tenant)
-        try:
-            if not await gw.store.revoke_key(tenant, key_id):
-                raise _no_key(key_id)
-        except StoreUnavailable:
-            raise store_unavailable() from None
-        gw.keys.forget(key_id)
+    async def revoke_key(tenant: str, key_id: KeyId) -> dict[str, Any]:
+        known(tenant)
+        if not await store.revoke_key(tenant, key_id):
+            raise key_not_found(key_id)
+        keys.forget(key_id)
         return {"tenant": tenant, "id": key_id, "revoked": True}
-
-
-def _no_key(key_id: str) -> GatewayError:
-    return GatewayError(404, f"No live key {key_id} for this tenant.", param="key_id")

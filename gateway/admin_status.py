@@ -12,22 +12,25 @@ QoE is ``GET /v1/tokenpace/qoe``.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request, Security
+from fastapi import FastAPI, Security
 
-from gateway.admin import admin_dependency, admin_responses
-from gateway.admission import store_unavailable
-from gateway.state import GatewayState
-from gateway.store import StoreUnavailable
+from gateway.admin import admin_responses
+from gateway.auth import Authenticator
+from gateway.config import TenantConfig
+from gateway.metrics import GatewayMetrics
+from gateway.routing import Router
+from gateway.store import Store
 
 _SERVED = ("chat.completions", "completions")
 
 
-def _by_tenant(gw: GatewayState, metric: str, **only: tuple[str, ...]) -> dict[str, float]:
+def _by_tenant(metrics: GatewayMetrics, metric: str, **only: tuple[str, ...]) -> dict[str, float]:
     """A counter's total per tenant, over the samples whose labels are among ``only``'s."""
     out: dict[str, float] = {}
-    for family in gw.metrics.registry.collect():
+    for family in metrics.registry.collect():
         if family.name != metric:
             continue
         for s in family.samples:
@@ -38,15 +41,14 @@ def _by_tenant(gw: GatewayState, metric: str, **only: tuple[str, ...]) -> dict[s
     return out
 
 
-async def status(gw: GatewayState) -> dict[str, Any]:
-    """The document (see the module docstring); 503 when the shared store is unreachable."""
-    registry = gw.metrics.registry
-    try:
-        counters = await gw.store.counters()
-    except StoreUnavailable:
-        raise store_unavailable() from None
-    tokens = _by_tenant(gw, "tokenpace_output_tokens")
-    requests = _by_tenant(gw, "tokenpace_requests", endpoint=_SERVED)
+async def status(
+    store: Store, router: Router, metrics: GatewayMetrics, tenants: Mapping[str, TenantConfig]
+) -> dict[str, Any]:
+    """The document (see the module docstring); StoreUnavailable when the store is down."""
+    registry = metrics.registry
+    counters = await store.counters()
+    tokens = _by_tenant(metrics, "tokenpace_output_tokens")
+    requests = _by_tenant(metrics, "tokenpace_requests", endpoint=_SERVED)
     in_flight = sum(
         registry.get_sample_value("tokenpace_requests_in_flight", {"endpoint": e}) or 0.0
         for e in _SERVED
@@ -54,7 +56,7 @@ async def status(gw: GatewayState) -> dict[str, Any]:
     return {
         "object": "tokenpace.status",
         "time": time.time(),
-        "ready": gw.router.any_healthy(),
+        "ready": router.any_healthy(),
         "requests_in_flight": int(in_flight),
         "requests_queued": int(registry.get_sample_value("tokenpace_queue_waiting") or 0),
         "backends": [
@@ -65,7 +67,7 @@ async def status(gw: GatewayState) -> dict[str, Any]:
                 "outstanding_tokens": s.outstanding_tokens,
                 "last_error": s.last_error,
             }
-            for s in gw.router.states
+            for s in router.states
         ],
         "tenants": {
             name: {
@@ -74,18 +76,25 @@ async def status(gw: GatewayState) -> dict[str, Any]:
                 "output_tokens": int(tokens.get(name, 0.0)),
                 "requests": int(requests.get(name, 0.0)),
             }
-            for name, t in gw.tenants.items()
+            for name, t in tenants.items()
         },
     }
 
 
-def add_status_route(app: FastAPI) -> None:
+def add_status_route(
+    app: FastAPI,
+    auth: Authenticator,
+    store: Store,
+    router: Router,
+    metrics: GatewayMetrics,
+    tenants: Mapping[str, TenantConfig],
+) -> None:
     @app.get(
         "/v1/tokenpace/admin/status",
         tags=["admin"],
         summary="Backends, requests in flight and queued, fair share per tenant",
-        dependencies=[Security(admin_dependency)],
+        dependencies=[Security(auth.admin_dependency())],
         responses=admin_responses(401, 503),
     )
-    async def admin_status(request: Request) -> dict[str, Any]:
-        return await status(request.app.state.gateway)
+    async def admin_status() -> dict[str, Any]:
+        return await status(store, router, metrics, tenants)

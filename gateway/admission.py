@@ -1,57 +1,34 @@
 """Admission: weighted fair share (VTC) at the gateway, a queue, backend capacity.
 
-Each backend has a capacity: ``max_concurrent`` requests in flight, counted over every
-replica (slots in the store), and, for vLLM backends with ``vllm_metrics``, room in its
-KV cache and waiting queue as its ``/metrics`` says (polled by each replica). A request
-is admitted when it is the head of its model's queue and a backend serving the model
-has room; otherwise it waits in the gateway's queue. The head is the request of the
-tenant with the least virtual token counter, and within a tenant the one with the
-earliest TTFT deadline (arrival + its tier's TTFT); VTC as in the slides of "Fairness in
-Serving Large Language Models" (Sheng et al.): prompt tokens are charged at admission
-(``w_p``), output tokens as they stream (``w_q``), divided by the tenant's weight, and
-an idle tenant's counter is lifted when it queues again.
-
-Across replicas (docs/architecture.md, "Fair share across replicas"): the queue itself
-is in the store. Every queued request has an entry there (tenant, deadline), the
-counters are shared, and one atomic script decides "head of the queue and a slot is
-free": a replica can admit only the global head, whichever replica holds it. Each
-replica keeps its own waiters locally and *pumps* them: on every local release and every
-``admission.poll_interval_s`` it asks the store for its best local waiter; the answer
-names the global head, which it tries next if it holds it, and it stops when the head
-is elsewhere (that replica's pump admits it) or nothing has room.
-
-Round trips: an admitted request costs one store call to arrive (limits, request
-record, enqueue with lift, admission and prompt charge in one script) and one to
-release its slot. Output tokens are charged in batches: one call per replica every
-``admission.charge_interval_s`` for all its streams. A queued request adds one call per
-pump attempt. A heartbeat renews this replica's slot and queue leases (and re-creates
-them after a Redis restart); a replica that dies loses its holds after ``lease_s``.
+A request is admitted when it is the head of its model's queue (the tenant with the
+least virtual token counter, then the earliest TTFT deadline; VTC as in "Fairness in
+Serving Large Language Models", Sheng et al.) and a backend serving the model has a free
+slot; otherwise it waits. The queue, the counters and the slots are in the store, so the
+order holds across replicas; each replica pumps its own waiters. docs/architecture.md,
+"Fair share across gateway replicas", has the design and its round trips.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx
-from prometheus_client import Counter, Gauge
 
-from gateway.backends import BackendState, HttpBackend, RequestContext
-from gateway.config import TenantConfig
-from gateway.errors import SERVER_ERROR, GatewayError
-from gateway.ratelimit import RateState, retry_after_header
-from gateway.state import GatewayState
+from gateway.config import AdmissionConfig, TenantConfig
+from gateway.context import RequestContext
+from gateway.errors import queue_full, queue_timeout, rate_limited
+from gateway.metrics import GatewayMetrics
+from gateway.ratelimit import RateState
+from gateway.routing import Router
 from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
 
 log = logging.getLogger("tokenpace.gateway.admission")
-
-_STORE_TIMEOUT_S = 2.0  # a store call that takes longer is abandoned (never hangs a request)
 
 
 def tenant_limits(t: TenantConfig) -> Limits:
@@ -61,16 +38,6 @@ def tenant_limits(t: TenantConfig) -> Limits:
         token_budget=t.token_budget or 0,
         budget_period_s=t.budget_period_s,
         max_queued=t.max_queued,
-    )
-
-
-def store_unavailable() -> GatewayError:
-    return GatewayError(
-        503,
-        "The gateway's shared state is unavailable; try again shortly.",
-        type=SERVER_ERROR,
-        code="store_unavailable",
-        headers={"Retry-After": "1"},
     )
 
 
@@ -108,31 +75,21 @@ class _Waiter:
     future: asyncio.Future[Admission]
 
 
-def _vllm_gauge(text: str, *names: str) -> float | None:
-    """The sum of the series of the first metric in ``names`` found in Prometheus text."""
-    for name in names:
-        values = [
-            float(m.group(1))
-            for m in re.finditer(
-                rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([-+0-9.eEnaNifI]+)", text, re.M
-            )
-        ]
-        if values:
-            return sum(values)
-    return None
-
-
 class AdmissionController:
     """The queue, the slots and the charges of one replica (see the module docstring)."""
 
-    def __init__(self, gw: GatewayState, store: Store) -> None:
-        self.gw = gw
+    def __init__(
+        self,
+        cfg: AdmissionConfig,
+        caps: Mapping[str, int],
+        store: Store,
+        router: Router,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.cfg = cfg
         self.store = store
-        self.cfg = gw.config.admission
-        self._caps = {b.name: b.max_concurrent or 0 for b in gw.config.backends}
-        self._vllm = {b.name: b for b in gw.config.backends if b.vllm_metrics}
-        self._saturated: set[str] = set()
-        self._rr = 0
+        self.router = router
+        self._caps = dict(caps)  # backend -> max_concurrent (0: no cap)
         self._waiters: dict[str, dict[str, _Waiter]] = {}  # model -> request id -> waiter
         self._pump_locks: dict[str, asyncio.Lock] = {}
         self._held: dict[str, Ticket] = {}
@@ -140,37 +97,21 @@ class AdmissionController:
         self._counters: dict[str, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._releases: set[asyncio.Task[None]] = set()
-        r = gw.metrics.registry
-        self.m_admissions = Counter(
-            "tokenpace_admissions",
-            "admission decisions (admitted, queued, limited, queue_full, timeout, gone_away)",
-            ["tenant", "outcome"],
-            registry=r,
-        )
-        self.m_waiting = Gauge(
-            "tokenpace_queue_waiting",
-            "requests waiting in this replica's queue",
-            multiprocess_mode="livesum",
-            registry=r,
-        )
-        self.m_counter = Gauge(
-            "tokenpace_vtc_counter",
-            "virtual token counter (VTC) per tenant, as this replica last saw it",
-            ["tenant"],
-            multiprocess_mode="livemostrecent",
-            registry=r,
-        )
+        self.m_admissions = metrics.admissions
+        self.m_waiting = metrics.queue_waiting
+        self.m_counter = metrics.vtc_counter
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        specs: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        specs: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
             ("poll", self._poll_loop),
             ("charge", self._charge_loop),
             ("heartbeat", self._heartbeat_loop),
         ]
-        if self._vllm:
-            specs.append(("vllm-metrics", self._vllm_loop))
+        if any(s.backend.probes_capacity for s in self.router.states):
+            interval = self.cfg.metrics_interval_s
+            specs.append(("vllm-metrics", lambda: self.router.capacity_loop(interval)))
         for name, fn in specs:
             self._tasks.append(loop.create_task(fn(), name=f"tokenpace-admission-{name}"))
 
@@ -182,60 +123,16 @@ class AdmissionController:
         with contextlib.suppress(Exception):
             await self._flush_usage()
 
-    async def _call(self, coro: Awaitable[Any]) -> Any:
-        try:
-            with anyio.fail_after(_STORE_TIMEOUT_S):
-                return await coro
-        except (StoreUnavailable, TimeoutError) as exc:
-            raise store_unavailable() from exc
-
     # -- backends -------------------------------------------------------------------------
     def slots_for(self, model: str) -> list[Slot]:
-        """Backends serving ``model`` with room by their own report, in routing order."""
-        router = self.gw.router
-        states: list[BackendState] = [
-            s for s in router.states if s.backend.serves(model) and s.name not in self._saturated
+        """Backends serving ``model`` with room by their own report, in routing order: the
+        store grants the first with a free slot, and that is the backend the request goes
+        to (the one place a backend is chosen; failover goes on in the router's order)."""
+        return [
+            Slot(s.name, self._caps.get(s.name, 0))
+            for s in self.router.ranked(model)
+            if not s.saturated
         ]
-        n, rr = len(router.states), self._rr
-        self._rr += 1  # ties rotate, so that concurrent arrivals spread over equals
-        states.sort(
-            key=lambda s: (not s.healthy, s.waiting_time(), s.in_flight, (s.index - rr) % n)
-        )
-        return [Slot(s.name, self._caps.get(s.name, 0)) for s in states]
-
-    def preferred(self, backend: str) -> str | None:
-        """The backend the router should try first: the slot's, unless no backend is capped
-        (then the router's own least-work choice is as good and fresher)."""
-        return backend if any(self._caps.values()) else None
-
-    async def _vllm_loop(self) -> None:
-        while True:
-            for state in self.gw.router.states:
-                cfg = self._vllm.get(state.name)
-                if cfg is None or not isinstance(state.backend, HttpBackend):
-                    continue
-                full = await self._vllm_full(state.backend, cfg.max_kv_usage, cfg.max_waiting)
-                if full:
-                    self._saturated.add(state.name)
-                else:
-                    self._saturated.discard(state.name)
-            await asyncio.sleep(self.cfg.metrics_interval_s)
-
-    async def _vllm_full(
-        self, backend: HttpBackend, max_kv: float, max_waiting: int | None
-    ) -> bool:
-        url = httpx.URL(backend.base_url).copy_with(path="/metrics")
-        try:
-            resp = await backend.client.get(url, timeout=self.gw.config.health.timeout_s)
-            resp.raise_for_status()
-        except httpx.HTTPError:
-            return False  # no report: the health checks and max_concurrent still apply
-        text = resp.text
-        kv = _vllm_gauge(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-        waiting = _vllm_gauge(text, "vllm:num_requests_waiting")
-        return (kv is not None and kv >= max_kv) or (
-            max_waiting is not None and waiting is not None and waiting > max_waiting
-        )
 
     # -- admission ------------------------------------------------------------------------
     async def admit(self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int) -> Ticket:
@@ -253,22 +150,15 @@ class AdmissionController:
             limits=tenant_limits(tenant),
         )
         slots = self.slots_for(ctx.model)
-        result = await self._call(self.store.arrive(arrival, slots, self.cfg.lease_s))
+        result = await self.store.arrive(arrival, slots, self.cfg.lease_s)
         rate = result.rate
         self._note(tenant.name, result)
         if result.status == "limited":
             self.m_admissions.labels(tenant.name, "limited").inc()
-            raise _limited(result, rate)
+            raise rate_limited(result.limited_by, result.retry_after_ms, rate)
         if result.status == "queue_full":
             self.m_admissions.labels(tenant.name, "queue_full").inc()
-            raise GatewayError(
-                429,
-                f"Too many requests of yours are waiting (at most {tenant.max_queued}); "
-                "retry shortly.",
-                type="rate_limit_error",
-                code="queue_full",
-                headers={**rate.headers(), **retry_after_header(result.retry_after_ms)},
-            )
+            raise queue_full(tenant.max_queued, result.retry_after_ms, rate)
         if result.status != "admitted":
             self.m_admissions.labels(tenant.name, "queued").inc()
             result = await self._wait(arrival, ctx, result)
@@ -303,14 +193,7 @@ class AdmissionController:
             return result
         except TimeoutError:
             self.m_admissions.labels(arrival.tenant, "timeout").inc()
-            raise GatewayError(
-                503,
-                f"The request waited {self.cfg.max_wait_s:g} s in the gateway's queue; "
-                "try again later.",
-                type=SERVER_ERROR,
-                code="queue_timeout",
-                headers={"Retry-After": "1"},
-            ) from None
+            raise queue_timeout(self.cfg.max_wait_s) from None
         finally:
             self.m_waiting.dec()
             queue.pop(arrival.request_id, None)
@@ -323,8 +206,7 @@ class AdmissionController:
                 else:
                     waiter.future.cancel()  # the pump leaves it to us now
                     with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                        with anyio.fail_after(_STORE_TIMEOUT_S):
-                            await self.store.leave(arrival.request_id)
+                        await self.store.leave(arrival.request_id)
                     self._kick(arrival.model)
 
     def _note(self, tenant: str, result: Admission) -> None:
@@ -360,16 +242,14 @@ class AdmissionController:
                     queue.pop(rid, None)
                     continue
                 try:
-                    result = await self._call(
-                        self.store.retry(rid, self.slots_for(model), self.cfg.lease_s)
-                    )
+                    result = await self.store.retry(rid, self.slots_for(model), self.cfg.lease_s)
                     if result.status == "gone" and not waiter.future.done():
                         # lost (its lease lapsed, or the store restarted empty): queue again
-                        again = Arrival(**{**_fields(waiter.arrival), "limits": Limits()})
-                        result = await self._call(
-                            self.store.arrive(again, self.slots_for(model), self.cfg.lease_s)
+                        again = dataclasses.replace(waiter.arrival, limits=Limits())
+                        result = await self.store.arrive(
+                            again, self.slots_for(model), self.cfg.lease_s
                         )
-                except GatewayError:
+                except StoreUnavailable:
                     return  # the store is down (fail closed); the next poll tries again
                 if waiter.future.done():  # the client left during the call: undo it
                     if result.status == "admitted":
@@ -394,15 +274,13 @@ class AdmissionController:
     async def release(self, ticket: Ticket) -> None:
         self._held.pop(ticket.request_id, None)
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-            with anyio.fail_after(_STORE_TIMEOUT_S):
-                await self.store.release(ticket.request_id, ticket.backend)
+            await self.store.release(ticket.request_id, ticket.backend)
         self._kick(ticket.model)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def run() -> None:
             with contextlib.suppress(Exception):
-                with anyio.fail_after(_STORE_TIMEOUT_S):
-                    await coro
+                await coro
 
         task = asyncio.get_running_loop().create_task(run())
         self._releases.add(task)
@@ -431,9 +309,8 @@ class AdmissionController:
         usage, self._usage = self._usage, {}
         batch = {t: (float(w), int(n), int(p)) for t, (w, n, p) in usage.items()}
         try:
-            with anyio.fail_after(_STORE_TIMEOUT_S):
-                counters = await self.store.charge(batch)
-        except (StoreUnavailable, TimeoutError):
+            counters = await self.store.charge(batch)
+        except StoreUnavailable:
             for tenant, (w, n, p) in batch.items():  # keep them for the next batch
                 self.add_usage(tenant, w, n, p)
             return
@@ -469,37 +346,8 @@ class AdmissionController:
         while True:
             await asyncio.sleep(self.cfg.lease_s / 3)
             try:
-                with anyio.fail_after(_STORE_TIMEOUT_S):
-                    await self.renew()
-            except (StoreUnavailable, TimeoutError):
+                await self.renew()
+            except StoreUnavailable:
                 pass
             except Exception:
                 log.warning("lease renewal failed", exc_info=True)
-
-
-def _fields(a: Arrival) -> dict[str, Any]:
-    return {f: getattr(a, f) for f in Arrival.__slots__}  # type: ignore[attr-defined]
-
-
-def _limited(result: Admission, rate: RateState) -> GatewayError:
-    by = result.limited_by or "requests"
-    headers = rate.headers()
-    if result.retry_after_ms >= 0:
-        headers.update(retry_after_header(result.retry_after_ms))
-    if by == "budget":
-        return GatewayError(
-            429,
-            "You exceeded your token budget for this period; see Retry-After.",
-            type="insufficient_quota",
-            code="insufficient_quota",
-            headers=headers,
-        )
-    what = "requests" if by == "requests" else "tokens"
-    never = " (this request alone is larger than the limit)" if result.retry_after_ms < 0 else ""
-    return GatewayError(
-        429,
-        f"Rate limit reached for {what} per minute{never}; see Retry-After.",
-        type="rate_limit_error",
-        code=f"rate_limit_{what}",
-        headers=headers,
-    )

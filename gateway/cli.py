@@ -24,16 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.config import (
-    CONFIG_ENV,
-    DEMO_MODEL,
-    ConfigError,
-    GatewayConfig,
-    demo_config,
-    hash_key,
-    load_config,
-    new_api_key,
-)
+from gateway.config import CONFIG_ENV, DEMO_MODEL, ConfigError, GatewayConfig, hash_key, new_api_key
+from gateway.config_loader import demo_config, load_config
 from gateway.pages import PAGES, is_built
 from gateway.serveability import unservable_tiers
 
@@ -263,7 +255,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 def _check_ns(ns: argparse.Namespace) -> int:
     import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
-    from gateway.backends import build_backends
+    from gateway.backends.kinds import build_backends
 
     try:
         config = load_config(ns.file)

@@ -1,4 +1,4 @@
-"""Gateway configuration: pydantic models, the YAML/TOML loader and the demo default.
+"""Gateway configuration: the pydantic models (:mod:`gateway.config_loader` reads a file).
 
 The file is validated once at start-up; every error names the key that is wrong
 (``tenants[1].default_tier: ...``). API keys are kept only as SHA-256 digests: a
@@ -16,18 +16,14 @@ import hashlib
 import os
 import re
 import secrets
-import tomllib
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -35,6 +31,7 @@ from pydantic import (
 CONFIG_ENV = "TOKENPACE_CONFIG"
 DEMO_MODEL = "tokenpace-sim"
 CUSTOM_TIER = "custom"
+BACKEND_KINDS = ("embedded", "http")  # gateway.backends.kinds builds each
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
@@ -175,7 +172,7 @@ class BackendConfig(_Strict):
     """An upstream that serves OpenAI-compatible requests."""
 
     name: str
-    kind: str = Field("http", description="'http', or a kind registered by an embedded engine")
+    kind: str = Field("http", description="'http', or 'embedded' (the simulated engine)")
     url: str | None = Field(None, description="base URL including /v1, e.g. http://vllm:8000/v1")
     models: list[str] = Field(min_length=1, description="model names served; '*' = any")
     tokenpace: bool = Field(False, description="runs the tokenpace scheduler: tag with vllm_xargs")
@@ -466,16 +463,15 @@ class GatewayConfig(_Strict):
                     (f"{where}.default_tier", f"{t.default_tier!r} is not in this tenant's tiers")
                 )
         seen_backends: set[str] = set()
-        known_kinds = backend_kinds()
         for i, b in enumerate(self.backends):
             if b.name in seen_backends:
                 problems.append((f"backends[{i}].name", f"duplicate backend name {b.name!r}"))
             seen_backends.add(b.name)
-            if known_kinds is not None and b.kind not in known_kinds:
+            if b.kind not in BACKEND_KINDS:
                 problems.append(
                     (
                         f"backends[{i}].kind",
-                        f"unknown backend kind {b.kind!r}; known: {', '.join(sorted(known_kinds))}",
+                        f"unknown backend kind {b.kind!r}; known: {', '.join(BACKEND_KINDS)}",
                     )
                 )
         if problems:
@@ -491,120 +487,5 @@ def _names(tiers: Iterable[str]) -> str:
     return ", ".join(sorted(tiers))
 
 
-# The backend kinds config validation accepts. gateway.backends fills this in (http)
-# and embedded engines add theirs with gateway.backends.register_backend_kind.
-_KIND_PROVIDER: Callable[[], set[str]] | None = None
-
-
-def set_backend_kind_provider(provider: Callable[[], set[str]]) -> None:
-    global _KIND_PROVIDER
-    _KIND_PROVIDER = provider
-
-
-def backend_kinds() -> set[str] | None:
-    return _KIND_PROVIDER() if _KIND_PROVIDER is not None else None
-
-
-# ---------------------------------------------------------------------------------
-# loading
-
-
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif _is_type_tag(str(part)):
-            continue
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _is_type_tag(part: str) -> bool:
-    # pydantic adds the union branch or validator kind to ``loc``: not a key.
-    return (
-        "[" in part
-        or "-" in part
-        or part in {"str", "int", "float", "bool", "list", "dict", "none", "None"}
-    )
-
-
-def validation_problems(exc: ValidationError) -> list[str]:
-    """``key: reason`` lines naming the bad key of every error in ``exc``."""
-    lines = []
-    for err in exc.errors(include_url=False):
-        msg = err["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        key = _format_loc(tuple(err["loc"]))
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (typo?)"
-        if not err["loc"] and msg.startswith(("tenants[", "backends[")):
-            lines.extend(msg.split("\n"))  # cross-field checks name their own keys
-        else:
-            lines.append(f"{key}: {msg}")
-    return lines
-
-
-def parse_config(data: Any, source: str | None = None) -> GatewayConfig:
-    """Validate an already-parsed mapping; raise :class:`ConfigError` naming bad keys."""
-    if not isinstance(data, dict):
-        raise ConfigError(["(top level): the configuration must be a mapping"], source)
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(validation_problems(exc), source) from None
-
-
-def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
-    """Read a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file and validate it."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"(file): cannot read {p}: {exc.strerror or exc}"], str(p)) from None
-    try:
-        data = tomllib.loads(text) if p.suffix.lower() == ".toml" else yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError([f"(syntax): {exc}"], str(p)) from None
-    return parse_config(data if data is not None else {}, str(p))
-
-
-def config_path_from_env() -> str | None:
-    return os.environ.get(CONFIG_ENV) or None
-
-
 def new_api_key(prefix: str = "tp-") -> str:
     return prefix + secrets.token_urlsafe(24)
-
-
-def demo_config(
-    key: str | None = None,
-    backends: list[dict[str, Any]] | None = None,
-    admin_key: str | None = None,
-) -> tuple[GatewayConfig, str]:
-    """The configuration ``tokenpace serve`` uses without a file.
-
-    One tenant ``demo`` (every tier, custom tiers allowed) whose key is ``key`` or a new
-    random one; ``backends`` defaults to the embedded engine when one is registered
-    (kind ``embedded``, model ``tokenpace-sim``), else none; the admin key (the
-    dashboard's) is ``admin_key``, else none. Returns (config, plain key).
-    """
-    key = key or new_api_key("tp-demo-")
-    if backends is None:
-        kinds = backend_kinds() or set()
-        backends = (
-            [{"name": "embedded", "kind": "embedded", "models": [DEMO_MODEL]}]
-            if "embedded" in kinds
-            else []
-        )
-    data = {
-        "tenants": [
-            {"name": "demo", "api_keys": [{"key": key}], "allow_custom": True, "weight": 1.0}
-        ],
-        "backends": backends,
-    }
-    if admin_key:
-        data["admin"] = {"key": admin_key}
-    return parse_config(data, "built-in demo configuration"), key

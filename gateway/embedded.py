@@ -10,13 +10,8 @@ batching, preemption by recompute) scheduled by the Andes policy as tokenpace sh
 ``/v1/models`` (``owned_by: tokenpace-simulation`` and a ``description``) and in a
 WARNING log line at start.
 
-How it runs. One asyncio task drives the engine: it sleeps on an event while there is
-no work; otherwise it runs ``engine.step(now)`` (``now`` = seconds since the start ×
-``time_scale``), sleeps until the iteration's simulated end, then hands each emitted
-token to the queue of the request it belongs to. Nothing else runs per request: a
-request's async generator reads its queue and turns tokens into OpenAI chunks. When
-the client goes away the generator is closed or cancelled, and its ``finally`` aborts
-the request in the engine at once (KV freed, row removed, queue dropped).
+How it runs (one asyncio task drives the engine in wall-clock time; a request's
+async generator reads its queue): docs/architecture.md, "The embedded engine".
 
 A request becomes one :class:`qos.sim.workload.SimRequest` per choice (``n`` × prompts,
 batched like vLLM's sequences) with
@@ -30,13 +25,11 @@ batched like vLLM's sequences) with
   ``length``) and a chat reply a length drawn deterministically from its prompt in
   ``default_output_tokens`` (finish reason ``stop``: the "natural" end).
 
-The text of token *i* depends only on the prompt and the choice index: the same
-prompt always gets the same text. It starts with ``Simulated reply:`` followed by lorem-ipsum
-words, one word per token. ``stop`` strings are honoured (text is held back while it
-may be the start of one, as vLLM does); sampling fields (temperature, seed, logprobs,
-tools, ...) are accepted and ignored. ``stream_options.include_usage`` adds the usage
-chunk; non-streaming requests are the stream aggregated
-(:class:`gateway.backends.InProcessBackend`).
+The text is :mod:`gateway.embedded_text`'s (the same prompt always gets the same);
+``stop`` strings are honoured (text is held back while it may be the start of one, as
+vLLM does); sampling fields (temperature, seed, logprobs, tools, ...) are ignored.
+``stream_options.include_usage`` adds the usage chunk; non-streaming requests are the
+stream aggregated (:class:`gateway.backends.InProcessBackend`).
 
 Options (``backends[].options`` with ``kind: embedded``): ``profile``, ``policy``
 (a name of :mod:`qos.policy.registry`: ``andes-tp``, the default, is
@@ -54,9 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
-import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -64,21 +55,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateway.backends import (
-    BackendError,
-    BackendRuntime,
-    Endpoint,
-    InProcessBackend,
-    RequestContext,
-    register_backend_kind,
-)
-from gateway.config import (
-    DEMO_MODEL,
-    BackendConfig,
-    ConfigError,
-    GatewayConfig,
-    validation_problems,
-)
+from gateway.backends.base import BackendError, BackendRuntime, InProcessBackend
+from gateway.config import DEMO_MODEL, BackendConfig, ConfigError, GatewayConfig
+from gateway.config_loader import validation_problems
+from gateway.context import Endpoint, RequestContext
+from gateway.embedded_text import Placeholder, StopText, text_seed
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from qos.latency import PROFILES, get_profile
 from qos.policy.registry import POLICIES, make_policy
@@ -91,14 +72,6 @@ log = logging.getLogger("tokenpace.gateway.embedded")
 KIND = "embedded"
 OWNED_BY = "tokenpace-simulation"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
-
-_LABEL = ("Simulated", " reply", ":")
-_LOREM = """lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor
-incididunt ut labore et dolore magna aliqua enim ad minim veniam quis nostrud exercitation
-ullamco laboris nisi aliquip ex ea commodo consequat duis aute irure in reprehenderit
-voluptate velit esse cillum fugiat nulla pariatur excepteur sint occaecat cupidatat non
-proident sunt culpa qui officia deserunt mollit anim id est laborum"""
-_WORDS = tuple(_LOREM.split())
 
 
 class EmbeddedOptions(BaseModel):
@@ -144,69 +117,6 @@ class EmbeddedOptions(BaseModel):
 
 # ---------------------------------------------------------------------------------
 # placeholder text
-
-
-def _seed(*parts: str) -> int:
-    return int.from_bytes(hashlib.sha256("\x00".join(parts).encode()).digest()[:8], "big")
-
-
-class _Placeholder:
-    """Deterministic placeholder tokens: ``Simulated reply:`` then lorem-ipsum words."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
-        self._i = 0
-        self._words_in_sentence = 0
-
-    def next(self) -> str:
-        i = self._i
-        self._i += 1
-        if i < len(_LABEL):
-            return _LABEL[i]
-        word = self._rng.choice(_WORDS)
-        if self._words_in_sentence == 0:
-            word = word.capitalize()
-        self._words_in_sentence += 1
-        if self._words_in_sentence >= 5 and self._rng.random() < 0.25:
-            word += "."
-            self._words_in_sentence = 0
-        return " " + word
-
-
-class _StopText:
-    """A choice's text as it streams, cut at the first ``stop`` string.
-
-    Text that may be the start of a stop string is held back until the next token
-    shows whether it is (vLLM does the same); the stop string itself is never sent.
-    """
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self._stops = stops
-        self._pending = ""
-
-    def push(self, token: str) -> tuple[str, bool]:
-        """Add a token; return the text that can be sent now and whether a stop matched."""
-        self._pending += token
-        if not self._stops:
-            out, self._pending = self._pending, ""
-            return out, False
-        hits = [p for s in self._stops if (p := self._pending.find(s)) >= 0]
-        if hits:
-            out, self._pending = self._pending[: min(hits)], ""
-            return out, True
-        hold = 0
-        for s in self._stops:
-            for k in range(min(len(s) - 1, len(self._pending)), hold, -1):
-                if self._pending.endswith(s[:k]):
-                    hold = k
-                    break
-        cut = len(self._pending) - hold
-        out, self._pending = self._pending[:cut], self._pending[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self._pending = self._pending, ""
-        return out
 
 
 # ---------------------------------------------------------------------------------
@@ -452,7 +362,7 @@ class EmbeddedEngine(InProcessBackend):
         choices: list[_Choice] = []
         for text, tokens in prompts:
             for j in range(n):
-                seed = _seed(text, str(j))
+                seed = text_seed(text, str(j))
                 out = limit if limit is not None else lo + seed % (hi - lo + 1)
                 if self.engine.blocks_for(tokens + out) > self.engine.total_blocks:
                     raise _bad(
@@ -543,8 +453,8 @@ class EmbeddedEngine(InProcessBackend):
             return {**base, "choices": [choice]}
 
         k = len(plan.choices)
-        texts = [_Placeholder(ch.seed) for ch in plan.choices]
-        cutters = [_StopText(plan.stops) for _ in range(k)]
+        texts = [Placeholder(ch.seed) for ch in plan.choices]
+        cutters = [StopText(plan.stops) for _ in range(k)]
         produced = [0] * k
         done = [False] * k
         queue: asyncio.Queue[tuple[int, bool] | BackendError] = asyncio.Queue()
@@ -583,6 +493,3 @@ class EmbeddedEngine(InProcessBackend):
                 yield {**base, "choices": [], "usage": usage}
         finally:
             self._abort(ids)
-
-
-register_backend_kind(KIND, EmbeddedEngine.from_config)

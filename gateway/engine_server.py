@@ -32,16 +32,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.backends import (
-    Backend,
-    BackendError,
-    BackendRuntime,
-    ChunkStream,
-    Endpoint,
-    HttpBackend,
-    RequestContext,
-)
+from gateway.backends import Backend, BackendError, BackendRuntime, ChunkStream
+from gateway.backends.http import HttpBackend
 from gateway.config import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
+from gateway.context import Endpoint, RequestContext
 from gateway.errors import INVALID_REQUEST
 from gateway.server import listen
 from gateway.tiers import ResolvedTier

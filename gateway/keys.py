@@ -14,9 +14,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-import anyio
-
-from gateway.store import Store, StoreUnavailable
+from gateway.store import Store
 
 MAX_KEYS = 100_000
 MAX_UNKNOWN = 10_000
@@ -55,10 +53,9 @@ class _LRU:
 
 
 class KeyCache:
-    def __init__(self, store: Store, ttl_s: float, timeout_s: float = 2.0) -> None:
+    def __init__(self, store: Store, ttl_s: float) -> None:
         self.store = store
         self.ttl_s = ttl_s
-        self.timeout_s = timeout_s
         self.known = _LRU(MAX_KEYS)
         self.unknown = _LRU(MAX_UNKNOWN)
 
@@ -68,11 +65,7 @@ class KeyCache:
         hit = self.known.get(digest, now) or self.unknown.get(digest, now)
         if hit is not None:
             return hit[0]
-        try:
-            with anyio.fail_after(self.timeout_s):
-                name = await self.store.tenant_for_key(digest)
-        except TimeoutError as exc:
-            raise StoreUnavailable("key lookup timed out") from exc
+        name = await self.store.tenant_for_key(digest)
         if self.ttl_s > 0:
             if name is None:
                 self.unknown.put(digest, None, now + min(self.ttl_s, NEGATIVE_TTL_S))

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("tp_request_id", default="-")
 
@@ -59,15 +60,18 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class _GatewayHandler(logging.StreamHandler[TextIO]):
+    """The handler :func:`setup_logging` installs (and replaces when called again)."""
+
+
 def setup_logging(json_logs: bool = False, level: str = "INFO") -> None:
     """Configure the ``tokenpace`` loggers (idempotent)."""
     logger = logging.getLogger("tokenpace")
     logger.setLevel(level)
     for h in list(logger.handlers):
-        if getattr(h, "_tokenpace", False):
+        if isinstance(h, _GatewayHandler):
             logger.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
-    handler._tokenpace = True  # type: ignore[attr-defined]
+    handler = _GatewayHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_logs else TextFormatter())
     handler.addFilter(RequestIdFilter())
     logger.addHandler(handler)

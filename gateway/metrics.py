@@ -21,6 +21,10 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   ``tokenpace_backend_outstanding_tokens{backend}``,
   ``tokenpace_backend_waiting_time_seconds{backend}`` (the routing estimate): read
   from the router at scrape time.
+- ``tokenpace_admissions_total{tenant,outcome}``, ``tokenpace_queue_waiting``,
+  ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission`).
+- ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
+  ``telemetry.window_s`` (:mod:`gateway.telemetry`), refreshed at each scrape.
 
 Several workers (``tokenpace serve --workers N``) share one view through
 ``prometheus_client.multiprocess``: each process writes to ``$PROMETHEUS_MULTIPROC_DIR``
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -47,9 +52,13 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from gateway.backends import BackendState, Router
+from gateway.context import UNKNOWN
+from gateway.routing import BackendState, Router
 
-UNKNOWN = "-"
+__all__ = ["UNKNOWN", "GatewayMetrics", "QoESummary"]
+
+QoESummary = dict[str, Any]  # gateway.telemetry.summarize: tenant -> tiers -> sides -> stats
+_STATS = ("mean", "p50", "p90", "p99")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's switch to multiprocess mode
 _LATENCY_BUCKETS = (
     0.01,
@@ -89,7 +98,8 @@ _QOE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
 # Each backend series: name, help, how workers' values combine, how a router state reads.
-_BACKEND_SERIES: tuple[tuple[str, str, str, Callable[[BackendState], float]], ...] = (
+_Combine = Literal["livemin", "livesum"]  # prometheus_client's multiprocess modes used here
+_BACKEND_SERIES: tuple[tuple[str, str, _Combine, Callable[[BackendState], float]], ...] = (
     (
         "tokenpace_backend_healthy",
         "1 when the backend passes health checks",
@@ -157,7 +167,33 @@ class _MultiProcessRegistry(CollectorRegistry):
             yield from collector.collect()
 
 
+class _QoEWindowCollector(Collector):
+    """``tokenpace_qoe_window`` from the last telemetry summary."""
+
+    def __init__(self) -> None:
+        self.summary: QoESummary = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily(
+            "tokenpace_qoe_window",
+            "QoE over telemetry.window_s, all replicas (side=gateway|client, "
+            "metric=andes|monotone|displayed_andes, stat=mean|p50|p90|p99|count)",
+            labels=["tenant", "tier", "side", "metric", "stat"],
+        )
+        for tenant, t in self.summary.items():
+            for tier, sides in t["tiers"].items():
+                for side, s in sides.items():
+                    g.add_metric([tenant, tier, side, "all", "count"], float(s["count"]))
+                    for metric in ("andes", "monotone", "displayed_andes"):
+                        for stat in _STATS:
+                            if metric in s:
+                                g.add_metric([tenant, tier, side, metric, stat], s[metric][stat])
+        yield g
+
+
 class GatewayMetrics:
+    """Every series the gateway exports, in one registry of the app's own."""
+
     def __init__(self, router: Router) -> None:
         self._router = router
         path = os.environ.get(MULTIPROC_ENV)
@@ -210,6 +246,27 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+        self.admissions = Counter(
+            "tokenpace_admissions",
+            "admission decisions (admitted, queued, limited, queue_full, timeout, gone_away)",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.queue_waiting = Gauge(
+            "tokenpace_queue_waiting",
+            "requests waiting in this replica's queue",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.vtc_counter = Gauge(
+            "tokenpace_vtc_counter",
+            "virtual token counter (VTC) per tenant, as this replica last saw it",
+            ["tenant"],
+            multiprocess_mode="livemostrecent",
+            registry=r,
+        )
+        self.qoe_window = _QoEWindowCollector()
+        r.register(self.qoe_window)
         self._backend_gauges: list[tuple[Gauge, Callable[[BackendState], float]]] = []
         if self.multiprocess:
             for name, doc, mode, read in _BACKEND_SERIES:

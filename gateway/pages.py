@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from gateway.errors import GatewayError
+from gateway.errors import pages_not_built
 
 WEBUI_DIR_ENV = "TOKENPACE_WEBUI_DIR"
 ASSETS_PATH = "/webui"
@@ -38,16 +38,6 @@ def is_built(directory: Path | None = None) -> bool:
     return all(((directory or webui_dir()) / name).is_file() for name in PAGES.values())
 
 
-def not_built(directory: Path) -> GatewayError:
-    return GatewayError(
-        503,
-        f"The web pages are not built ({directory} has none): run `make webui`, which runs "
-        "npm ci and the build in webui/.",
-        type="server_error",
-        code="webui_not_built",
-    )
-
-
 class _Assets(StaticFiles):
     """The bundle's scripts and styles; never cached stale across rebuilds."""
 
@@ -65,7 +55,7 @@ def add_page_routes(app: FastAPI) -> None:
         async def serve(request: Request) -> Response:
             path = directory / name
             if not path.is_file():
-                raise not_built(directory)
+                raise pages_not_built(str(directory))
             return FileResponse(path, media_type=HTML, headers={"Cache-Control": "no-cache"})
 
         return serve

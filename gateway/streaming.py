@@ -1,30 +1,14 @@
 """The SSE relay: backend chunks out to the client as they come, nothing added to them.
 
-One :class:`StreamRelay` per streaming request. Its response generator reads the
-backend's :class:`~gateway.backends.ChunkStream` a batch at a time (every chunk that
-has arrived) and waits for the next batch with a deadline. Reads are cancel-safe (the
-``ChunkStream`` contract), so a deadline that passes costs nothing, which is what lets
-the relay
-
-- send ``: ping`` comments while it waits (``timeouts.ping_interval_s``), before the
-  first token above all, so proxies and clients keep the connection;
-- enforce the first-chunk (``timeouts.first_byte_s``) and between-chunk
-  (``timeouts.idle_s``) deadlines;
-- fail over to another backend when the stream fails before its first chunk (only
-  pings went out, so the client cannot tell), and otherwise end the stream with an
-  OpenAI-style error event and ``data: [DONE]``: the client never hangs.
-
-No task of its own: the reading happens in the response's task (an HTTP backend's
-socket is read by its connection's callbacks in any case, so a slow client does not
-stall the upstream until the connection's buffer fills, which is the backpressure).
-When the client goes away sse-starlette cancels the generator; the relay then closes
-the backend stream (for HTTP backends: the upstream connection, so vLLM aborts the
-generation) within :data:`~gateway.dispatch.CLOSE_TIMEOUT_S`. Nothing outlives the
-request: the lease on the backend is released once.
-
-Every chunk carrying tokens is timed when it is handed to the client: TTFT, inter-token
-times and, at the end of a completed stream, the gateway-side QoE
-(:func:`qos.metrics.andes_qoe` and :func:`qos.metrics.monotone_qoe`).
+One :class:`StreamRelay` per streaming request; :meth:`StreamRelay.events` is the
+response body. It reads the backend's :class:`~gateway.backends.ChunkStream` a batch at
+a time with a deadline (pings while it waits, the first-chunk and between-chunk
+timeouts), fails over before the first chunk, and otherwise ends a failed stream with an
+OpenAI error event and ``data: [DONE]``. Every chunk carrying tokens is timed as it is
+handed to the client; :meth:`StreamRelay.finish` returns the stream's
+:class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
+gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
+:func:`qos.metrics.monotone_qoe`). docs/architecture.md, "The streaming relay".
 """
 
 from __future__ import annotations
@@ -39,11 +23,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.backends import BackendError, Chunk, ChunkStream, RequestContext
-from gateway.dispatch import Attempt, open_attempt
+from gateway.backends import BackendError, Chunk, ChunkStream
+from gateway.config import TimeoutsConfig
+from gateway.context import Outcome, RequestContext, StreamOutcome
+from gateway.dispatch import Attempt, Dispatcher
 from gateway.errors import TIMEOUT, sse_error_event
-from gateway.metrics import UNKNOWN
-from gateway.state import GatewayState
+from gateway.metrics import GatewayMetrics
 from qos.metrics import andes_qoe, monotone_qoe
 
 log = logging.getLogger("tokenpace.gateway")
@@ -102,23 +87,26 @@ class StreamRelay:
 
     def __init__(
         self,
-        gw: GatewayState,
+        dispatcher: Dispatcher,
+        metrics: GatewayMetrics,
+        timeouts: TimeoutsConfig,
         raw: dict[str, Any],
         ctx: RequestContext,
         attempt: Attempt,
-        tried: set[str],
-        info: dict[str, Any],
+        tried: list[str],
         on_tokens: Callable[[int], None] | None = None,
     ) -> None:
-        self.gw = gw
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.timeouts = timeouts
         self.on_tokens = on_tokens  # per token-carrying chunk (fair-share charging); no I/O
         self.raw = raw
         self.ctx = ctx
         self.attempt: Attempt | None = attempt
         self.tried = tried
-        self.info = info  # labels for the access log / request counter
-        info["backend"] = attempt.state.name
-        info["outcome"] = "aborted"  # until it completes or errs
+        self.backend = attempt.state.name
+        self.outcome: Outcome = "aborted"  # until it completes or errs
+        self.error: str | None = None
         self.sent_any = False  # a chunk reached the client: no more failover
         self.times = array("d")  # emission times of token-carrying chunks, s since receipt
         self.counts = array("q")  # tokens in each
@@ -126,14 +114,14 @@ class StreamRelay:
         self.usage: dict[str, Any] | None = None
         self._last_emit = 0.0
         self._last_token_at = 0.0
-        self._finished = False
-        m, tier = gw.metrics, ctx.tier.name
-        self._ttft = m.ttft.labels(ctx.tenant, tier, attempt.state.name)
-        self._itl = m.itl.labels(tier, attempt.state.name)
+        self._result: StreamOutcome | None = None
+        tier = ctx.tier.name
+        self._ttft = metrics.ttft.labels(ctx.tenant, tier, self.backend)
+        self._itl = metrics.itl.labels(tier, self.backend)
 
     # -- the response body ---------------------------------------------------------
     async def events(self) -> AsyncIterator[bytes]:
-        t = self.gw.config.timeouts
+        t = self.timeouts
         ping = t.ping_interval_s
         try:
             while True:
@@ -169,29 +157,30 @@ class StreamRelay:
                     # (and one syscall) for several chunks; never a wait to batch.
                     yield self._emit(got)
                 if failure is None:
-                    self.info["outcome"] = "completed"
+                    self.outcome = "completed"
                     yield DONE
                     return
                 failed = self.attempt.state
                 await self._close_attempt()
-                self.gw.router.report_failure(failed, failure)
+                self.dispatcher.router.report_failure(failed, failure)
                 if not self.sent_any and failure.retryable:
                     # Only pings went out: try the next backend, unseen by the client.
-                    self.gw.metrics.failovers.labels(failed.name).inc()
+                    self.metrics.failovers.labels(failed.name).inc()
                     log.info(
                         "backend %s failed before the first chunk: %s", failed.name, failure.message
                     )
                     try:
-                        self.attempt = await open_attempt(
-                            self.gw, self.raw, self.ctx, self.tried, self.info, failure
+                        self.attempt = await self.dispatcher.open_stream(
+                            self.raw, self.ctx, self.tried, failure
                         )
                     except BackendError as exc:
                         failure = exc
+                        self.backend = self.tried[-1]
                     else:
                         self._relabel()
                         continue
-                self.info["outcome"] = "error"
-                self.info["error"] = failure.message
+                self.outcome = "error"
+                self.error = failure.message
                 yield sse_error_event(failure.body)
                 yield DONE
                 return
@@ -200,10 +189,9 @@ class StreamRelay:
 
     def _relabel(self) -> None:
         assert self.attempt is not None
-        name = self.attempt.state.name
-        self.info["backend"] = name
-        self._ttft = self.gw.metrics.ttft.labels(self.ctx.tenant, self.ctx.tier.name, name)
-        self._itl = self.gw.metrics.itl.labels(self.ctx.tier.name, name)
+        name = self.backend = self.attempt.state.name
+        self._ttft = self.metrics.ttft.labels(self.ctx.tenant, self.ctx.tier.name, name)
+        self._itl = self.metrics.itl.labels(self.ctx.tier.name, name)
 
     def _emit(self, batch: list[Chunk]) -> bytes:
         """Account for queued chunks (tokens, times, usage); return their event bytes."""
@@ -249,31 +237,27 @@ class StreamRelay:
         if attempt is not None:
             await attempt.close()  # shielded, bounded by CLOSE_TIMEOUT_S
 
-    async def finish(self) -> None:
-        """Close everything and record the stream's metrics (idempotent).
+    async def finish(self) -> StreamOutcome:
+        """Close everything; the stream's outcome and measurements (idempotent).
 
         Runs when the body generator ends (normally, by error or cancelled) and again as
         the response's background task, for a response that never started its body.
         """
-        if self._finished:
-            return
-        self._finished = True
-        await self._close_attempt()
-        self._record()
+        if self._result is None:
+            await self._close_attempt()
+            self._result = self._measure()
+        return self._result
 
-    def _record(self) -> None:
-        ctx, m = self.ctx, self.gw.metrics
-        backend = self.info.get("backend", UNKNOWN)
+    def _measure(self) -> StreamOutcome:
         tokens = self.n_tokens
         if self.usage is not None and isinstance(self.usage.get("completion_tokens"), int):
             tokens = self.usage["completion_tokens"]
-        self.info["tokens"] = tokens
-        if tokens:
-            m.tokens.labels(ctx.tenant, ctx.tier.name, backend).inc(tokens)
+        result = StreamOutcome(self.outcome, self.backend, tokens, error=self.error)
         if self.n_tokens:
-            self.info["ttft_s"] = round(self.times[0], 6)
-        if self.info.get("outcome") != "completed" or not self.n_tokens:
-            return
+            result.ttft_s = self.times[0]
+        if self.outcome != "completed" or not self.n_tokens:
+            return result
+        ctx, m = self.ctx, self.metrics
         timeline = np.column_stack(
             (
                 np.frombuffer(self.times, dtype=np.float64),
@@ -285,8 +269,9 @@ class StreamRelay:
             mono = monotone_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)
         except ValueError as exc:  # cannot happen with monotonic times; never fail a stream
             log.warning("QoE not computed: %s", exc)
-            return
+            return result
         m.qoe.labels(ctx.tenant, ctx.tier.name, "andes").observe(andes)
         m.qoe.labels(ctx.tenant, ctx.tier.name, "monotone").observe(mono)
-        self.info["qoe_andes"] = round(andes, 4)
-        self.info["qoe_monotone"] = round(mono, 4)
+        result.qoe_andes = andes
+        result.qoe_monotone = mono
+        return result

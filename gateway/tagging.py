@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.backends import Backend, RequestContext
+from gateway.backends import Backend
+from gateway.context import RequestContext
 from qos.tags import TAG_PREFIX, RequestTags, encode_tags
 
 

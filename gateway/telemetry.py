@@ -22,27 +22,31 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
-import anyio
 import numpy as np
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.backends import RequestContext
-from gateway.errors import GatewayError, bad_request, forbidden, validation_error
-from gateway.ratelimit import retry_after_header
-from gateway.state import GatewayState
-from gateway.store import QoERecord, StoreUnavailable
+from gateway.config import LimitsConfig, TelemetryConfig
+from gateway.context import RequestContext, StreamOutcome
+from gateway.errors import (
+    bad_request,
+    duplicate_report,
+    forbidden,
+    report_too_large,
+    too_many_reports,
+    unknown_request,
+    validation_error,
+)
+from gateway.metrics import GatewayMetrics, QoESummary
+from gateway.store import QoERecord, Store, StoreUnavailable
 from qos.metrics import andes_qoe, monotone_qoe
 
 log = logging.getLogger("tokenpace.gateway.telemetry")
 
 FLUSH_INTERVAL_S = 0.25
 _PENDING_MAX = 10000
-_STATS = ("mean", "p50", "p90", "p99")
 
 
 class _Strict(BaseModel):
@@ -104,7 +108,7 @@ def _pair(records: Sequence[QoERecord]) -> dict[str, Any]:
     }
 
 
-def summarize(records: Sequence[QoERecord]) -> dict[str, Any]:
+def summarize(records: Sequence[QoERecord]) -> QoESummary:
     """``tenant -> {overall, tiers: {tier -> {gateway, client}}}``."""
     by_tenant: dict[str, list[QoERecord]] = {}
     for r in records:
@@ -121,38 +125,18 @@ def summarize(records: Sequence[QoERecord]) -> dict[str, Any]:
     return out
 
 
-class _SummaryCollector(Collector):
-    def __init__(self) -> None:
-        self.summary: dict[str, Any] = {}
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        g = GaugeMetricFamily(
-            "tokenpace_qoe_window",
-            "QoE over telemetry.window_s, all replicas (side=gateway|client, "
-            "metric=andes|monotone|displayed_andes, stat=mean|p50|p90|p99|count)",
-            labels=["tenant", "tier", "side", "metric", "stat"],
-        )
-        for tenant, t in self.summary.items():
-            for tier, sides in t["tiers"].items():
-                for side, s in sides.items():
-                    g.add_metric([tenant, tier, side, "all", "count"], float(s["count"]))
-                    for metric in ("andes", "monotone", "displayed_andes"):
-                        for stat in _STATS:
-                            if metric in s:
-                                g.add_metric([tenant, tier, side, metric, stat], s[metric][stat])
-        yield g
-
-
 class Telemetry:
     """Reports in, records batched out, summaries (see the module docstring)."""
 
-    def __init__(self, gw: GatewayState) -> None:
-        self.gw = gw
-        self.cfg = gw.config.telemetry
+    def __init__(
+        self, cfg: TelemetryConfig, limits: LimitsConfig, store: Store, metrics: GatewayMetrics
+    ) -> None:
+        self.cfg = cfg
+        self.max_tokens = limits.max_tokens * limits.max_n  # the most a timeline may count
+        self.store = store
+        self.metrics = metrics
         self._pending: list[QoERecord] = []
         self._task: asyncio.Task[None] | None = None
-        self._collector = _SummaryCollector()
-        gw.metrics.registry.register(self._collector)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -168,9 +152,11 @@ class Telemetry:
             await self._flush()
 
     # -- gateway side ------------------------------------------------------------------
-    def record_stream(self, ctx: RequestContext, info: dict[str, Any]) -> None:
-        """Queue the gateway-side QoE of a finished stream (set by the relay in ``info``)."""
-        if "qoe_andes" not in info or len(self._pending) >= _PENDING_MAX:
+    def record_stream(self, ctx: RequestContext, result: StreamOutcome) -> None:
+        """Queue the gateway-side QoE of a finished stream (a completed one has it)."""
+        if result.qoe_andes is None or result.qoe_monotone is None:
+            return
+        if len(self._pending) >= _PENDING_MAX:
             return
         self._pending.append(
             QoERecord(
@@ -178,9 +164,9 @@ class Telemetry:
                 ctx.tenant,
                 ctx.tier.name,
                 "gateway",
-                float(info["qoe_andes"]),
-                float(info["qoe_monotone"]),
-                str(info.get("outcome", "completed")),
+                result.qoe_andes,
+                result.qoe_monotone,
+                result.outcome,
             )
         )
 
@@ -189,9 +175,8 @@ class Telemetry:
             return
         batch, self._pending = self._pending, []
         try:
-            with anyio.fail_after(2.0):
-                await self.gw.store.add_qoe(batch)
-        except (StoreUnavailable, TimeoutError):
+            await self.store.add_qoe(batch)
+        except StoreUnavailable:
             self._pending = (batch + self._pending)[-_PENDING_MAX:]
 
     async def _flush_loop(self) -> None:
@@ -214,21 +199,14 @@ class Telemetry:
         """
         cfg = self.cfg
         check_size(body, cfg.max_body_bytes)
-        allowed, wait = await self.gw.store.hit(tenant, "tel", cfg.requests_per_minute)
+        allowed, wait = await self.store.hit(tenant, "tel", cfg.requests_per_minute)
         if not allowed:
-            raise GatewayError(
-                429,
-                f"Too many telemetry reports (at most {cfg.requests_per_minute} a minute).",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers=retry_after_header(wait),
-            )
+            raise too_many_reports(cfg.requests_per_minute, wait)
         try:
             report = TelemetryReport.model_validate_json(body or b"null")
         except ValidationError as exc:
-            raise validation_error(list(exc.errors(include_url=False))) from None
-        limits = self.gw.config.limits
-        max_tokens = limits.max_tokens * limits.max_n
+            raise validation_error(exc.errors(include_url=False)) from None
+        max_tokens = self.max_tokens
         for name in ("arrivals", "displayed"):
             timeline = getattr(report, name)
             if len(timeline) > cfg.max_points:
@@ -250,9 +228,9 @@ class Telemetry:
                 "request_id",
                 "telemetry_token_mismatch",
             )
-        info = await self.gw.store.request_info(report.request_id)
+        info = await self.store.request_info(report.request_id)
         if info is None or info.tenant != tenant:
-            raise _unknown_request(report.request_id)
+            raise unknown_request(report.request_id)
         try:
             andes, mono = _qoe(report.arrivals, info.ttft, info.tds)
             shown_andes, shown_mono = _qoe(report.displayed, info.ttft, info.tds)
@@ -270,9 +248,9 @@ class Telemetry:
             shown_andes if report.displayed else None,
             shown_mono if report.displayed else None,
         )
-        (result,) = await self.gw.store.add_qoe([record])
+        (result,) = await self.store.add_qoe([record])
         if result == "unknown":
-            raise _unknown_request(report.request_id)
+            raise unknown_request(report.request_id)
         if result == "duplicate" and token_request_id is not None:
             raise forbidden(
                 f"The telemetry token was already used: request {report.request_id} was "
@@ -281,12 +259,7 @@ class Telemetry:
                 "telemetry_token_used",
             )
         if result == "duplicate":
-            raise GatewayError(
-                409,
-                f"Request {report.request_id} was already reported.",
-                param="request_id",
-                code="duplicate_report",
-            )
+            raise duplicate_report(report.request_id)
         return {
             "object": "tokenpace.telemetry",
             "stored": result == "ok",  # False: buffered while the shared store is down (202)
@@ -303,7 +276,7 @@ class Telemetry:
 
     # -- summaries ---------------------------------------------------------------------------------
     async def summary(self, tenant: str | None, window_s: float) -> dict[str, Any]:
-        records = await self.gw.store.qoe_records(time.time() - window_s, tenant)
+        records = await self.store.qoe_records(time.time() - window_s, tenant)
         tenants = summarize(records)
         if tenant is not None:
             tenants.setdefault(tenant, {"overall": _pair([]), "tiers": {}})
@@ -311,25 +284,12 @@ class Telemetry:
 
     async def refresh_metrics(self) -> None:
         """Recompute the ``/metrics`` summary (kept as it was if the store fails)."""
-        with contextlib.suppress(StoreUnavailable, TimeoutError), anyio.fail_after(2.0):
-            records = await self.gw.store.qoe_records(time.time() - self.cfg.window_s)
-            self._collector.summary = summarize(records)
+        with contextlib.suppress(StoreUnavailable):
+            records = await self.store.qoe_records(time.time() - self.cfg.window_s)
+            self.metrics.qoe_window.summary = summarize(records)
 
 
 def check_size(body: bytes, limit: int) -> None:
     """413 for a report over ``telemetry.max_body_bytes``."""
     if len(body) > limit:
-        raise GatewayError(
-            413,
-            f"Telemetry report too large: the limit is {limit} bytes.",
-            code="request_too_large",
-        )
-
-
-def _unknown_request(request_id: str) -> GatewayError:
-    return GatewayError(
-        404,
-        f"No request {request_id} of yours is known to this gateway.",
-        param="request_id",
-        code="request_not_found",
-    )
+        raise report_too_large(limit)

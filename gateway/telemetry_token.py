@@ -24,14 +24,14 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import orjson
 
-from gateway.errors import GatewayError, unauthorized
-from gateway.state import GatewayState
-from gateway.store import StoreUnavailable
+from gateway.config import TelemetryConfig
+from gateway.errors import GatewayError, invalid_token
+from gateway.store import Store, StoreUnavailable
 
 TOKEN_HEADER = "X-TokenPace-Telemetry-Token"
 BODY_FIELD = "telemetry_token"  # where a sendBeacon report (no headers) carries it
@@ -64,21 +64,15 @@ def sign(secret: bytes, claims: TokenClaims) -> str:
     return f"{signed}.{_b64(mac)}"
 
 
-def invalid_token(message: str) -> GatewayError:
-    return GatewayError(
-        401,
-        message,
-        type="authentication_error",
-        param=BODY_FIELD,
-        code="invalid_telemetry_token",
-    )
+def _invalid(message: str) -> GatewayError:
+    return invalid_token(message, BODY_FIELD)
 
 
 def verify(secret: bytes, token: str, now: float) -> TokenClaims:
     """The claims of a token signed with ``secret``; 401 when forged, malformed or expired."""
     parts = token.split(".")
     if len(parts) != 3 or parts[0] != _VERSION:
-        raise invalid_token(
+        raise _invalid(
             f"The telemetry token is malformed: send the response's {TOKEN_HEADER} unchanged."
         )
     signed = f"{parts[0]}.{parts[1]}"
@@ -90,9 +84,9 @@ def verify(secret: bytes, token: str, now: float) -> TokenClaims:
     except (binascii.Error, UnicodeDecodeError, ValueError):
         given, claims = b"", None
     if claims is None or not hmac.compare_digest(mac, given):
-        raise invalid_token("The telemetry token is not valid: it was not issued by this gateway.")
+        raise _invalid("The telemetry token is not valid: it was not issued by this gateway.")
     if now >= claims.expires:
-        raise invalid_token(
+        raise _invalid(
             "The telemetry token has expired: report within telemetry.token_ttl_s of the "
             "response, or authenticate with the API key."
         )
@@ -102,10 +96,11 @@ def verify(secret: bytes, token: str, now: float) -> TokenClaims:
 class TelemetryTokens:
     """Issues and verifies the tokens of one gateway (see the module docstring)."""
 
-    def __init__(self, gw: GatewayState) -> None:
-        self.gw = gw
-        self.ttl_s = gw.config.telemetry.token_ttl_s
-        configured = gw.config.telemetry.token_secret
+    def __init__(self, cfg: TelemetryConfig, store: Store, tenants: Collection[str]) -> None:
+        self.store = store
+        self.tenants = tenants
+        self.ttl_s = cfg.token_ttl_s
+        configured = cfg.token_secret
         self._secret: bytes | None = configured.encode() if configured else None
         self._lock = asyncio.Lock()
 
@@ -115,7 +110,7 @@ class TelemetryTokens:
             async with self._lock:
                 if self._secret is None:
                     candidate = secrets.token_hex(32)
-                    shared = await self.gw.store.shared_secret(SECRET_NAME, candidate)
+                    shared = await self.store.shared_secret(SECRET_NAME, candidate)
                     self._secret = shared.encode()
         return self._secret
 
@@ -131,8 +126,8 @@ class TelemetryTokens:
     async def verify(self, token: str) -> TokenClaims:
         """The token's claims; 401 when forged, malformed, expired or its tenant is gone."""
         claims = verify(await self.secret(), token.strip(), time.time())
-        if claims.tenant not in self.gw.tenants:
-            raise invalid_token("The telemetry token's tenant no longer exists.")
+        if claims.tenant not in self.tenants:
+            raise _invalid("The telemetry token's tenant no longer exists.")
         return claims
 
 
@@ -161,13 +156,5 @@ def split_token(headers: Mapping[str, str], body: bytes) -> TokenReport:
         return TokenReport(None, body)
     token = data.pop(BODY_FIELD)
     if not isinstance(token, str) or not token:
-        raise invalid_token(f"'{BODY_FIELD}' must be the token string of the response's header.")
+        raise _invalid(f"'{BODY_FIELD}' must be the token string of the response's header.")
     return TokenReport(token, orjson.dumps(data))
-
-
-def missing_credentials() -> GatewayError:
-    return unauthorized(
-        "A telemetry report needs the API key (Authorization: Bearer YOUR_KEY) or the "
-        f"response's telemetry token (the {TOKEN_HEADER} header, or '{BODY_FIELD}' in the "
-        "JSON body)."
-    )

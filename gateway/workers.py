@@ -86,7 +86,7 @@ class WorkerProtocol:
 
 def worker_backends(spec: WorkerSpec) -> list[Backend]:
     """The backends of ``spec.config``; those of an engine server describe themselves."""
-    from gateway.backends import build_backends
+    from gateway.backends.kinds import build_backends
     from gateway.engine_server import EngineServerBackend
 
     config = spec.config
@@ -178,7 +178,8 @@ class WorkerPool:
     def __init__(
         self, config: GatewayConfig, workers: int, *, log_json: bool, log_level: str
     ) -> None:
-        from gateway.backends import InProcessBackend, build_backends
+        from gateway.backends import InProcessBackend
+        from gateway.backends.kinds import build_backends
 
         check_shared_store(config, workers)
         backends = build_backends(config)  # checks the options only a backend kind knows

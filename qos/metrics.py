@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from qos.timeline import (
     TimelineInput,
@@ -171,7 +172,8 @@ class RequestRecord:
     """One finished request as a benchmark client saw it."""
 
     prompt_tokens: int
-    chunks: Sequence[tuple[float, int]]  # (seconds since send, tokens in the chunk)
+    # (seconds since send, tokens in the chunk): pairs, or an (n, 2) array of them
+    chunks: Sequence[tuple[float, int]] | npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 from sse_starlette.sse import EventSourceResponse
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.app import RelayResponse
+from gateway.completions import RelayResponse
 from gateway.server import GuardedHttpToolsProtocol
 
 

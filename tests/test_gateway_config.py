@@ -14,14 +14,8 @@ import pytest
 from test_gateway_support import free_port
 
 from gateway.cli import add_gateway_commands, banner, check_config, load_serve_config
-from gateway.config import (
-    DEFAULT_TIERS,
-    ConfigError,
-    demo_config,
-    hash_key,
-    load_config,
-    parse_config,
-)
+from gateway.config import DEFAULT_TIERS, ConfigError, hash_key
+from gateway.config_loader import demo_config, load_config, parse_config
 
 GOOD_YAML = """
 server: {host: 0.0.0.0, port: 9000}
@@ -192,8 +186,6 @@ def test_contract_default_tiers():
     ],
 )
 def test_errors_name_the_bad_key(patch, expected):
-    import gateway.backends  # noqa: F401 - registers the backend kinds checked above
-
     data = {"tenants": [{"name": "ok", "api_keys": ["tp-fine-key-1"]}], **patch}
     with pytest.raises(ConfigError) as err:
         parse_config(data, "test.yaml")

@@ -1,5 +1,5 @@
 """Who may read /metrics: a metrics token, when one is configured (its own port: see
-tests/test_faults.py, which runs the gateway as a process)."""
+tests/test_gateway_faults.py, which runs the gateway as a process)."""
 
 from __future__ import annotations
 

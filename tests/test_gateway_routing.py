@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
 from typing import Any
 
 import openai
@@ -21,17 +23,12 @@ from test_gateway_support import (
     upstream,
 )
 
-from gateway.backends import (
-    Backend,
-    BackendError,
-    InProcessBackend,
-    RequestContext,
-    Router,
-    aggregate_chunks,
-    register_backend_kind,
-)
-from gateway.config import parse_config
+from gateway.backends import Backend, BackendError, InProcessBackend, aggregate_chunks
+from gateway.config import BACKEND_KINDS, ConfigError
+from gateway.config_loader import parse_config
+from gateway.context import RequestContext
 from gateway.logs import JsonFormatter, RequestIdFilter, request_id_var
+from gateway.routing import Router
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -59,30 +56,30 @@ def test_router_least_waiting_time():
     router = _router(a, b, c)
     sa, sb, _ = router.states
     # idle: round robin over the candidates, in configuration order
-    assert [router.pick(MODEL).name for _ in range(4)] == ["a", "b", "a", "b"]
+    assert [router.choose(MODEL).name for _ in range(4)] == ["a", "b", "a", "b"]
     lease_a = router.acquire(sa, 1000)  # a: 1000 tokens at 1000 tok/s = 1 s
     lease_b = router.acquire(sb, 2000)  # b: 2000 tokens at 4000 tok/s = 0.5 s
     assert sb.waiting_time() == 0.5 and sa.waiting_time() == 1.0
-    assert router.pick(MODEL).name == "b"
+    assert router.choose(MODEL).name == "b"
     lease_a.tokens(900)  # a's request streamed most of its tokens: 0.1 s left
-    assert router.pick(MODEL).name == "a"
+    assert router.choose(MODEL).name == "a"
     lease_a.tokens(5000)  # never below zero
     assert sa.outstanding_tokens == 0
     lease_a.release()
     lease_a.release()  # idempotent
     lease_b.release()
     assert (sa.in_flight, sb.in_flight, sb.outstanding_tokens) == (0, 0, 0)
-    assert router.pick("other").name == "c" and router.pick("nope") is None
-    assert router.pick(MODEL, exclude={"a", "b"}) is None
+    assert router.choose("other").name == "c" and router.choose("nope") is None
+    assert router.choose(MODEL, exclude={"a", "b"}) is None
 
 
 def test_router_health_preference():
     router = _router(_Dummy("a"), _Dummy("b"))
     sa, sb = router.states
     sa.healthy = False
-    assert {router.pick(MODEL).name for _ in range(3)} == {"b"}
+    assert {router.choose(MODEL).name for _ in range(3)} == {"b"}
     sb.healthy = False  # nothing healthy: still try something rather than refuse
-    assert router.pick(MODEL) is not None
+    assert router.choose(MODEL) is not None
     assert not router.any_healthy()
     assert [card["id"] for card in router.model_cards()] == [MODEL]
 
@@ -233,26 +230,35 @@ async def test_in_process_backend_seam():
     assert engine.closed
 
 
-def test_register_backend_kind():
-    made: list[Any] = []
-
-    def factory(cfg, config):
-        made.append(cfg.options)
-        return EchoEngine(cfg.name)
-
-    register_backend_kind("echo-test", factory)
-    config = parse_config(
-        {
-            "tenants": [{"name": "t", "api_keys": ["tp-kind-key-1"]}],
-            "backends": [
-                {"name": "e", "kind": "echo-test", "models": ["echo-model"], "options": {"x": 1}}
-            ],
-        }
-    )
+def test_backend_kinds_are_one_table_whatever_was_imported():
+    """Config validation knows every kind without importing the backends; the table in
+    gateway.backends.kinds builds each kind the configuration accepts."""
     from gateway.app import create_app
+    from gateway.backends.kinds import KINDS
+    from gateway.embedded import EmbeddedEngine
 
-    app = create_app(config)
-    assert isinstance(app.state.gateway.backends[0], EchoEngine) and made == [{"x": 1}]
+    assert set(KINDS) == set(BACKEND_KINDS)
+    check = (
+        "import sys; from gateway.config import ConfigError\n"
+        "from gateway.config_loader import parse_config\n"
+        "base = {'tenants': [{'name': 't', 'api_keys': ['tp-kind-key-1']}]}\n"
+        "parse_config({**base, 'backends': [{'name': 'e', 'kind': 'embedded', 'models': ['m']}]})\n"
+        "try:\n"
+        "    parse_config({**base, 'backends': [{'name': 'w', 'kind': 'warp', 'models': ['m']}]})\n"
+        "except ConfigError as exc:\n"
+        "    assert \"unknown backend kind 'warp'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise SystemExit('warp accepted')\n"
+        "assert 'gateway.backends' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
+    tenants = [{"name": "t", "api_keys": ["tp-kind-key-1"]}]
+    embedded = {"name": "e", "kind": "embedded", "models": ["m"], "options": {"time_scale": 2.0}}
+    config = parse_config({"tenants": tenants, "backends": [embedded]})
+    (backend,) = create_app(config).state.gateway.backends
+    assert isinstance(backend, EmbeddedEngine) and backend.options.time_scale == 2.0
+    with pytest.raises(ConfigError, match="unknown backend kind 'echo'"):
+        parse_config({"tenants": tenants, "backends": [{**embedded, "kind": "echo"}]})
 
 
 def test_aggregate_tool_calls_and_completions():
@@ -358,13 +364,13 @@ async def test_several_tokens_per_chunk_counted_from_running_usage(monkeypatch, 
     from gateway import streaming
 
     captured: list[Any] = []
-    original = streaming.StreamRelay._record
+    original = streaming.StreamRelay.finish
 
-    def spy(self):
+    async def spy(self):
         captured.append(list(self.counts))
-        return original(self)
+        return await original(self)
 
-    monkeypatch.setattr(streaming.StreamRelay, "_record", spy)
+    monkeypatch.setattr(streaming.StreamRelay, "finish", spy)
     options = {"include_usage": True, "continuous_usage_stats": continuous}
     async with (
         upstream(n_tokens=10, tokens_per_chunk=4) as fake,
@@ -383,13 +389,13 @@ async def test_gateway_qoe_matches_qos_metrics(monkeypatch):
     from qos.metrics import andes_qoe, monotone_qoe
 
     captured: list[Any] = []
-    original = streaming.StreamRelay._record
+    original = streaming.StreamRelay.finish
 
-    def spy(self):
+    async def spy(self):
         captured.append((list(self.times), list(self.counts), self.ctx.tier))
-        return original(self)
+        return await original(self)
 
-    monkeypatch.setattr(streaming.StreamRelay, "_record", spy)
+    monkeypatch.setattr(streaming.StreamRelay, "finish", spy)
     # slower than the expected 100 tok/s after 0.02 s: QoE below 1
     async with (
         upstream(n_tokens=8, token_interval=0.03) as fake,

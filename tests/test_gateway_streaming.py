@@ -24,8 +24,10 @@ from test_gateway_support import (
     upstream,
 )
 
-from gateway.backends import GeneratorChunkStream, HttpChunkStream, Lease
+from gateway.backends import GeneratorChunkStream
+from gateway.backends.sse import HttpChunkStream
 from gateway.dispatch import Attempt
+from gateway.routing import Lease
 from gateway.streaming import StreamRelay
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -29,11 +29,12 @@ import anyio
 import httpx
 import uvicorn
 
+from gateway.app import Gateway as GatewayComponents
 from gateway.app import create_app
 from gateway.backends import Backend
-from gateway.config import GatewayConfig, hash_key, parse_config
+from gateway.config import GatewayConfig, hash_key
+from gateway.config_loader import parse_config
 from gateway.server import listen, uvicorn_config
-from gateway.state import GatewayState
 
 KEY = "tp-test-key-acme-0001"  # tenant acme: every tier, custom allowed, weight 2
 KEY_BASIC = "tp-test-key-basic-0002"  # tenant basic: chat and batch only
@@ -409,7 +410,7 @@ class Gateway:
     app: Any
 
     @property
-    def state(self) -> GatewayState:
+    def state(self) -> GatewayComponents:
         return self.app.state.gateway
 
     @property

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from gateway.backends import RequestContext
-from gateway.config import parse_config
+from gateway.config_loader import parse_config
+from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.tagging import upstream_body
 from gateway.tiers import ResolvedTier, resolve_tier

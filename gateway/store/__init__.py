@@ -58,4 +58,5 @@ def build_store(config: GatewayConfig) -> Store:
         fail_open=s.fail_mode == "open",
         reconnect_interval_s=s.reconnect_interval_s,
         buffer_max=t.buffer_max,
+        timeout_s=s.timeout_s,
     )

@@ -3,7 +3,7 @@
 The scripts are the atomic form of :class:`qos.fairness.VirtualTokenCounter` (enqueue
 with counter lift, dequeue, charge; ``w_p``/``w_q`` are passed in from
 :mod:`qos.fairness`, never written here) and of :mod:`gateway.ratelimit`'s windows;
-``tests/test_store.py`` checks them against the Python on the same events. Times are
+``tests/test_gateway_store.py`` checks them against the Python on the same events. Times are
 the Redis server's (``TIME``), so replicas need no synchronised clocks.
 
 Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot):
@@ -35,13 +35,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from importlib import resources
+from typing import Any, cast, get_args
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT, FieldT
 
-from gateway.ratelimit import WINDOW_MS, RateState
+from gateway.ratelimit import RateState
 from gateway.store.base import (
     Admission,
     Arrival,
@@ -49,356 +51,30 @@ from gateway.store.base import (
     ReportResult,
     RequestInfo,
     Slot,
+    Status,
     Store,
 )
 from qos.fairness import W_OUTPUT, W_PROMPT
 
-# Helpers every admission script starts with. P (ARGV[1]) is the key prefix.
-_PRELUDE = (
-    """
-local P = ARGV[1]
-local function num(v) return tonumber(v) or 0 end
-local function now_ms()  -- with microseconds: deadlines of close arrivals must differ
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-end
-local function fmt(x) return string.format('%.17g', x) end
-local function parse(info)
-  return string.match(info, '^([^\\n]*)\\n([^\\n]*)\\n([^\\n]*)\\n(.*)$')
-end
--- VTC dequeue: a request leaves the queue (admitted, gone or lapsed)
-local function drop_waiter(rid)
-  redis.call('ZREM', P..'wl', rid)
-  local info = redis.call('HGET', P..'wr', rid)
-  if not info then return end
-  redis.call('HDEL', P..'wr', rid)
-  local tenant, _, _, model = parse(info)
-  local wkey = P..'w:'..tenant..'|'..model
-  redis.call('ZREM', wkey, rid)
-  if redis.call('ZCARD', wkey) == 0 then redis.call('SREM', P..'wt:'..model, tenant) end
-  if redis.call('HINCRBY', P..'wn', tenant, -1) <= 0 then
-    redis.call('HDEL', P..'wn', tenant)
-    redis.call('SET', P..'last', tenant)
-  end
-end
-local function expire_waiters(now)
-  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', P..'wl', '-inf', now)) do drop_waiter(rid) end
-end
--- VTC enqueue: lift an idle tenant to the least counter of the queued tenants, or to
--- the counter of the last tenant that left when nobody is queued
-local function enqueue(tenant)
-  if num(redis.call('HGET', P..'wn', tenant)) == 0 then
-    local floor = nil
-    local wn = redis.call('HGETALL', P..'wn')
-    for i = 1, #wn, 2 do
-      if tonumber(wn[i + 1]) > 0 then
-        local c = num(redis.call('HGET', P..'vtc', wn[i]))
-        if floor == nil or c < floor then floor = c end
-      end
-    end
-    if floor == nil then
-      local last = redis.call('GET', P..'last')
-      floor = last and num(redis.call('HGET', P..'vtc', last)) or 0
-    end
-    if floor > num(redis.call('HGET', P..'vtc', tenant)) then
-      redis.call('HSET', P..'vtc', tenant, fmt(floor))
-    end
-  end
-  redis.call('HINCRBY', P..'wn', tenant, 1)
-end
--- the head of a model's queue: least counter, then earliest deadline, then id
-local function head(model)
-  local best, bc, bd = nil, 0, 0
-  for _, t in ipairs(redis.call('SMEMBERS', P..'wt:'..model)) do
-    local first = redis.call('ZRANGE', P..'w:'..t..'|'..model, 0, 0, 'WITHSCORES')
-    if #first > 0 then
-      local c, d = num(redis.call('HGET', P..'vtc', t)), tonumber(first[2])
-      if best == nil or c < bc or (c == bc and (d < bd or (d == bd and first[1] < best))) then
-        best, bc, bd = first[1], c, d
-      end
-    end
-  end
-  return best
-end
--- admit rid if it is the head and a slot is free; slots are ARGV[first..] pairs
-local function try_admit(rid, now, lease_ms, wp, first)
-  local info = redis.call('HGET', P..'wr', rid)
-  if not info then return {'gone', '', '0'} end
-  local tenant, weight, prompt, model = parse(info)
-  local h = head(model)
-  local counter = num(redis.call('HGET', P..'vtc', tenant))
-  if h ~= rid then return {'queued', h or '', fmt(counter)} end
-  for i = first, #ARGV, 2 do
-    local skey, cap = P..'s:'..ARGV[i], tonumber(ARGV[i + 1])
-    redis.call('ZREMRANGEBYSCORE', skey, '-inf', now)
-    if cap <= 0 or redis.call('ZCARD', skey) < cap then
-      redis.call('ZADD', skey, now + lease_ms, rid)
-      drop_waiter(rid)
-      local c = redis.call('HINCRBYFLOAT', P..'vtc', tenant,
-        wp * tonumber(prompt) / tonumber(weight))
-      return {'admitted', ARGV[i], c}
-    end
-  end
-  return {'full', rid, fmt(counter)}
-end
-local W = """
-    + str(WINDOW_MS)
-    + """
-local function window(kind, tenant, idx)
-  local base = P..kind..':'..tenant..':'
-  return num(redis.call('GET', base..(idx - 1))), num(redis.call('GET', base..idx))
-end
-local function bump(kind, tenant, idx, n)
-  local key = P..kind..':'..tenant..':'..idx
-  redis.call('INCRBYFLOAT', key, n)
-  redis.call('PEXPIRE', key, 3 * W)
-end
--- gateway.ratelimit.wait_ms
-local function wait_ms(limit, cost, prev, cur, frac)
-  if prev * (1 - frac) + cur + cost <= limit then return 0 end
-  if cost > limit then return -1 end
-  if prev > 0 and cur + cost <= limit then
-    local f = 1 - (limit - cost - cur) / prev
-    return math.ceil(math.max(0, f - frac) * W)
-  end
-  local f2 = 0
-  if cur > 0 then f2 = math.max(0, 1 - (limit - cost) / cur) end
-  return math.ceil((1 - frac + f2) * W)
-end
--- gateway.ratelimit.reset_ms
-local function reset_ms(prev, cur, frac)
-  if cur > 0 then return math.ceil((2 - frac) * W) end
-  if prev > 0 then return math.ceil((1 - frac) * W) end
-  return 0
-end
-"""
-)
+_STATUSES = frozenset(get_args(Status))
+_LUA = resources.files("gateway.store") / "lua"
+_PRELUDE = (_LUA / "prelude.lua").read_text()  # the helpers every admission script uses
 
-# ARGV: P, rid, tenant, weight, model, ttft_ms, prompt, expected, wp, rpm, tpm, budget,
-# budget_period_s, max_queued, lease_ms, request ttl s, tier, ttft, tds, slot pairs...
-_ARRIVE = (
-    _PRELUDE
-    + """
-local rid, tenant, weight, model = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local ttft_ms, prompt, expected = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local wp, rpm, tpm = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local budget, period_s, max_queued = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local lease_ms, ttl = tonumber(ARGV[15]), tonumber(ARGV[16])
-local now = now_ms()
-expire_waiters(now)
-local idx = math.floor(now / W)
-local frac = (now - idx * W) / W
-local rate = {0, 0, 0, 0, 0, 0}
-local function answer(status, a, b, retry, by)
-  return {status, a, b, tostring(retry), by, rate[1], rate[2], tostring(rate[3]),
-    rate[4], rate[5], tostring(rate[6])}
-end
-if rpm > 0 or tpm > 0 then
-  local rp, rc = window('r', tenant, idx)
-  local tp, tc = window('t', tenant, idx)
-  rate = {rpm, math.floor(rpm - (rp * (1 - frac) + rc) - 1), reset_ms(rp, rc + 1, frac),
-    tpm, math.floor(tpm - (tp * (1 - frac) + tc) - prompt), reset_ms(tp, tc + prompt, frac)}
-  if rpm > 0 then
-    local wait = wait_ms(rpm, 1, rp, rc, frac)
-    if wait ~= 0 then return answer('limited', '', '0', wait, 'requests') end
-  end
-  if tpm > 0 then
-    local wait = wait_ms(tpm, prompt + expected, tp, tc, frac)
-    if wait ~= 0 then return answer('limited', '', '0', wait, 'tokens') end
-  end
-end
-local period_end = 0
-if budget > 0 then
-  local period_ms = period_s * 1000
-  period_end = (math.floor(now / period_ms) + 1) * period_ms
-  local used = num(redis.call('GET', P..'b:'..tenant..':'..period_end))
-  if used + prompt > budget then
-    return answer('limited', '', '0', period_end - now, 'budget')
-  end
-end
-if max_queued > 0 and num(redis.call('HGET', P..'wn', tenant)) >= max_queued then
-  return answer('queue_full', '', '0', 1000, '')
-end
-bump('r', tenant, idx, 1)
-bump('t', tenant, idx, prompt)
-if period_end > 0 then
-  local key = P..'b:'..tenant..':'..period_end
-  redis.call('INCRBYFLOAT', key, prompt)
-  redis.call('PEXPIREAT', key, period_end + W)
-end
-local rkey = P..'req:'..rid
-redis.call('HSET', rkey, 'tenant', tenant, 'tier', ARGV[17], 'ttft', ARGV[18],
-  'tds', ARGV[19], 'model', model)
-redis.call('EXPIRE', rkey, ttl)
-enqueue(tenant)
-redis.call('ZADD', P..'w:'..tenant..'|'..model, now + ttft_ms, rid)
-redis.call('SADD', P..'wt:'..model, tenant)
-redis.call('ZADD', P..'wl', now + lease_ms, rid)
-redis.call('HSET', P..'wr', rid, tenant..'\\n'..weight..'\\n'..prompt..'\\n'..model)
-local r = try_admit(rid, now, lease_ms, wp, 20)
-return answer(r[1], r[2], r[3], 0, '')
-"""
-)
 
-# ARGV: P, rid, wp, lease_ms, slot pairs...
-_RETRY = (
-    _PRELUDE
-    + """
-local rid, wp, lease_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local now = now_ms()
-expire_waiters(now)
-if redis.call('ZSCORE', P..'wl', rid) then redis.call('ZADD', P..'wl', now + lease_ms, rid) end
-return try_admit(rid, now, lease_ms, wp, 5)
-"""
-)
-
-# ARGV: P, rid
-_LEAVE = _PRELUDE + "drop_waiter(ARGV[2])\nreturn 1\n"
-
-# ARGV: P, lease_ms, n_slots, (backend, rid)*n_slots, waiting rids...
-_RENEW = (
-    _PRELUDE
-    + """
-local now = now_ms()
-local until_ms = now + tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
-for i = 0, n - 1 do
-  redis.call('ZADD', P..'s:'..ARGV[4 + 2 * i], until_ms, ARGV[5 + 2 * i])
-end
-for i = 4 + 2 * n, #ARGV do redis.call('ZADD', P..'wl', 'XX', until_ms, ARGV[i]) end
-return 1
-"""
-)
-
-# ARGV: P, wq, (tenant, weight, tokens, budget_period_s)*
-_CHARGE = (
-    _PRELUDE
-    + """
-local wq = tonumber(ARGV[2])
-local now = now_ms()
-local idx = math.floor(now / W)
-local out = {}
-for i = 3, #ARGV, 4 do
-  local tenant, weight, tokens = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  local period_ms = tonumber(ARGV[i + 3]) * 1000
-  out[#out + 1] = tenant
-  out[#out + 1] = redis.call('HINCRBYFLOAT', P..'vtc', tenant, wq * tokens / weight)
-  bump('t', tenant, idx, tokens)
-  local period_end = (math.floor(now / period_ms) + 1) * period_ms
-  local key = P..'b:'..tenant..':'..period_end
-  redis.call('INCRBYFLOAT', key, tokens)
-  redis.call('PEXPIREAT', key, period_end + W)
-end
-return out
-"""
-)
-
-# ARGV: P, (tenant, counter)*
-_MERGE = (
-    _PRELUDE
-    + """
-for i = 2, #ARGV, 2 do
-  if tonumber(ARGV[i + 1]) > num(redis.call('HGET', P..'vtc', ARGV[i])) then
-    redis.call('HSET', P..'vtc', ARGV[i], ARGV[i + 1])
-  end
-end
-return 1
-"""
-)
-
-# ARGV: P, tenant, name, limit
-_HIT = (
-    _PRELUDE
-    + """
-local now = now_ms()
-local idx = math.floor(now / W)
-local frac = (now - idx * W) / W
-local kind = 'x'..ARGV[3]
-local prev, cur = window(kind, ARGV[2], idx)
-local wait = wait_ms(tonumber(ARGV[4]), 1, prev, cur, frac)
-if wait ~= 0 then return tostring(wait) end
-bump(kind, ARGV[2], idx, 1)
-return '0'
-"""
-)
-
-# ARGV: P, retention_ms, max_records, then per record: n_fields, field, value, ...
-# A client record must name a request of its tenant that has not been reported yet.
-_ADD_QOE = """
-local P = ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local minid = tostring(math.max(0, now - tonumber(ARGV[2])))
-local out = {}
-local i = 4
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local f = {}
-  for j = i + 1, i + 2 * n, 2 do f[ARGV[j]] = ARGV[j + 1] end
-  local ok = 'ok'
-  if f.side == 'client' then
-    local rkey = P..'req:'..f.rid
-    if redis.call('HGET', rkey, 'tenant') ~= f.tenant then
-      ok = 'unknown'
-    elseif redis.call('HSETNX', rkey, 'reported', '1') == 0 then
-      ok = 'duplicate'
-    end
-  end
-  if ok == 'ok' then
-    redis.call('XADD', P..'tel', 'MINID', '~', minid, '*', unpack(ARGV, i + 1, i + 2 * n))
-    local g = f.tenant..'|'..f.tier..'|'..f.side..'|'
-    redis.call('HINCRBY', P..'agg', g..'n', 1)
-    redis.call('HINCRBYFLOAT', P..'agg', g..'a', f.andes)
-    redis.call('HINCRBYFLOAT', P..'agg', g..'m', f.monotone)
-  end
-  out[#out + 1] = ok
-  i = i + 1 + 2 * n
-end
-redis.call('XTRIM', P..'tel', 'MAXLEN', '~', tonumber(ARGV[3]))
-return out
-"""
-
-# ARGV: P, n, revoked digest * n, (digest, tenant)* ; KEYS none. Revocations first and
-# for good; then keys, unless revoked. Seeding the configured keys is the case n = 0; a
-# replica restoring a store that lost its data passes its whole key table.
-_SEED = """
-local P = ARGV[1]
-local n = tonumber(ARGV[2])
-local changed = 0
-for i = 3, 2 + n do
-  changed = changed + redis.call('SADD', P..'revoked', ARGV[i])
-  changed = changed + redis.call('HDEL', P..'keys', ARGV[i])
-end
-for i = 3 + n, #ARGV, 2 do
-  if redis.call('SISMEMBER', P..'revoked', ARGV[i]) == 0 then
-    changed = changed + redis.call('HSET', P..'keys', ARGV[i], ARGV[i + 1])
-  end
-end
-if changed > 0 then redis.call('INCR', P..'keyver') end
-return changed
-"""
-
-# ARGV: P, tenant, digest
-_REVOKE = """
-local P = ARGV[1]
-if redis.call('HGET', P..'keys', ARGV[3]) ~= ARGV[2] then return 0 end
-redis.call('HDEL', P..'keys', ARGV[3])
-redis.call('SADD', P..'revoked', ARGV[3])
-redis.call('INCR', P..'keyver')
-return 1
-"""
-
-_ADD_KEY = """
-local P = ARGV[1]
-if redis.call('SISMEMBER', P..'revoked', ARGV[3]) == 1 then return 0 end
-redis.call('HSET', P..'keys', ARGV[3], ARGV[2])
-redis.call('INCR', P..'keyver')
-return 1
-"""
+def _lua(name: str, *, prelude: bool = False) -> str:
+    """The script in ``lua/<name>.lua`` (after the prelude: ``P`` is ARGV[1])."""
+    body = (_LUA / f"{name}.lua").read_text()
+    return _PRELUDE + body if prelude else body
 
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _status(value: str) -> Status:
+    if value not in _STATUSES:
+        raise ValueError(f"the admission script answered {value!r}")
+    return cast(Status, value)
 
 
 def _slot_args(slots: Sequence[Slot]) -> list[Any]:
@@ -439,17 +115,17 @@ class RedisStore(Store):
             max_connections=64,
         )
         r = self.redis
-        self._arrive = r.register_script(_ARRIVE)
-        self._retry = r.register_script(_RETRY)
-        self._leave = r.register_script(_LEAVE)
-        self._renew = r.register_script(_RENEW)
-        self._charge = r.register_script(_CHARGE)
-        self._merge = r.register_script(_MERGE)
-        self._hit = r.register_script(_HIT)
-        self._add_qoe = r.register_script(_ADD_QOE)
-        self._seed = r.register_script(_SEED)
-        self._revoke = r.register_script(_REVOKE)
-        self._add_key = r.register_script(_ADD_KEY)
+        self._arrive = r.register_script(_lua("arrive", prelude=True))
+        self._retry = r.register_script(_lua("retry", prelude=True))
+        self._leave = r.register_script(_lua("leave", prelude=True))
+        self._renew = r.register_script(_lua("renew", prelude=True))
+        self._charge = r.register_script(_lua("charge", prelude=True))
+        self._merge = r.register_script(_lua("merge", prelude=True))
+        self._hit = r.register_script(_lua("hit", prelude=True))
+        self._add_qoe = r.register_script(_lua("add_qoe"))
+        self._seed = r.register_script(_lua("seed"))
+        self._revoke = r.register_script(_lua("revoke"))
+        self._add_key = r.register_script(_lua("add_key"))
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -461,7 +137,7 @@ class RedisStore(Store):
         """Whether Redis writes an append-only file (None: it will not say, e.g. CONFIG is
         disabled on a managed Redis)."""
         try:
-            conf = await self.redis.config_get("appendonly")
+            conf: Mapping[Any, Any] = await self.redis.config_get("appendonly")
         except ResponseError:
             return None
         value = conf.get("appendonly") or conf.get(b"appendonly")
@@ -471,7 +147,8 @@ class RedisStore(Store):
     async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
         await self.restore_keys(keys, ())
         if tenants:
-            await self.redis.hset(self.p + "tenants", mapping=dict(tenants))
+            mapping: dict[FieldT, EncodableT] = {k: v for k, v in tenants.items()}
+            await self.redis.hset(self.p + "tenants", mapping=mapping)
 
     async def restore_keys(self, keys: Mapping[str, str], revoked: Iterable[str]) -> int:
         """Write ``revoked`` (for good) and ``keys`` (unless revoked); returns the changes."""
@@ -549,7 +226,7 @@ class RedisStore(Store):
         backend = _s(r[1]) if status == "admitted" else None
         head = _s(r[1]) if status in ("queued", "full") and r[1] else None
         return Admission(
-            status,  # type: ignore[arg-type]
+            _status(status),
             backend=backend,
             head=head,
             counter=float(_s(r[2])),
@@ -563,7 +240,7 @@ class RedisStore(Store):
         r = await self._retry(args=args)
         status = _s(r[0])
         return Admission(
-            status,  # type: ignore[arg-type]
+            _status(status),
             backend=_s(r[1]) if status == "admitted" else None,
             head=_s(r[1]) if status in ("queued", "full") and r[1] else None,
             counter=float(_s(r[2])),
@@ -656,9 +333,9 @@ class RedisStore(Store):
         out: list[QoERecord] = []
         start = str(int(since * 1000))
         while True:
-            batch = await self.redis.xrange(self.p + "tel", min=start, count=5000)
+            batch = await self.redis.xrange(self.p + "tel", min=start, count=5000) or []
             for entry_id, raw in batch:
-                f = {_s(k): _s(v) for k, v in raw.items()}
+                f = {_s(k): _s(v) for k, v in (raw or {}).items()}
                 if tenant is None or f.get("tenant") == tenant:
                     ts = int(_s(entry_id).partition("-")[0]) / 1000.0
                     out.append(QoERecord.from_fields(f, ts))

@@ -1,33 +1,13 @@
 """Redis with a local fallback: what the gateway uses when ``store.redis_url`` is set.
 
-While Redis answers, every operation goes to it, and the local
-:class:`~gateway.store.memory.MemoryStore` mirrors what this replica learns (the
-counters Redis returns, the requests it served), so that it can carry on alone.
-
-When a command fails (connection refused or reset, timeout), Redis is marked down and
-logged once. ``fail_mode: open`` (default) serves from the local store from then on:
-fair share, queue and limits hold per replica only. ``fail_mode: closed`` raises
-:class:`~gateway.store.base.StoreUnavailable` (the API answers 503). Nothing waits on a
-dead Redis: commands time out after ``store.timeout_s``, and while down none is sent.
-
-API keys (docs/architecture.md, "API keys"): each replica mirrors the whole key table
-(live keys and revoked digests) and the store's *epoch*, a random id set once per
-store. Every ``store.reconnect_interval_s`` it reads the epoch and the table's version
-(one round trip) and reloads the table when it changed. An epoch that changed or went
-means the store lost its data (Redis restarted empty): the replica writes its mirror
-back (revocations first and for good, then the keys, admin-created ones included) and
-the configured keys, then adopts the new epoch. Key administration is refused (503)
-while Redis is down and until the mirror is in step (``keys_known``). At start-up the
-store says whether Redis persists its data (AOF); when it does not, a loud error says
-what that costs.
-
-A probe task pings Redis every ``store.reconnect_interval_s``. When it answers, the
-store reconciles before taking traffic again: the key table is checked as above,
-requests served meanwhile are remembered in Redis (so their telemetry is accepted),
-counters are raised to at least this replica's view (``max``, so a Redis that
-restarted empty never resets a tenant to zero, and none goes backwards), the slots
-this replica holds are re-registered (the admission heartbeat, ``on_reconnect``), and
-the telemetry buffered meanwhile (bounded, oldest dropped first) is written.
+While Redis answers, every operation goes to it and a local
+:class:`~gateway.store.memory.MemoryStore` mirrors what this replica learns. A call that
+fails or takes longer than ``store.timeout_s`` (the gateway's one store timeout: callers
+add none) marks Redis down: ``fail_mode: open`` serves from the local store, ``closed``
+raises :class:`~gateway.store.base.StoreUnavailable` (503). A probe reconnects and
+reconciles (the key table, requests, counters, slots, buffered telemetry).
+docs/architecture.md, "Fair share across gateway replicas" ("Failure") and "API keys:
+what survives what", has the design.
 """
 
 from __future__ import annotations
@@ -71,8 +51,10 @@ class ResilientStore(Store):
         fail_open: bool = True,
         reconnect_interval_s: float = 1.0,
         buffer_max: int = 10000,
+        timeout_s: float = 2.0,
     ) -> None:
         self.redis = redis
+        self.timeout_s = timeout_s
         self.local = local
         self.fail_open = fail_open
         self.reconnect_interval_s = reconnect_interval_s
@@ -168,9 +150,9 @@ class ResilientStore(Store):
         while self._buffer:
             batch = [self._buffer.popleft() for _ in range(min(500, len(self._buffer)))]
             try:
-                for rec, info in batch:
-                    if info is not None:  # fields only: a 'reported' mark already there stays
-                        await self.redis.remember(rec.request_id, info)
+                for rec, owner in batch:
+                    if owner is not None:  # fields only: a 'reported' mark already there stays
+                        await self.redis.remember(rec.request_id, owner)
                 results = await self.redis.add_qoe([rec for rec, _ in batch])
             except BaseException:
                 self._buffer.extendleft(reversed(batch))
@@ -183,7 +165,8 @@ class ResilientStore(Store):
         """(True, result) from Redis, or (False, None) when it is down (fail open)."""
         if self.up:
             try:
-                return True, await getattr(self.redis, name)(*args)
+                async with asyncio.timeout(self.timeout_s):
+                    return True, await getattr(self.redis, name)(*args)
             except _FAILURES as exc:
                 self._down(exc)
         if not self.fail_open:
@@ -246,8 +229,9 @@ class ResilientStore(Store):
             # live by the mirror, unknown to Redis: revoked meanwhile, or Redis lost its
             # data; find out which before answering
             try:
-                await self._sync_keys()
-                name = await self.redis.tenant_for_key(digest)
+                async with asyncio.timeout(self.timeout_s):
+                    await self._sync_keys()
+                    name = await self.redis.tenant_for_key(digest)
             except _FAILURES as exc:
                 self._down(exc)
                 return await self._offline_tenant(digest)
@@ -287,7 +271,8 @@ class ResilientStore(Store):
         if not self.keys_known:
             raise StoreUnavailable("the API key table is being restored")
         try:
-            return await getattr(self.redis, name)(*args)
+            async with asyncio.timeout(self.timeout_s):
+                return await getattr(self.redis, name)(*args)
         except _FAILURES as exc:
             self._down(exc)
             raise StoreUnavailable("the shared state store (Redis) is unreachable") from exc

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.backends import build_http_client
+from gateway.backends.http import build_http_client
 from gateway.config import GatewayConfig
 from gateway.upstream import UpstreamTransport, body_reader
 

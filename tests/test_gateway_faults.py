@@ -4,7 +4,8 @@
 A backend killed mid-stream; a backend down, then back; a storm of client disconnects;
 slowloris (slow headers, slow bodies); oversized headers and bodies; the metrics port
 and the docs switch. (Redis killed and restarted empty, with keys and revocations
-checked afterwards: tests/test_key_durability.py and tests/test_redis_failure.py.)
+checked afterwards: tests/test_gateway_keys_durability.py and
+tests/test_gateway_store_redis_failure.py.)
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.backends import BackendError, HttpChunkStream
+from gateway.backends import BackendError
+from gateway.backends.sse import HttpChunkStream
 
 
 def _response(parts: list[bytes]) -> httpx.Response:

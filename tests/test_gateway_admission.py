@@ -9,7 +9,7 @@ from typing import Any
 from cluster_support import CappedUpstream, chat, cluster_config, replicas
 from test_gateway_support import run_server
 
-from gateway.admission import _vllm_gauge
+from gateway.backends.http import vllm_gauge
 
 KEY = "key-acme-00000000"
 TENANTS = [{"name": "acme", "api_keys": [KEY]}]
@@ -38,9 +38,9 @@ class VllmLike(CappedUpstream):
 
 def test_vllm_gauge_parsing() -> None:
     text = 'vllm:gpu_cache_usage_perc{model_name="a"} 0.5\nvllm:num_requests_waiting 3\n'
-    assert _vllm_gauge(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") == 0.5
-    assert _vllm_gauge(text, "vllm:num_requests_waiting") == 3.0
-    assert _vllm_gauge(text, "vllm:missing") is None
+    assert vllm_gauge(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") == 0.5
+    assert vllm_gauge(text, "vllm:num_requests_waiting") == 3.0
+    assert vllm_gauge(text, "vllm:missing") is None
 
 
 async def test_full_kv_cache_holds_requests_in_the_queue(key_prefix) -> None:

@@ -1,0 +1,173 @@
+"""Server-sent events from an upstream response, parsed into OpenAI chunk dicts."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+
+from gateway.backends.base import BackendError, Chunk, ChunkStream
+from gateway.upstream import body_reader
+
+MAX_ERROR_BODY = 64 * 1024  # the most of an error (or a stream's tail) the gateway reads
+_DRAIN_S = 0.25  # longest wait for the end of a stream's body after [DONE]
+
+
+def is_openai_error(body: Any) -> bool:
+    return isinstance(body, dict) and isinstance(body.get("error"), dict)
+
+
+class HttpChunkStream(ChunkStream):
+    """Server-sent events from an upstream response, parsed into chunk dicts.
+
+    Each :meth:`next_batch` is one read of the body (:func:`gateway.upstream.body_reader`:
+    everything the connection has buffered), split into events as bytes (SSE is UTF-8 by
+    definition) and parsed by orjson (the json module's parsing was a third of the
+    gateway's CPU at saturation). A failure after some good events of a read is raised
+    at the next call, after those events are relayed. After ``data:
+    [DONE]``, :meth:`aclose` reads the end of the body (normally just the
+    chunked-encoding terminator, already received) so that the connection goes back to
+    the pool; closing it half-read would make every stream open a new TCP connection.
+    """
+
+    def __init__(self, backend: str, resp: httpx.Response) -> None:
+        self._backend = backend
+        self._resp = resp
+        self._read = body_reader(resp)
+        self._buf = b""  # an incomplete line
+        self._data: list[bytes] = []  # the data lines of the event being read
+        self._events: deque[bytes] = deque()  # complete event payloads, not yet returned
+        self._error: BackendError | None = None  # raised at the next call
+        self._eof = False
+        self._done = False
+        self._clean_end = False  # [DONE] arrived
+        self._closed = False
+
+    async def next_batch(self) -> list[Chunk]:
+        if self._error is not None:
+            raise self._error
+        while not self._events:
+            if self._done:
+                return []
+            if self._eof:
+                self._done = True
+                raise BackendError(
+                    f"Backend {self._backend!r} closed the stream before [DONE].",
+                    code="upstream_truncated",
+                )
+            try:
+                part = await self._read()
+            except httpx.HTTPError as exc:
+                self._done = True
+                raise BackendError(
+                    f"Backend {self._backend!r} failed mid-stream ({type(exc).__name__}).",
+                    code="upstream_truncated",
+                    unhealthy=not isinstance(exc, httpx.TimeoutException),
+                ) from exc
+            if part:
+                self._feed(part)
+            else:
+                self._eof = True
+                self._feed(b"\n\n")  # a last event without its blank line
+        batch: list[Chunk] = []
+        events = self._events
+        while events:
+            payload = events.popleft()
+            if payload.strip() == b"[DONE]":
+                self._done = self._clean_end = True
+                events.clear()
+                break
+            try:
+                chunk = self._event(payload)
+            except BackendError as exc:
+                self._done = True
+                events.clear()
+                if not batch:
+                    raise
+                self._error = exc
+                break
+            # One data line per event: relayed as it came (a payload split over several
+            # data lines is re-encoded instead).
+            batch.append((chunk, None if b"\n" in payload else b"data: " + payload + b"\n\n"))
+        return batch
+
+    def _feed(self, part: bytes) -> None:
+        """Add ``part`` of the body; complete events go to ``_events``.
+
+        The usual event, one ``data: {...}`` line and a blank line, is cut out by one
+        split of the whole read; anything else (other fields, comments, several data
+        lines, CR line ends) goes through the line parser.
+        """
+        buf = self._buf + part
+        if b"\r" in buf or self._data:
+            self._buf = self._feed_lines(buf)
+            return
+        *blocks, rest = buf.split(b"\n\n")
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                self._events.append(block[6:])
+            else:
+                self._feed_lines(block + b"\n\n")
+        self._buf = rest
+
+    def _feed_lines(self, buf: bytes) -> bytes:
+        """Split ``buf`` into lines (LF, CRLF or CR) and events; return the incomplete end."""
+        if b"\r" in buf:
+            held = b"\r" if buf.endswith(b"\r") else b""  # may be the first half of CRLF
+            if held:
+                buf = buf[:-1]
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            *lines, rest = buf.split(b"\n")
+            rest += held
+        else:
+            *lines, rest = buf.split(b"\n")
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    self._events.append(b"\n".join(data))
+                    data.clear()
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+            elif line == b"data":
+                data.append(b"")
+            # comments (":"), "event:", "id:", "retry:" carry nothing for OpenAI streams
+        return rest
+
+    def _event(self, payload: bytes) -> dict[str, Any]:
+        try:
+            chunk = orjson.loads(payload)
+        except ValueError:
+            raise BackendError(
+                f"Backend {self._backend!r} sent malformed data in its stream.",
+                code="upstream_bad_response",
+            ) from None
+        if not isinstance(chunk, dict):
+            raise BackendError(
+                f"Backend {self._backend!r} sent a stream event that is not an object.",
+                code="upstream_bad_response",
+            )
+        if is_openai_error(chunk):
+            err = chunk["error"]
+            raise BackendError(
+                str(err.get("message") or "the backend reported an error"),
+                retryable=False,
+                body=chunk,
+            )
+        return chunk
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._clean_end:  # read the rest of the body, so the connection can be reused
+            with contextlib.suppress(Exception), anyio.move_on_after(_DRAIN_S):
+                left = MAX_ERROR_BODY
+                while left >= 0 and (part := await self._read()):
+                    left -= len(part)
+        await self._resp.aclose()

@@ -1,0 +1,354 @@
+"""The completion request path: checks, tier, admission, dispatch, the response.
+
+After authentication and validation (:mod:`gateway.middleware`, FastAPI with the models
+of :mod:`gateway.schemas`): the body within the configured caps and encodable for the
+backend (400), the tier (:mod:`gateway.tiers`, 400/403), the model (404), admission
+(:mod:`gateway.admission`: 429, or a wait in the fair-share queue for a backend slot,
+held until the response ends), then the backend: streaming through
+:class:`~gateway.streaming.StreamRelay` under sse-starlette, non-streaming through
+:meth:`~gateway.dispatch.Dispatcher.complete`, both with failover before the first byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import orjson
+from sse_starlette.sse import EventSourceResponse
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Message, Receive, Send
+
+from gateway.admission import AdmissionController, Ticket
+from gateway.backends import BackendError
+from gateway.config import GatewayConfig, LimitsConfig, TenantConfig
+from gateway.context import Endpoint, RequestContext, RequestRecord
+from gateway.dispatch import Dispatcher
+from gateway.errors import GatewayError, bad_request, final_error, model_not_found
+from gateway.metrics import GatewayMetrics
+from gateway.middleware import ClientGone
+from gateway.routing import Router
+from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.streaming import StreamRelay
+from gateway.telemetry import Telemetry
+from gateway.telemetry_token import TelemetryTokens
+from gateway.tiers import resolve_tier
+from qos.prompt_tokens import estimate_prompt_tokens
+
+T = TypeVar("T")
+
+
+class CompletionService:
+    """Serves ``/v1/chat/completions`` and ``/v1/completions`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        router: Router,
+        admission: AdmissionController,
+        dispatcher: Dispatcher,
+        telemetry: Telemetry,
+        tokens: TelemetryTokens,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.config = config  # the tiers (resolve_tier), limits, routing and timeouts
+        self.router = router
+        self.admission = admission
+        self.dispatcher = dispatcher
+        self.telemetry = telemetry
+        self.tokens = tokens
+        self.metrics = metrics
+        self.default_tokens = config.routing.expected_output_tokens
+
+    async def serve(
+        self,
+        request: Request,
+        record: RequestRecord,
+        endpoint: Endpoint,
+        body: ChatCompletionRequest | CompletionRequest,
+        tenant: TenantConfig,
+        header_tier: str | None,
+    ) -> Response:
+        # The JSON FastAPI parsed into ``body`` (Starlette keeps it on the request: not
+        # parsed again), as the client wrote it: the base of the upstream body. Every
+        # decision below reads the validated ``body``.
+        raw: dict[str, Any] = await request.json()
+        check_forwardable(raw)
+        check_limits(body, self.config.limits)
+        options = body.tokenpace.model_dump(exclude_unset=True) if body.tokenpace else None
+        tier = resolve_tier(self.config, tenant, header_tier, options)
+        record.tier = tier.name
+        headers = tier.headers()
+        model = body.model
+        record.model = model
+        try:
+            if not self.router.knows_model(model):
+                raise model_not_found(model)
+            ctx = RequestContext(
+                request_id=record.request_id,
+                tenant=tenant.name,
+                weight=tenant.weight,
+                tier=tier,
+                endpoint=endpoint,
+                model=model,
+                stream=bool(body.stream),
+                received_at=record.received_at,
+                expected_tokens=self._expected_tokens(body),
+            )
+            admit = self.admission.admit(ctx, tenant, estimate_prompt_tokens(raw))
+            try:
+                ticket = await unless_disconnected(request, admit)
+            except ClientGone:
+                return client_gone(record)
+            ctx.backend = ticket.backend  # the choice: failover goes on in the router's order
+            headers = {
+                **headers,
+                **ticket.rate.headers(),
+                **await self.tokens.header(ctx.request_id, tenant.name),
+            }
+            if ctx.stream:
+                return await self._stream(request, raw, ctx, record, headers, ticket)
+            return await self._complete(request, raw, ctx, record, headers, ticket)
+        except GatewayError as exc:
+            exc.headers = {**headers, **exc.headers}
+            raise
+
+    def _expected_tokens(self, body: ChatCompletionRequest | CompletionRequest) -> int:
+        """Output tokens expected (QLM's estimate): ``max_tokens`` capped by
+        ``routing.expected_output_tokens``, times ``n``."""
+        expected = self.default_tokens
+        for value in (getattr(body, "max_completion_tokens", None), body.max_tokens):
+            if value is not None:
+                expected = min(expected, value)
+        return expected * (body.n or 1)
+
+    def _count_tokens(self, ctx: RequestContext, backend: str, tokens: int) -> None:
+        """The one place output tokens are counted (streams and whole responses)."""
+        if tokens:
+            self.metrics.tokens.labels(ctx.tenant, ctx.tier.name, backend).inc(tokens)
+
+    async def _stream(
+        self,
+        request: Request,
+        raw: dict[str, Any],
+        ctx: RequestContext,
+        record: RequestRecord,
+        headers: dict[str, str],
+        ticket: Ticket,
+    ) -> Response:
+        tried: list[str] = []
+        try:
+            attempt = await unless_disconnected(
+                request, self.dispatcher.open_stream(raw, ctx, tried)
+            )
+        except BackendError as exc:
+            record.backend = tried[-1] if tried else record.backend
+            await ticket.close()
+            raise final_error(exc) from None
+        except ClientGone:
+            record.backend = tried[-1] if tried else record.backend
+            await ticket.close()
+            return client_gone(record)
+        except BaseException:
+            await ticket.close()
+            raise
+        record.backend = attempt.state.name
+        relay = StreamRelay(
+            self.dispatcher,
+            self.metrics,
+            self.config.timeouts,
+            raw,
+            ctx,
+            attempt,
+            tried,
+            on_tokens=ticket.tokens,
+        )
+
+        async def finish() -> None:
+            """Once: the relay's teardown, its record, the slot back (idempotent)."""
+            result = await relay.finish()
+            if not ticket.closed:
+                record.finished_stream(result)
+                self._count_tokens(ctx, result.backend, result.tokens)
+                self.telemetry.record_stream(ctx, result)
+                await ticket.close()
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for part in relay.events():
+                    yield part
+            finally:
+                await finish()
+
+        try:
+            return RelayResponse(
+                events(),
+                headers=headers,
+                ping=0,  # the relay sends its own pings, only while it waits
+                sep="\n",
+                background=BackgroundTask(finish),
+            )
+        except BaseException:
+            await finish()
+            raise
+
+    async def _complete(
+        self,
+        request: Request,
+        raw: dict[str, Any],
+        ctx: RequestContext,
+        record: RequestRecord,
+        headers: dict[str, str],
+        ticket: Ticket,
+    ) -> Response:
+        tried: list[str] = []
+        tokens = 0
+        try:
+            done = await unless_disconnected(request, self.dispatcher.complete(raw, ctx, tried))
+            tokens = done.tokens
+        except BackendError as exc:
+            raise final_error(exc) from None
+        except ClientGone:
+            return client_gone(record)
+        finally:
+            if tried:
+                record.backend = tried[-1]
+            ticket.tokens(tokens)
+            await ticket.close()
+        record.tokens = tokens
+        self._count_tokens(ctx, done.backend, tokens)
+        return JSONResponse(done.result, headers=headers)
+
+
+class RelayResponse(EventSourceResponse):
+    """sse-starlette's response, minus a cancel scope around every send.
+
+    ``EventSourceResponse`` wraps each send in ``anyio.move_on_after(send_timeout)``,
+    even without a timeout; on a relay that sends thousands of chunks a second that
+    scope was a measurable share of the gateway's CPU per chunk (docs/benchmarks.md).
+    This overrides sse-starlette's private ``_send_with_timeout`` (pinned in
+    pyproject.toml to the versions it was tested with).
+    """
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        if self.send_timeout is None:
+            await send(message)
+        else:
+            await super()._send_with_timeout(send, message)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro``, cancelling it if the client disconnects first (raise ClientGone).
+
+    Starlette does not cancel a handler whose client went away; this does, so the
+    backend request is closed (and a generation aborted) as soon as nobody waits for it.
+    """
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(_wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, watch):
+            task.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+    if work.cancelled():
+        raise ClientGone
+    return work.result()
+
+
+def client_gone(record: RequestRecord) -> Response:
+    record.outcome = "aborted"
+    return Response(status_code=499)  # nginx's "client closed request": never seen by anyone
+
+
+# ---------------------------------------------------------------------------------
+# the body: the configured caps, and what the upstream's JSON encoder can write
+
+
+def check_limits(body: ChatCompletionRequest | CompletionRequest, limits: LimitsConfig) -> None:
+    """400 for a body past the configured caps (max_tokens, n, best_of)."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = getattr(body, key, None)
+        if value is not None and value > limits.max_tokens:
+            raise bad_request(
+                f"Invalid value for '{key}': {value} is larger than this gateway's limit "
+                f"of {limits.max_tokens}.",
+                param=key,
+                code="invalid_value",
+            )
+    for key in ("n", "best_of"):
+        value = getattr(body, key, None)
+        if value is not None and value > limits.max_n:
+            raise bad_request(
+                f"Invalid value for '{key}': at most {limits.max_n}.",
+                param=key,
+                code="invalid_value",
+            )
+    if body.stream_options is not None and not body.stream:
+        raise bad_request(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+            code="invalid_value",
+        )
+
+
+_JSON_MAX_DEPTH = 254  # orjson, which writes the upstream body, refuses deeper nesting
+_INT_RANGE = (-(2**63), 2**64 - 1)  # orjson's integers: signed or unsigned 64-bit
+
+
+def _unforwardable(value: Any, param: str, depth: int = 1) -> tuple[str, str] | None:
+    """The first value the upstream body cannot carry: ``(param, what is wrong)``.
+
+    Python's JSON parser accepts integers of any size, lone surrogates (``"\\ud800"``)
+    and any nesting; orjson, which writes the body for the backend, does not.
+    """
+    if depth > _JSON_MAX_DEPTH:
+        return param, f"is nested more than {_JSON_MAX_DEPTH} levels deep"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return param, "contains a lone surrogate (\\ud800-\\udfff), which is not Unicode"
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+            return param, "is an integer outside the 64-bit range"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{param}.{key}" if param else str(key)
+            found = _unforwardable(key, name, depth) or _unforwardable(item, name, depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _unforwardable(item, f"{param}[{i}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def check_forwardable(raw: dict[str, Any]) -> None:
+    """400 naming the field when the body cannot be forwarded as JSON (never a 502)."""
+    try:
+        orjson.dumps(raw)
+    except TypeError:
+        pass
+    else:
+        return
+    found = _unforwardable(raw, "")
+    param, what = found if found is not None else (None, "cannot be encoded as JSON")
+    where = f"'{param}'" if param else "The request body"
+    raise bad_request(
+        f"Invalid value for {where}: it {what}." if param else f"{where} {what}.",
+        param=param or None,
+        code="invalid_value",
+    )

@@ -1,0 +1,99 @@
+"""What the gateway knows about one request, as typed records.
+
+- :class:`RequestRecord`: made by the middleware when a request arrives; the route
+  fills in its labels (tenant, tier, model, backend) and, at the end, how it went. The
+  middleware counts and logs the request from it.
+- :class:`RequestContext`: what the gateway decided about a completion request, handed
+  to the backend with the body.
+- :class:`StreamOutcome`: what the relay measured on a finished stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from gateway.tiers import ResolvedTier
+
+if TYPE_CHECKING:
+    from gateway.config import TenantConfig
+
+Endpoint = Literal["chat.completions", "completions"]
+Outcome = Literal["completed", "error", "aborted"]
+UNKNOWN = "-"  # the label of what is not known (yet): no tenant before authentication
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What the gateway decided about a request, handed to the backend with the body."""
+
+    request_id: str
+    tenant: str
+    weight: float
+    tier: ResolvedTier
+    endpoint: Endpoint
+    model: str
+    stream: bool
+    received_at: float  # time.monotonic() when the gateway received the request
+    expected_tokens: int  # output tokens expected, for the waiting-time estimate
+    backend: str | None = None  # the backend admission reserved a slot on: tried first
+
+
+@dataclass(slots=True)
+class StreamOutcome:
+    """How a relayed stream ended and what the gateway measured of it."""
+
+    outcome: Outcome
+    backend: str
+    tokens: int  # output tokens (the backend's usage count when it sent one)
+    ttft_s: float | None = None  # receipt to the first token, as emitted
+    qoe_andes: float | None = None  # Andes Eq. 1 of the emission times (completed only)
+    qoe_monotone: float | None = None
+    error: str | None = None  # the message of the error event that ended it
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One HTTP request's labels and results, for the request counter and access log."""
+
+    request_id: str
+    received_at: float  # time.monotonic()
+    tenant: TenantConfig | None = None  # who the key belongs to, once authenticated
+    tenant_name: str = UNKNOWN
+    tier: str = UNKNOWN
+    model: str | None = None
+    backend: str = UNKNOWN
+    outcome: Outcome | None = None  # None: from the status (error at 400 and above)
+    tokens: int | None = None
+    ttft_s: float | None = None
+    qoe_andes: float | None = None
+    qoe_monotone: float | None = None
+    error: str | None = None
+
+    def authenticated(self, tenant: TenantConfig) -> None:
+        self.tenant = tenant
+        self.tenant_name = tenant.name
+
+    def finished_stream(self, result: StreamOutcome) -> None:
+        self.backend = result.backend
+        self.outcome = result.outcome
+        self.tokens = result.tokens
+        self.ttft_s = None if result.ttft_s is None else round(result.ttft_s, 6)
+        self.qoe_andes = None if result.qoe_andes is None else round(result.qoe_andes, 4)
+        self.qoe_monotone = None if result.qoe_monotone is None else round(result.qoe_monotone, 4)
+        self.error = result.error
+
+    def log_fields(self) -> dict[str, Any]:
+        """The access log line's fields that are known (as the JSON formatter writes them)."""
+        fields: dict[str, Any] = {"request_id": self.request_id}
+        if self.tenant_name != UNKNOWN:
+            fields["tenant"] = self.tenant_name
+        if self.tier != UNKNOWN:
+            fields["tier"] = self.tier
+        for name in ("model", "tokens", "ttft_s", "qoe_andes", "qoe_monotone", "error"):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value
+        if self.backend != UNKNOWN:
+            fields["backend"] = self.backend
+        return fields

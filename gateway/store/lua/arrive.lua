@@ -1,0 +1,60 @@
+-- ARGV: P, rid, tenant, weight, model, ttft_ms, prompt, expected, wp, rpm, tpm, budget,
+-- budget_period_s, max_queued, lease_ms, request ttl s, tier, ttft, tds, slot pairs...
+local rid, tenant, weight, model = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local ttft_ms, prompt, expected = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local wp, rpm, tpm = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local budget, period_s, max_queued = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local lease_ms, ttl = tonumber(ARGV[15]), tonumber(ARGV[16])
+local now = now_ms()
+expire_waiters(now)
+local idx = math.floor(now / W)
+local frac = (now - idx * W) / W
+local rate = {0, 0, 0, 0, 0, 0}
+local function answer(status, a, b, retry, by)
+  return {status, a, b, tostring(retry), by, rate[1], rate[2], tostring(rate[3]),
+    rate[4], rate[5], tostring(rate[6])}
+end
+if rpm > 0 or tpm > 0 then
+  local rp, rc = window('r', tenant, idx)
+  local tp, tc = window('t', tenant, idx)
+  rate = {rpm, math.floor(rpm - (rp * (1 - frac) + rc) - 1), reset_ms(rp, rc + 1, frac),
+    tpm, math.floor(tpm - (tp * (1 - frac) + tc) - prompt), reset_ms(tp, tc + prompt, frac)}
+  if rpm > 0 then
+    local wait = wait_ms(rpm, 1, rp, rc, frac)
+    if wait ~= 0 then return answer('limited', '', '0', wait, 'requests') end
+  end
+  if tpm > 0 then
+    local wait = wait_ms(tpm, prompt + expected, tp, tc, frac)
+    if wait ~= 0 then return answer('limited', '', '0', wait, 'tokens') end
+  end
+end
+local period_end = 0
+if budget > 0 then
+  local period_ms = period_s * 1000
+  period_end = (math.floor(now / period_ms) + 1) * period_ms
+  local used = num(redis.call('GET', P..'b:'..tenant..':'..period_end))
+  if used + prompt > budget then
+    return answer('limited', '', '0', period_end - now, 'budget')
+  end
+end
+if max_queued > 0 and num(redis.call('HGET', P..'wn', tenant)) >= max_queued then
+  return answer('queue_full', '', '0', 1000, '')
+end
+bump('r', tenant, idx, 1)
+bump('t', tenant, idx, prompt)
+if period_end > 0 then
+  local key = P..'b:'..tenant..':'..period_end
+  redis.call('INCRBYFLOAT', key, prompt)
+  redis.call('PEXPIREAT', key, period_end + W)
+end
+local rkey = P..'req:'..rid
+redis.call('HSET', rkey, 'tenant', tenant, 'tier', ARGV[17], 'ttft', ARGV[18],
+  'tds', ARGV[19], 'model', model)
+redis.call('EXPIRE', rkey, ttl)
+enqueue(tenant)
+redis.call('ZADD', P..'w:'..tenant..'|'..model, now + ttft_ms, rid)
+redis.call('SADD', P..'wt:'..model, tenant)
+redis.call('ZADD', P..'wl', now + lease_ms, rid)
+redis.call('HSET', P..'wr', rid, tenant..'\n'..weight..'\n'..prompt..'\n'..model)
+local r = try_admit(rid, now, lease_ms, wp, 20)
+return answer(r[1], r[2], r[3], 0, '')

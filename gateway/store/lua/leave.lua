@@ -1,0 +1,3 @@
+-- ARGV: P, rid
+drop_waiter(ARGV[2])
+return 1
