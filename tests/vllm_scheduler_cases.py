@@ -289,7 +289,7 @@ def test_paused_requests_keep_their_kv_and_resume_without_recompute(vllm_config,
     for rid, req in reqs.items():
         assert list(req.output_token_ids) == [11] * req.max_tokens, rid
         assert req.num_preemptions == 0, rid
-    assert scheduler.table.n == 0 and not scheduler._paused and not scheduler.running
+    assert scheduler.table.n == 0 and not scheduler.paused and not scheduler.running
 
 
 def test_paused_requests_are_preempted_when_the_running_ones_need_their_blocks(
@@ -310,7 +310,7 @@ def test_paused_requests_are_preempted_when_the_running_ones_need_their_blocks(
         return out
 
     def note_preemption(request, row, now):
-        was_paused.append(request in scheduler._paused)
+        was_paused.append(request in scheduler.paused)
         preempt(request, row, now)
 
     scheduler._schedule_step = count_vllm_preemptions

@@ -160,7 +160,7 @@ class Andes(Policy):
     def most_stringent_tds(self, table: RequestTable) -> float | None:
         """The highest expected TDS below the batch-1 speed (None if there is none): a
         higher one is met by no batch size, so neither triggers a solve nor sets B_min."""
-        self._decode_table(1)
+        self.decode_table(1)
         tds = table.col("tds")
         reachable = tds[tds < self._speeds[1]]
         return float(reachable.max()) if reachable.size else None
@@ -228,7 +228,7 @@ class Andes(Policy):
         else:
             b_max = int(np.searchsorted(np.cumsum(np.sort(smallest)), capacity.kv_tokens, "right"))
         b_max = max(b_max, 1)
-        self._decode_table(b_max)
+        self.decode_table(b_max)
         tds = self.most_stringent_tds(table)
         if tds is None:
             return b_max, b_max
@@ -236,9 +236,10 @@ class Andes(Policy):
         b_min = int(fast[-1]) + 1 if fast.size else 1
         return b_min, b_max
 
-    def _decode_table(self, b_max: int) -> np.ndarray:
-        """Decode latency by batch size 0..b_max (context term excluded), cached with its
-        inverse, the tokens per second of each request (``_speeds``)."""
+    def decode_table(self, b_max: int) -> np.ndarray:
+        """Decode latency by batch size 0..b_max (context term excluded) of the current
+        profile, cached with its inverse, the tokens per second of each request; both
+        are refilled by :meth:`set_profile`."""
         if self._decode.size <= b_max:
             self._decode = np.asarray(self.profile.decode_s(np.arange(2 * b_max + 1)), dtype=float)
             with np.errstate(divide="ignore"):
@@ -259,7 +260,7 @@ class Andes(Policy):
         sizes = sorted(
             {round(b_min + (b_max - b_min) * i / max(count - 1, 1)) for i in range(count)}
         )
-        decode = self._decode_table(b_max)
+        decode = self.decode_table(b_max)
         per_context = self.profile.per_context_token_s
         context_s = per_context * float(demand.mean()) if per_context else 0.0
         self._levels = self._asks = None

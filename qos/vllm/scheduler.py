@@ -226,6 +226,11 @@ class AndesScheduler(TimedScheduler):
             self.capacity.max_batch,
         )
 
+    @property
+    def paused(self) -> frozenset[Request]:
+        """The requests a decision dropped with their KV cache kept (waiting to resume)."""
+        return frozenset(self._paused)
+
     # -- the table follows vLLM's requests ------------------------------------------
     def add_request(self, request: Request) -> None:
         known = request.request_id in self.requests
