@@ -56,7 +56,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_harness import Job, VllmServer, gateway_config, run_jobs, serve_gateway, summarize
+from vllm_harness import (
+    Job,
+    VllmServer,
+    gateway_config,
+    median_decode_speed,
+    run_jobs,
+    serve_gateway,
+    summarize,
+)
 
 from qos.sim.workload import build_workload, load_andes_trace
 
@@ -118,14 +126,10 @@ async def calibrate(args: argparse.Namespace, servers: list[VllmServer]) -> None
             await run_jobs(url, server.name, warm)
         batch = [Job(0.0, "batch", f"{i}: calibrate", CALIBRATION_TOKENS) for i in range(n)]
         runs = await run_jobs(url, servers[0].name, batch)
-    speeds = [
-        (r.completion_tokens - r.times[0][1]) / (r.times[-1][0] - r.times[0][0])
-        for r in runs
-        if len(r.times) > 1
-    ]
-    if not speeds:
-        raise SystemExit("calibration: no request streamed more than one chunk")
-    full_batch = float(np.median(speeds))
+    try:
+        full_batch = median_decode_speed(runs)
+    except ValueError as exc:
+        raise SystemExit(f"calibration: {exc}") from exc
     mean_reply = float(np.mean([j.max_tokens for j in workload(args, "poisson", rate=1.0)]))
     if args.speedup is None:
         args.speedup = full_batch / (4.8 * args.speed_ratio)

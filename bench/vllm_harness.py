@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -360,6 +361,19 @@ async def run_jobs(base_url: str, model: str, jobs: Sequence[Job]) -> list[JobRe
     ) as client:
         t0 = time.perf_counter()
         return list(await asyncio.gather(*(_one(client, model, job, t0) for job in jobs)))
+
+
+def median_decode_speed(results: Sequence[JobResult]) -> float:
+    """Median tokens/s after the first token over ``results`` (requests streamed together:
+    one request's speed in that batch); ValueError when none streamed two chunks."""
+    speeds = [
+        (r.completion_tokens - r.times[0][1]) / (r.times[-1][0] - r.times[0][0])
+        for r in results
+        if len(r.times) > 1
+    ]
+    if not speeds:
+        raise ValueError("no request streamed more than one chunk")
+    return statistics.median(speeds)
 
 
 def summarize(results: Sequence[JobResult], stats: dict[str, Any]) -> dict[str, float]:

@@ -38,6 +38,7 @@ from vllm_harness import (
     JobResult,
     VllmServer,
     gateway_config,
+    median_decode_speed,
     run_jobs,
     serve_gateway,
     tenant_key,
@@ -75,14 +76,7 @@ async def full_batch_speed(server: VllmServer, slots: int) -> float:
             r.completion_tokens == r.job.max_tokens for r in await run_jobs(url, server.name, warm)
         )
         batch = [Job(0.0, "chat", f"{i}: calibrate", CALIBRATION_TOKENS, key) for i in range(slots)]
-        runs = await run_jobs(url, server.name, batch)
-    speeds = [
-        (r.completion_tokens - r.times[0][1]) / (r.times[-1][0] - r.times[0][0])
-        for r in runs
-        if len(r.times) > 1
-    ]
-    assert speeds, "calibration: no request streamed more than one chunk"
-    return statistics.median(speeds)
+        return median_decode_speed(await run_jobs(url, server.name, batch))
 
 
 async def drive(server: VllmServer, slots: int) -> tuple[float, list[JobResult]]:
