@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from redis_server import RedisServer, free_port
 
 from gateway.cli import serve
+from gateway.workers import PUBLISH_INTERVAL_S
 
 KEY = "tp-workers-key-acme-0001"
 ADMIN_KEY = "tp-workers-admin-0001"
@@ -169,6 +170,21 @@ def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return out
 
 
+def _settled(url: str, done: Callable[[dict], bool]) -> dict:
+    """A scrape once ``done`` holds for it and nothing is in flight. A worker ends its
+    request record after the client has read the last event, and publishes its backend
+    view every ``PUBLISH_INTERVAL_S``; a few intervals bound both."""
+    deadline = time.monotonic() + 5 * PUBLISH_INTERVAL_S
+    while True:
+        samples = _scrape(url)
+        idle = _total(samples, "tokenpace_requests_in_flight") == 0 and (
+            _total(samples, "tokenpace_backend_in_flight") == 0
+        )
+        if (done(samples) and idle) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.1)
+
+
 def _total(samples: dict, name: str, **labels: str) -> float:
     want = set(labels.items())
     return sum(v for (n, lab), v in samples.items() if n == name and want <= lab)
@@ -208,10 +224,16 @@ def test_two_workers_serve_and_metrics_sum_over_them(pool: Pool) -> None:
     per_worker = {pid: pool.served_by(pid) for pid in pids}
     assert all(n > 0 for n in per_worker.values()), per_worker
 
-    after = _scrape(url)
     labels = {"endpoint": "chat.completions", "status": "200", "outcome": "completed"}
+    after = _settled(
+        url,
+        lambda m: (
+            _total(m, "tokenpace_requests_total", **labels)
+            - _total(before, "tokenpace_requests_total", **labels)
+            == sent
+        ),
+    )
     served = _total(after, "tokenpace_requests_total", **labels)
-    assert served - _total(before, "tokenpace_requests_total", **labels) == sent
     assert served == sum(per_worker.values())  # one series, the workers' counts added
     out = _total(after, "tokenpace_output_tokens_total") - _total(
         before, "tokenpace_output_tokens_total"
@@ -307,6 +329,8 @@ def test_a_crashed_worker_is_replaced_and_sigint_stops_everything(redis: RedisSe
     p = Pool(redis.url)
     try:
         asyncio.run(_round(p.proc.url, 4))
+        chats = "tokenpace_requests_total"
+        _settled(p.proc.url, lambda m: _total(m, chats, endpoint="chat.completions") == 4)
         metrics_dir = p.metrics_dir()
         family = [p.supervisor, *p.supervisor.children(recursive=True)]
         victim = max(p.workers(), key=lambda w: p.served_by(w.pid))  # served some of them
@@ -318,8 +342,7 @@ def test_a_crashed_worker_is_replaced_and_sigint_stops_everything(redis: RedisSe
         family += [w for w in replaced if w not in family]
         # marked dead: its live gauges are dropped, its counts stay
         assert not (metrics_dir / f"gauge_livesum_{victim.pid}.db").exists()
-        chats = _total(_scrape(p.proc.url), "tokenpace_requests_total", endpoint="chat.completions")
-        assert chats == 4
+        assert _total(_scrape(p.proc.url), chats, endpoint="chat.completions") == 4
         p.stop_and_check(signal.SIGINT, family)
     finally:
         p.stop()
