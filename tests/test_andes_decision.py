@@ -91,6 +91,11 @@ def reference_schedule(
         if value > best_value:
             best, best_value, best_order = chosen, value, order
     assert best is not None and best_order is not None
+    if policy.wait_for_room:
+        claims = reference_claims(policy, table, forecast, tau)
+        best = reference_only_for_claims(
+            policy, table, capacity, demand, best, best_order, claims, asks, levels
+        )
     # Optimisation #4, the preemption cap.
     evicted = running & ~best
     budget = int(policy.preemption_cap * policy.arrivals) - policy.preemptions
@@ -109,6 +114,54 @@ def reference_schedule(
         packed |= reference_pack(table, levels, asks, admissions, demand, room, slots)
     policy.preemptions += int((running & ~packed).sum())
     return packed
+
+
+def reference_claims(policy: Andes, table: RequestTable, forecast, tau: float) -> np.ndarray:
+    """Waiting rows hurt by waiting 1/λ for room, compared when each would get its first
+    token after that wait (the whole horizon before two completions)."""
+    wait = policy.room_wait_s(forecast.now)
+    claims = np.zeros(table.n, dtype=bool)
+    for row in np.flatnonzero(~table.running).tolist():
+        horizon = forecast.horizon
+        if wait is not None:
+            horizon = min(forecast.now + wait + float(forecast.first_delay[row]) + tau, horizon)
+        at = forecast.until(np.full(table.n, horizon))
+        claims[row] = at.q_serve(tau)[row] - at.q_wait[row] > 1e-9
+    return claims
+
+
+def reference_only_for_claims(
+    policy: Andes,
+    table: RequestTable,
+    capacity: Capacity,
+    demand: np.ndarray,
+    best: np.ndarray,
+    order: np.ndarray,
+    claims: np.ndarray,
+    asks: np.ndarray,
+    levels: np.ndarray | None,
+) -> np.ndarray:
+    """Preempt only for a claim: keep what runs and the admissions with a claim (or, with
+    levels, asking below an evicted row's level), then the evicted rows, longest context
+    first, in the whole cache, then the other admissions under the watermark, in order."""
+    running = table.running
+    evicted = running & ~best
+    if not evicted.any():
+        return best
+    if levels is not None:
+        claims = claims | (asks & (levels < levels[evicted].max()))
+    kept = (best & running) | (best & ~running & claims)
+    used, count = int(demand[kept].sum()), int(kept.sum())
+    victims = np.flatnonzero(evicted)
+    for row in victims[np.argsort(-table.context[victims], kind="stable")].tolist():
+        if count < capacity.max_batch and used + demand[row] <= capacity.kv_tokens:
+            kept[row], used, count = True, used + int(demand[row]), count + 1
+    room = int(policy.kv_watermark * capacity.kv_tokens)
+    for row in order.tolist():
+        admitted = best[row] and not running[row] and not kept[row]
+        if admitted and count < capacity.max_batch and used + demand[row] <= room:
+            kept[row], used, count = True, used + int(demand[row]), count + 1
+    return kept
 
 
 def overloaded_table(
@@ -221,3 +274,20 @@ def test_set_profile_refills_the_decode_caches() -> None:
     policy.set_profile(new)
     assert policy.profile is new
     np.testing.assert_allclose(policy.decode_table(8), new.decode_s(np.arange(9)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("policy_name", ["andes-tp", "weighted"])
+@pytest.mark.parametrize("gap_s", [0.01, 0.5])  # waits for room short and long
+def test_decisions_with_a_completion_rate_match_reference(seed, policy_name, gap_s):
+    """With completions seen, a claim compares the QoE after the wait for room."""
+    rng = np.random.default_rng(seed)
+    table, full, now = overloaded_table(rng, 120, 200, weighted=policy_name == "weighted")
+    policy = POLICIES[policy_name](OPT)
+    for row in range(table.n):
+        policy.on_arrival(table, row, now)
+    policy.arrivals = 300
+    for k in range(10):
+        policy.on_finish(table, k, now - (10 - k) * gap_s)
+    assert policy.room_wait_s(now) == pytest.approx(gap_s)
+    assert_same_decisions(policy, table, Capacity(full.kv_tokens, 256), now)

@@ -551,6 +551,31 @@ def test_andes_waiting_request_about_to_miss_ttft_displaces_request_with_big_buf
     assert fcfs_mask[old] and not fcfs_mask[new]
 
 
+@pytest.mark.parametrize("arrived_ago, claim", [(1.0, True), (0.2, False)])
+def test_wait_for_room_preempts_only_for_a_request_the_wait_would_hurt(arrived_ago, claim):
+    """'old' is a minute ahead of its reader and a running request finishes every 0.1 s.
+    'new' about to miss its 1 s TTFT has a claim: waiting 0.1 s for room hurts it, and it
+    displaces 'old'. With 0.8 s of slack it loses nothing by that wait: the paper's Andes
+    (Q_wait over the whole horizon) preempts for it all the same; ``wait_for_room`` keeps
+    'old' running and leaves 'new' for the room the next completion frees."""
+    for wait_for_room in (False, True):
+        andes = Andes(FAST, horizon_s=10.0, wait_for_room=wait_for_room)
+        table = RequestTable()
+        tokens = list(np.linspace(0.5, 2.0, 300))
+        old = add(table, "old", prompt=100, tokens_at=tokens, running=True)
+        new = add(table, "new", arrival=10.0 - arrived_ago, prompt=100)
+        for r in (old, new):
+            andes.on_arrival(table, r, float(table.col("arrival")[r]))
+        for k in range(10):
+            andes.on_finish(table, old, 9.0 + 0.1 * k)
+        assert andes.room_wait_s(10.0) == pytest.approx(0.1)
+        mask = andes.schedule(table, Capacity(kv_tokens=450, max_batch=8), 10.0)
+        displaced = bool(mask[new] and not mask[old])
+        assert displaced == (claim or not wait_for_room)
+        assert andes.preemptions == int(displaced)
+        assert andes.deferred == int(wait_for_room and not claim)
+
+
 def test_andes_preemption_cap_zero_never_preempts_in_the_scenario():
     andes = Andes(FAST, horizon_s=10.0, preemption_cap=0.0)
     table, capacity, now = displacement_scenario(andes)

@@ -16,6 +16,18 @@ the QoE gain over a horizon Δt (Eq. 4: an exact-k-item knapsack per batch size 
   such request makes every iteration a solve that may shrink the batch for nothing);
 - preemption cap P (optimisation #4): preemptions stay at most P per request on average.
 
+tokenpace extension, off by default (``wait_for_room``): preempt only for a claim. Q_wait
+assumes a request left out waits the whole horizon, but one left out is reconsidered at
+the next iteration and gets room when a running request finishes, on average 1/λ away
+(λ the recent completion rate). A waiting request has a *claim* only if that wait hurts
+it: its gain, compared when it would get its first token after the wait, is positive.
+A preemption made for an admission without a claim buys nothing but a recompute, so the
+solver's running requests and claimed admissions go first, then the requests it would
+preempt, then its other admissions into the room left. Near capacity this removes
+nearly every preemption; under overload waits are long, most waiting requests have a
+claim, and the solver's decision stands. With tenant weights, an asking request of a
+tenant behind the one it would displace has a claim too (its share).
+
 tokenpace extension, off by default (``preemption_cost = 0`` is the paper's Andes): the
 gain of a request that must be (re)computed before it decodes is charged for the stall
 its prefill p_i imposes on the running batch. Over the horizon the batch then loses
@@ -76,6 +88,7 @@ class Andes(Policy):
         solver: Solver | None = None,
         fair_share_slack: float | None = None,
         counter: VirtualTokenCounter | None = None,
+        wait_for_room: bool = False,
     ) -> None:
         if objective not in ("average", "max-min", "perfect"):
             raise ValueError(f"objective: unknown {objective!r}; use average, max-min or perfect")
@@ -101,8 +114,12 @@ class Andes(Policy):
         self.batch_candidates = batch_candidates
         self.solver = solver
         self.shares = None if fair_share_slack is None else TenantShares(fair_share_slack, counter)
+        self.wait_for_room = wait_for_room
+        self._finished: deque[float] = deque(maxlen=64)  # recent completion times
+        self.deferred = 0  # preemptions dropped for want of a claim
         self._levels: np.ndarray | None = None  # the last solve's tenant levels
         self._asks: np.ndarray | None = None  # and the rows that asked (asking)
+        self._claims: np.ndarray | None = None  # the rows that may preempt (claims)
         self._completions: deque[float] = deque([initial_horizon_s], maxlen=256)
         self._completion_sum = initial_horizon_s
         self.arrivals = 0
@@ -134,6 +151,14 @@ class Andes(Policy):
         took = now - float(table.col("arrival")[row])
         self._completions.append(took)
         self._completion_sum += took
+        self._finished.append(now)
+
+    def room_wait_s(self, now: float) -> float | None:
+        """1/λ: the mean time between recent completions, i.e. until a running request
+        frees room (None before two completions)."""
+        if len(self._finished) < 2 or not now > self._finished[0]:
+            return None
+        return (now - self._finished[0]) / len(self._finished)
 
     @property
     def horizon_s(self) -> float:
@@ -174,6 +199,8 @@ class Andes(Policy):
             return np.ones(n, dtype=bool)
         self.solves += 1
         chosen = self._solve(table, capacity, demand, now)
+        if self.wait_for_room:
+            chosen = self._preempting_only_for_claims(table, capacity, demand, chosen)
         return self._cap_preemptions(table, capacity, demand, chosen)
 
     def forecast(self, table: RequestTable, now: float) -> Forecast:
@@ -263,11 +290,13 @@ class Andes(Policy):
         decode = self.decode_table(b_max)
         per_context = self.profile.per_context_token_s
         context_s = per_context * float(demand.mean()) if per_context else 0.0
-        self._levels = self._asks = None
+        self._levels = self._asks = self._claims = None
+        tau = float(decode[b_max]) + context_s * b_max
         if self.shares is not None and self.shares.weighted(table):
-            tau = float(decode[b_max]) + context_s * b_max
             self._asks = self.asking(table, forecast, tau)
             self._levels = self.shares.levels(table, self._asks)
+        if self.wait_for_room:
+            self._claims = self.claims(table, forecast, tau)
         best, best_value = None, -np.inf
         running = table.running
         size = demand.astype(float)  # l_i; dividing by it as floats is 3x cheaper
@@ -346,6 +375,47 @@ class Andes(Policy):
         asks: np.ndarray = ~table.running & (forecast.q_serve(tau) - forecast.q_wait > _HURT)
         return asks
 
+    def claims(self, table: RequestTable, forecast: Forecast, tau: float) -> np.ndarray:
+        """The waiting rows hurt by waiting for room (module doc): compared when each would
+        get its first token after that wait (over the horizon before two completions)."""
+        wait = self.room_wait_s(forecast.now)
+        if wait is not None:
+            first = forecast.now + wait + forecast.first_delay + tau
+            forecast = forecast.until(np.minimum(first, forecast.horizon))
+        return self.asking(table, forecast, tau)
+
+    def _preempting_only_for_claims(
+        self, table: RequestTable, capacity: Capacity, demand: np.ndarray, chosen: np.ndarray
+    ) -> np.ndarray:
+        """``chosen`` with its preemptions limited to what its admissions with a claim need
+        (module doc): what it runs and the rows it admits with a claim, then the running
+        rows it drops, the longest context first (the costliest to recompute), while they
+        fit, then its other admissions into the room left under the watermark, in its
+        order. With tenant levels (:mod:`qos.policy.fair`) an asking row of a tenant
+        behind a tenant it would displace has a claim too: its share."""
+        running = table.running
+        evicted = running & ~chosen
+        if not evicted.any():
+            return chosen
+        assert self._claims is not None
+        claims = self._claims
+        if self._levels is not None:
+            assert self._asks is not None
+            claims = claims | (self._asks & (self._levels < self._levels[evicted].max()))
+        admitted = chosen & ~running
+        kept: np.ndarray = (chosen & running) | (admitted & claims)
+        used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
+        back = evicted.nonzero()[0]
+        back = back[np.argsort(-table.context[back], kind="stable")]
+        kept |= pack_in_order(back, demand, capacity.kv_tokens - used, slots, table.n)
+        used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
+        room = int(self.kv_watermark * capacity.kv_tokens) - used
+        if room > 0 and slots > 0:
+            order = self._in_solver_order(admitted & ~kept)
+            kept |= pack_in_order(order, demand, room, slots, table.n)
+        self.deferred += int(np.count_nonzero(evicted & kept))
+        return kept
+
     def stall_charge(self, forecast: Forecast, gain: np.ndarray, running: np.ndarray) -> np.ndarray:
         """k·(p_i / Δt)·G: what request i's prefill costs the running batch (module doc)."""
         batch_gain = float(np.maximum(gain[running], 0.0).sum())
@@ -417,6 +487,7 @@ TOKENPACE_ANDES: dict[str, Any] = {
     "preemption_cost": 4.0,
     "kv_watermark": 0.95,
     "fair_share_slack": 16384.0,
+    "wait_for_room": True,
 }
 
 

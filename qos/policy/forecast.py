@@ -24,7 +24,7 @@ The expected area is :func:`qos.timeline.expected_area` with an unknown reply le
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Literal
 
@@ -133,7 +133,7 @@ class Forecast:
     kind: QoEKind
     state: Digest
     now: float
-    horizon: float
+    horizon: float | np.ndarray
     first_delay: np.ndarray  # seconds before a served request's first new token, beyond τ
     remaining: np.ndarray  # most tokens it can still emit (inf when unknown)
     arrival: np.ndarray
@@ -177,6 +177,10 @@ class Forecast:
         # Q_wait,i: QoE at the horizon if the request gets no token before it.
         wait_area = self._lin + half_tds * self._drain_wait * self._drain_wait
         self.q_wait: np.ndarray = self._scorer(wait_area)
+
+    def until(self, horizon: float | np.ndarray) -> Forecast:
+        """The same decision's forecast at another horizon (one per row, or one for all)."""
+        return replace(self, horizon=horizon)
 
     @cached_property
     def q_now(self) -> np.ndarray:
