@@ -156,11 +156,12 @@ def reference_only_for_claims(
     for row in victims[np.argsort(-table.context[victims], kind="stable")].tolist():
         if count < capacity.max_batch and used + demand[row] <= capacity.kv_tokens:
             kept[row], used, count = True, used + int(demand[row]), count + 1
-    room = int(policy.kv_watermark * capacity.kv_tokens)
-    for row in order.tolist():
-        admitted = best[row] and not running[row] and not kept[row]
-        if admitted and count < capacity.max_batch and used + demand[row] <= room:
-            kept[row], used, count = True, used + int(demand[row]), count + 1
+    room = int(policy.kv_watermark * capacity.kv_tokens) - used
+    if room > 0 and count < capacity.max_batch:
+        admissions = order[(best & ~running & ~kept)[order]]
+        kept |= reference_pack(
+            table, levels, asks, admissions, demand, room, capacity.max_batch - count
+        )
     return kept
 
 

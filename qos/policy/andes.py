@@ -411,10 +411,20 @@ class Andes(Policy):
         used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
         room = int(self.kv_watermark * capacity.kv_tokens) - used
         if room > 0 and slots > 0:
-            order = self._in_solver_order(admitted & ~kept)
-            kept |= pack_in_order(order, demand, room, slots, table.n)
+            kept |= self._admit_in_order(table, admitted & ~kept, demand, room, slots)
         self.deferred += int(np.count_nonzero(evicted & kept))
         return kept
+
+    def _admit_in_order(
+        self, table: RequestTable, admitted: np.ndarray, demand: np.ndarray, room: int, slots: int
+    ) -> np.ndarray:
+        """The rows of ``admitted`` that fit ``room`` and ``slots``, packed in the last
+        solve's order (with tenant levels, by :func:`~qos.policy.fair.pack_by_level`)."""
+        order = self._in_solver_order(admitted)
+        if self._levels is None:
+            return pack_in_order(order, demand, room, slots, table.n)
+        assert self._asks is not None
+        return pack_by_level(order, table.running, self._asks, demand, room, slots, table.n)
 
     def stall_charge(self, forecast: Forecast, gain: np.ndarray, running: np.ndarray) -> np.ndarray:
         """k·(p_i / Δt)·G: what request i's prefill costs the running batch (module doc)."""
@@ -466,12 +476,7 @@ class Andes(Policy):
         # Admissions only into the room left under the watermark (see _solve).
         room = int(self.kv_watermark * capacity.kv_tokens) - used
         if room > 0 and slots > 0:
-            order = self._in_solver_order(chosen & ~running)
-            if self._levels is not None:
-                assert self._asks is not None
-                packed |= pack_by_level(order, running, self._asks, demand, room, slots, table.n)
-            else:
-                packed |= pack_in_order(order, demand, room, slots, table.n)
+            packed |= self._admit_in_order(table, chosen & ~running, demand, room, slots)
         self.preemptions += int(np.count_nonzero(running & ~packed))
         return packed
 
