@@ -74,7 +74,7 @@ def test_fair_share_slack_reaches_the_shipped_policy() -> None:
     policy = PluginConfig.from_env({"TOKENPACE_FAIR_SHARE_SLACK": "256"}).build_policy(profile)
     assert isinstance(policy, Andes) and policy.shares is not None
     assert policy.shares.slack == 256.0
-    assert PluginConfig.from_env({}).build_policy(profile).shares.slack == 16384.0
+    assert PluginConfig.from_env({}).build_policy(profile).shares.slack == 8192.0
     with pytest.raises(ValueError, match="TOKENPACE_FAIR_SHARE_SLACK"):
         PluginConfig.from_env({"TOKENPACE_FAIR_SHARE_SLACK": "-1"})
 

@@ -15,7 +15,7 @@ for about 1.14 times what the engine gives (4 s), so the premium tenant's four f
 cover its half of the demand and the basic tenant is short, however fast the machine is.
 
 The slack is set to 256 service units (``TOKENPACE_FAIR_SHARE_SLACK``): the shipped
-16,384 is ~10 s of a GPU engine's output and would outlast this whole run. Checked:
+8,192 is ~5 s of a GPU engine's output and would outlast this whole run. Checked:
 every request gets all its tokens, the plugin decided, the premium tenant's
 client-measured average QoE is clearly higher (at least 1.2 times the basic tenant's;
 seen: 0.74-0.81 against 0.31-0.35), and its requests wait at most half as long for their

@@ -491,15 +491,15 @@ TOKENPACE_ANDES: dict[str, Any] = {
     "preemption_cap": 0.3,
     "preemption_cost": 4.0,
     "kv_watermark": 0.95,
-    "fair_share_slack": 16384.0,
+    "fair_share_slack": 8192.0,
     "wait_for_room": True,
 }
 
 
 def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     """Andes as tokenpace ships it: preemption cap 0.3, stall charge k = 4, packing to
-    95 % of the KV cache, tenant weights acting with a slack of 16,384 service units
-    (8,192 output tokens of a weight-1 tenant, ~10 s of the OPT-66B profile's output;
+    95 % of the KV cache, tenant weights acting with a slack of 8,192 service units
+    (4,096 output tokens of a weight-1 tenant, ~5 s of the OPT-66B profile's output;
     ``fair_share_slack=None`` ignores weights). docs/benchmarks.md measures the slack.
 
     The paper's defaults (P = 1, no stall charge) lose a quarter of the engine's token

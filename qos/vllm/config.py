@@ -19,7 +19,7 @@ its settings from the engine's environment (defaults in brackets):
   the Andes options of the same names, for the Andes policies; unset, the named
   policy's own settings apply. ``TOKENPACE_FAIR_SHARE_SLACK``: how far (in VTC service
   units over weight) a tenant may run ahead before the weights act
-  (:mod:`qos.policy.fair`; ``andes-tp``'s default 16,384 suits a GPU engine's output
+  (:mod:`qos.policy.fair`; ``andes-tp``'s default 8,192 suits a GPU engine's output
   rate, a small engine needs less).
 - ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.05];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
