@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 from cluster_support import capped_upstream
+from redis_server import RedisServer
 from test_gateway_support import (
     KEY,
     MODEL,
@@ -56,14 +57,20 @@ async def assert_released(gw: Gateway) -> None:
 
 @asynccontextmanager
 async def two_backends(
-    redis_url: str, prefix: str, backends: dict[str, FakeUpstream | str], cap: int = 4
+    redis_url: str,
+    prefix: str,
+    backends: dict[str, FakeUpstream | str],
+    cap: int = 4,
+    store: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[tuple[Gateway, openai.AsyncOpenAI]]:
     """A gateway on Redis in front of ``backends`` (in that order: a fresh gateway's first
     request is granted a slot on the first), each with ``cap`` slots."""
     config = make_config(
         [backend_entry(fake, name, max_concurrent=cap) for name, fake in backends.items()],
-        store={"redis_url": redis_url, "key_prefix": prefix},
+        store={"redis_url": redis_url, "key_prefix": prefix, **(store or {})},
         admission={"lease_s": LEASE_S, "poll_interval_s": 0.02},
+        **overrides,
     )
     async with gateway(config) as gw:
         client = openai.AsyncOpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0)
@@ -157,6 +164,35 @@ async def test_a_full_healthy_backend_is_waited_for_not_overflowed_through_a_dow
         assert busy.peak == 1
         assert gw.state.router.state("dead").last_error is None  # never attempted
         await assert_released(gw)
+
+
+async def test_a_failover_while_the_store_is_down_fails_closed(key_prefix) -> None:
+    redis = RedisServer().start()  # this test's own: it is killed
+    try:
+        async with (
+            upstream() as bad,
+            upstream() as good,
+            two_backends(
+                redis.url,
+                key_prefix,
+                {"bad": bad, "good": good},
+                store={"fail_mode": "closed", "reconnect_interval_s": 60},
+                timeouts={"first_byte_s": 0.5},
+            ) as (gw, client),
+        ):
+            bad.mode = "hang_first"  # admitted on bad, which never sends its first chunk
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, stream=True
+            )
+            redis.kill()  # the slot cannot move now: the request ends, nothing runs on good
+            with pytest.raises(openai.APIError, match="shared state is unavailable"):
+                async for _chunk in stream:
+                    pass
+            assert good.bodies == []
+            states = gw.state.router.states
+            assert [(s.in_flight, s.outstanding_tokens) for s in states] == [(0, 0), (0, 0)]
+    finally:
+        redis.stop()
 
 
 async def _stream_to_the_end(client: openai.AsyncOpenAI) -> None:
