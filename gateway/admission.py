@@ -72,7 +72,8 @@ class Ticket:
 
     async def move(self, state: BackendState) -> bool:
         """Hold ``state`` instead (failover): False, and nothing moved, when its slots are
-        full. Raises :class:`StoreUnavailable` when the store cannot be asked."""
+        full (or the ticket is closed). Raises :class:`StoreUnavailable` when the store
+        cannot be asked."""
         if self.closed:
             return False
         if state is self.lease.state:
