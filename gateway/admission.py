@@ -25,7 +25,7 @@ from gateway.context import RequestContext
 from gateway.errors import queue_full, queue_timeout, rate_limited
 from gateway.metrics import GatewayMetrics
 from gateway.ratelimit import RateState
-from gateway.routing import Router
+from gateway.routing import BackendState, Lease, Router
 from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
 
 log = logging.getLogger("tokenpace.gateway.admission")
@@ -43,22 +43,42 @@ def tenant_limits(t: TenantConfig) -> Limits:
 
 @dataclass(eq=False)
 class Ticket:
-    """An admitted request's hold on a backend slot; :meth:`close` releases it once."""
+    """An admitted request's one hold on the backend that serves it: the store slot
+    (global) and the router lease (this replica's load estimate) together.
+
+    Made when the store grants the slot; :meth:`move` takes both to the backend a
+    failover goes to; :meth:`close` releases both, once.
+    """
 
     controller: AdmissionController
     request_id: str
     tenant: str
     weight: float
     model: str
-    backend: str
     budget_period_s: int
     rate: RateState
+    lease: Lease
     closed: bool = field(default=False)
+
+    @property
+    def backend(self) -> str:
+        """The backend the request holds its slot on (where it runs, or is sent next)."""
+        return self.lease.state.name
 
     def tokens(self, n: int) -> None:
         """``n`` output tokens reached the client: charged in the next batch."""
         if n > 0 and not self.closed:
             self.controller.add_usage(self.tenant, self.weight, n, self.budget_period_s)
+
+    async def move(self, state: BackendState) -> bool:
+        """Hold ``state`` instead (failover): False, and nothing moved, when its slots are
+        full (or the ticket is closed). Raises :class:`StoreUnavailable` when the store
+        cannot be asked."""
+        if self.closed:
+            return False
+        if state is self.lease.state:
+            return True
+        return await self.controller.move(self, state)
 
     async def close(self) -> None:
         if self.closed:
@@ -127,12 +147,13 @@ class AdmissionController:
     def slots_for(self, model: str) -> list[Slot]:
         """Backends serving ``model`` with room by their own report, in routing order: the
         store grants the first with a free slot, and that is the backend the request goes
-        to (the one place a backend is chosen; failover goes on in the router's order)."""
-        return [
-            Slot(s.name, self._caps.get(s.name, 0))
-            for s in self.router.ranked(model)
-            if not s.saturated
-        ]
+        to (the one place a backend is chosen; failover goes on in the router's order).
+        Unhealthy backends only when none serving the model is healthy: a slot on one
+        while the healthy ones are full would fail over into no room."""
+        ranked = self.router.ranked(model)
+        if any(s.healthy for s in ranked):
+            ranked = [s for s in ranked if s.healthy]
+        return [Slot(s.name, self._caps.get(s.name, 0)) for s in ranked if not s.saturated]
 
     # -- admission ------------------------------------------------------------------------
     async def admit(self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int) -> Ticket:
@@ -164,15 +185,16 @@ class AdmissionController:
             result = await self._wait(arrival, ctx, result)
         self.m_admissions.labels(tenant.name, "admitted").inc()
         assert result.backend is not None
+        lease = self.router.acquire(self.router.state(result.backend), ctx.expected_tokens)
         ticket = Ticket(
             self,
             ctx.request_id,
             tenant.name,
             tenant.weight,
             ctx.model,
-            result.backend,
             tenant.budget_period_s,
             rate,
+            lease,
         )
         self._held[ctx.request_id] = ticket
         return ticket
@@ -270,9 +292,33 @@ class AdmissionController:
                     return  # the head has no room: nobody else would
                 head = result.head
 
-    # -- release and charges --------------------------------------------------------------
+    # -- failover, release and charges ----------------------------------------------------
+    async def move(self, ticket: Ticket, state: BackendState) -> bool:
+        """Move ``ticket``'s slot in the store, then its lease, if ``state`` has room.
+
+        Shielded: a cancelled failover still leaves the ticket naming the backend the
+        store counts the slot on, so the release frees that one.
+        """
+        source = ticket.backend
+        with anyio.CancelScope(shield=True):
+            moved = await self.store.move(
+                ticket.request_id,
+                source,
+                Slot(state.name, self._caps.get(state.name, 0)),
+                self.cfg.lease_s,
+            )
+        if not moved:
+            return False
+        if ticket.closed:  # released meanwhile (from ``source``): free what the move took
+            self._spawn_release(ticket.request_id, state.name, ticket.model)
+            return False
+        ticket.lease.move(state)
+        self._kick(ticket.model)  # a slot on ``source`` is free
+        return True
+
     async def release(self, ticket: Ticket) -> None:
         self._held.pop(ticket.request_id, None)
+        ticket.lease.release()
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await self.store.release(ticket.request_id, ticket.backend)
         self._kick(ticket.model)
@@ -339,8 +385,14 @@ class AdmissionController:
         """Renew (or re-create) this replica's slots and queue places in the store."""
         slots = [(t.backend, rid) for rid, t in self._held.items()]
         waiting = [rid for q in self._waiters.values() for rid in q]
-        if slots or waiting:
-            await self.store.renew(slots, waiting, self.cfg.lease_s)
+        if not (slots or waiting):
+            return
+        await self.store.renew(slots, waiting, self.cfg.lease_s)
+        for backend, rid in slots:
+            ticket = self._held.get(rid)
+            if ticket is None or ticket.backend != backend:
+                # released or moved during the call, which may have re-created the slot
+                self._spawn(self.store.release(rid, backend))
 
     async def _heartbeat_loop(self) -> None:
         while True:

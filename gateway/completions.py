@@ -98,17 +98,15 @@ class CompletionService:
                 received_at=record.received_at,
                 expected_tokens=self._expected_tokens(body),
             )
+            token = await self.tokens.header(ctx.request_id, tenant.name)
             admit = self.admission.admit(ctx, tenant, estimate_prompt_tokens(raw))
             try:
                 ticket = await unless_disconnected(request, admit)
             except ClientGone:
                 return client_gone(record)
-            ctx.backend = ticket.backend  # the choice: failover goes on in the router's order
-            headers = {
-                **headers,
-                **ticket.rate.headers(),
-                **await self.tokens.header(ctx.request_id, tenant.name),
-            }
+            # from here every path closes the ticket (no await until _stream/_complete)
+            ctx.hold = ticket  # the choice: failover moves it on in the router's order
+            headers = {**headers, **ticket.rate.headers(), **token}
             if ctx.stream:
                 return await self._stream(request, raw, ctx, record, headers, ticket)
             return await self._complete(request, raw, ctx, record, headers, ticket)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gateway.tiers import ResolvedTier
 
 if TYPE_CHECKING:
+    from gateway.admission import Ticket
     from gateway.config import TenantConfig
 
 Endpoint = Literal["chat.completions", "completions"]
@@ -36,7 +37,7 @@ class RequestContext:
     stream: bool
     received_at: float  # time.monotonic() when the gateway received the request
     expected_tokens: int  # output tokens expected, for the waiting-time estimate
-    backend: str | None = None  # the backend admission reserved a slot on: tried first
+    hold: Ticket | None = None  # admission's ticket: the slot tried first, moved on failover
 
 
 @dataclass(slots=True)

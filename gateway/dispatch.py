@@ -2,9 +2,11 @@
 
 One loop for streaming and non-streaming requests (:meth:`Dispatcher.first_success`):
 the router's best untried backend, then the next when an attempt fails in a way another
-backend may not (``retryable``). A refusal that is the client's fault (a 4xx) is final
-and relayed as it was; when every backend serving the model is down the answer is 503
-``backend_unavailable``.
+backend may not (``retryable``). The request's one hold (its admission ticket: the store
+slot and the router lease) goes to each backend before it is tried; a backend whose
+slots are full is passed over. A refusal that is the client's fault (a 4xx) is final and
+relayed as it was; when no backend serving the model can take the request (all down, or
+the others full) the answer is 503 ``backend_unavailable``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import anyio
 from gateway.backends import Backend, BackendError, ChunkStream
 from gateway.config import TimeoutsConfig
 from gateway.context import RequestContext
-from gateway.errors import SERVER_ERROR
+from gateway.errors import SERVER_ERROR, store_unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.routing import BackendState, Lease, Router
+from gateway.store import StoreUnavailable
 from gateway.tagging import upstream_body
 
 log = logging.getLogger("tokenpace.gateway")
@@ -33,7 +36,8 @@ T = TypeVar("T")
 
 @dataclass(eq=False)
 class Attempt:
-    """A stream admitted on one backend, with its share of that backend's load."""
+    """A stream opened on one backend. ``lease`` is the request's share of that backend's
+    load: its ticket's, counted down by the relay as tokens arrive, released with it."""
 
     state: BackendState
     lease: Lease
@@ -41,7 +45,7 @@ class Attempt:
     closed: bool = field(default=False)
 
     async def close(self) -> None:
-        """Close the upstream stream (aborting the generation) and release the lease."""
+        """Close the upstream stream (aborting the generation)."""
         if self.closed:
             return
         self.closed = True
@@ -50,8 +54,6 @@ class Attempt:
                 await self.stream.aclose()
         except Exception:
             log.warning("closing the stream of backend %s failed", self.state.name, exc_info=True)
-        finally:
-            self.lease.release()
 
 
 @dataclass(slots=True)
@@ -85,33 +87,42 @@ class Dispatcher:
         tried: list[str],
         call: Callable[[Backend, dict[str, Any]], Awaitable[T]],
         previous: BackendError | None = None,
-    ) -> tuple[BackendState, Lease, T]:
+    ) -> tuple[BackendState, T]:
         """``call`` on the best untried backend, failing over; raise :class:`BackendError`.
 
-        ``tried`` collects the backends used, latest last. ``previous`` is the failure
-        that led to this failover: raised again when no backend is left. The lease is the
-        caller's to release; it is released here when the attempt fails or is cancelled.
+        Before each attempt the request's hold (``ctx.hold``) moves to that backend; one
+        whose slots are full is passed over. ``tried`` collects the backends used, latest
+        last. ``previous`` is the failure that led to this failover: raised again when no
+        backend is left. The hold is the caller's to release, on every path.
         """
+        hold = ctx.hold
+        assert hold is not None, "a request is dispatched once admitted"
         router = self.router
         last = previous
-        while (state := router.choose(ctx.model, tried, ctx.backend)) is not None:
-            tried.append(state.name)
-            lease = router.acquire(state, ctx.expected_tokens)
-            succeeded = False
+        full: list[str] = []
+        while (state := router.choose(ctx.model, [*tried, *full], hold.backend)) is not None:
             try:
-                result = await call(state.backend, upstream_body(raw, ctx, state.backend))
-                succeeded = True
+                moved = await hold.move(state)
+            except StoreUnavailable:
+                down = store_unavailable()
+                raise BackendError(
+                    down.message,
+                    status=down.status,
+                    retryable=False,
+                    body=down.body,
+                    retry_after_s=float(down.headers["Retry-After"]),
+                ) from None
+            if not moved:
+                full.append(state.name)
+                continue
+            tried.append(state.name)
+            try:
+                return state, await call(state.backend, upstream_body(raw, ctx, state.backend))
             except BackendError as exc:
                 last = exc
             except Exception as exc:
                 log.warning("backend %s raised %r", state.name, exc, exc_info=exc)
                 last = BackendError(f"Backend {state.name!r} failed ({type(exc).__name__}).")
-            finally:
-                if not succeeded:  # also when cancelled (the client went away)
-                    lease.release()
-            if succeeded:
-                return state, lease, result
-            assert last is not None
             router.report_failure(state, last)
             if not last.retryable:
                 raise last
@@ -124,16 +135,26 @@ class Dispatcher:
                 code="backend_unavailable",
                 type=SERVER_ERROR,
             )
-        raise self._exhausted(ctx.model, last)
+        raise self._exhausted(ctx.model, last, full)
 
-    def _exhausted(self, model: str, last: BackendError) -> BackendError:
-        """The final error once every backend was tried: when every backend serving
-        ``model`` is down (what ``/readyz`` reports), 503 ``backend_unavailable`` with
-        ``Retry-After`` rather than the last backend's 502."""
-        if not last.retryable or any(s.healthy for s in self.router.serving(model)):
+    def _exhausted(self, model: str, last: BackendError, full: list[str]) -> BackendError:
+        """The final error once every backend was tried or full: 503
+        ``backend_unavailable`` with ``Retry-After`` rather than the last backend's 502
+        when every backend serving ``model`` is down (what ``/readyz`` reports), or when
+        the ones left had no free slot."""
+        if not last.retryable:
+            return last
+        if not any(s.healthy for s in self.router.serving(model)):
+            reason = f"Every backend serving model `{model}` is down ({last.message})"
+        elif full:
+            reason = (
+                f"{last.message} Every other backend serving model `{model}` is at its "
+                "max_concurrent"
+            )
+        else:
             return last
         return BackendError(
-            f"Every backend serving model `{model}` is down ({last.message}); try again shortly.",
+            f"{reason}; try again shortly.",
             status=503,
             code="backend_unavailable",
             type=SERVER_ERROR,
@@ -162,8 +183,9 @@ class Dispatcher:
                     code="upstream_timeout",
                 ) from None
 
-        state, lease, stream = await self.first_success(raw, ctx, tried, open_on, previous)
-        return Attempt(state, lease, stream)
+        state, stream = await self.first_success(raw, ctx, tried, open_on, previous)
+        assert ctx.hold is not None
+        return Attempt(state, ctx.hold.lease, stream)
 
     async def complete(
         self, raw: dict[str, Any], ctx: RequestContext, tried: list[str]
@@ -173,8 +195,7 @@ class Dispatcher:
         async def complete_on(backend: Backend, body: dict[str, Any]) -> dict[str, Any]:
             return await backend.complete(ctx.endpoint, body, ctx)
 
-        state, lease, result = await self.first_success(raw, ctx, tried, complete_on)
-        lease.release()
+        state, result = await self.first_success(raw, ctx, tried, complete_on)
         usage = result.get("usage")
         reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
         tokens = 0

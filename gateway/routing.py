@@ -49,7 +49,11 @@ class BackendState:
 
 @dataclass(eq=False)
 class Lease:
-    """A request's share of a backend's outstanding work; released exactly once."""
+    """A request's share of a backend's outstanding work; released exactly once.
+
+    Owned by the request's admission ticket (:class:`gateway.admission.Ticket`), which
+    moves it with the store slot on failover.
+    """
 
     state: BackendState
     remaining: int
@@ -62,6 +66,16 @@ class Lease:
         dec = min(n, self.remaining)
         self.remaining -= dec
         self.state.outstanding_tokens -= dec
+
+    def move(self, state: BackendState) -> None:
+        """The request now runs on ``state``: its share of the work goes with it."""
+        if self.released or state is self.state:
+            return
+        self.state.in_flight -= 1
+        self.state.outstanding_tokens -= self.remaining
+        state.in_flight += 1
+        state.outstanding_tokens += self.remaining
+        self.state = state
 
     def release(self) -> None:
         if self.released:
@@ -80,6 +94,7 @@ class Router:
         self.states = [
             BackendState(b, i, b.throughput_tps or default_tps) for i, b in enumerate(backends)
         ]
+        self._by_name = {s.name: s for s in self.states}
         self._rr = 0
         self._health = config.health
 
@@ -91,6 +106,10 @@ class Router:
                 if m != "*" and m not in seen:
                     seen[m] = {**s.backend.model_card(m), "id": m}
         return list(seen.values())
+
+    def state(self, name: str) -> BackendState:
+        """The backend called ``name`` (KeyError if none is)."""
+        return self._by_name[name]
 
     def knows_model(self, model: str) -> bool:
         return any(s.backend.serves(model) for s in self.states)

@@ -26,7 +26,6 @@ from test_gateway_support import (
 from gateway.backends import Backend, BackendError, InProcessBackend, aggregate_chunks
 from gateway.config import BACKEND_KINDS, ConfigError
 from gateway.config_loader import parse_config
-from gateway.context import RequestContext
 from gateway.logs import JsonFormatter, RequestIdFilter, request_id_var
 from gateway.routing import Router
 
@@ -71,6 +70,20 @@ def test_router_least_waiting_time():
     assert (sa.in_flight, sb.in_flight, sb.outstanding_tokens) == (0, 0, 0)
     assert router.choose("other").name == "c" and router.choose("nope") is None
     assert router.choose(MODEL, exclude={"a", "b"}) is None
+
+
+def test_lease_moves_its_remaining_work_with_it():
+    router = _router(_Dummy("a"), _Dummy("b"))
+    sa, sb = router.states
+    assert router.state("b") is sb
+    lease = router.acquire(sa, 100)
+    lease.tokens(30)
+    lease.move(sb)  # a failover: the request's share of the work is on b now
+    assert (sa.in_flight, sa.outstanding_tokens) == (0, 0)
+    assert (sb.in_flight, sb.outstanding_tokens) == (1, 70)
+    lease.release()
+    lease.move(sa)  # released: nothing left to move
+    assert (sa.in_flight, sa.outstanding_tokens, sb.in_flight, sb.outstanding_tokens) == (0,) * 4
 
 
 def test_router_health_preference():
@@ -124,7 +137,9 @@ class EchoEngine(InProcessBackend):
     def __init__(self, name: str = "echo", delay: float = 0.0) -> None:
         super().__init__(name, ["echo-model"], tokenpace=True)
         self.delay = delay
-        self.seen: list[tuple[dict, RequestContext]] = []
+        # each request's body and decided labels (not its context, which holds the
+        # request's admission ticket: this engine outlives its test)
+        self.seen: list[tuple[dict, tuple[str, str, bool]]] = []
         self.cancelled = 0
         self.started = False
         self.closed = False
@@ -146,7 +161,7 @@ class EchoEngine(InProcessBackend):
                 raise
 
     async def generate(self, endpoint, body, ctx):
-        self.seen.append((body, ctx))
+        self.seen.append((body, (ctx.tenant, ctx.tier.name, ctx.stream)))
         words = body["messages"][-1]["content"].split()
         usage = (body.get("stream_options") or {}).get("include_usage")
         base = {
@@ -188,9 +203,9 @@ async def test_in_process_backend_seam():
         )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         assert text == "one two three "
-        body, ctx = engine.seen[-1]
+        body, labels = engine.seen[-1]
         assert body["vllm_xargs"]["tp_tier"] == "voice" and "tokenpace" not in body
-        assert (ctx.tenant, ctx.tier.name, ctx.stream) == ("acme", "voice", True)
+        assert labels == ("acme", "voice", True)
         # non-streaming comes from the same generator, aggregated
         done = await client.chat.completions.create(model="echo-model", messages=msgs)
         assert done.choices[0].message.content == "one two three "

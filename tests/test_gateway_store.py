@@ -142,6 +142,26 @@ async def test_slots_by_capacity_and_order(store: Store) -> None:
     assert unlimited.status == "admitted"
 
 
+async def test_move_takes_the_slot_to_a_backend_with_room(store: Store) -> None:
+    slots = [Slot("a", 1), Slot("b", 1), Slot("c", 1)]
+    assert (await store.arrive(arrival("r1", "t"), slots, LEASE)).backend == "a"
+    assert (await store.arrive(arrival("r2", "t"), slots, LEASE)).backend == "b"
+    # b is full: nothing moves, r1 still counts on a
+    assert not await store.move("r1", "a", Slot("b", 1), LEASE)
+    assert [await store.in_flight(n) for n in "abc"] == [1, 1, 0]
+    # c has room: the slot leaves a and counts on c, in one step
+    assert await store.move("r1", "a", Slot("c", 1), LEASE)
+    assert [await store.in_flight(n) for n in "abc"] == [0, 1, 1]
+    # a's freed slot is granted again; a backend without a cap always has room
+    assert (await store.arrive(arrival("r3", "t"), slots, LEASE)).backend == "a"
+    assert await store.move("r3", "a", Slot("d", 0), LEASE)
+    assert await store.in_flight("d") == 1
+    # released from where it moved to: every count back to zero
+    for rid, backend in (("r1", "c"), ("r2", "b"), ("r3", "d")):
+        await store.release(rid, backend)
+    assert [await store.in_flight(n) for n in "abcd"] == [0, 0, 0, 0]
+
+
 async def test_leases_lapse_and_renew_recreates(store: Store) -> None:
     assert (await store.arrive(arrival("a", "t"), ONE, 0.05)).status == "admitted"
     assert (await store.arrive(arrival("b", "t"), ONE, 0.05)).status == "full"

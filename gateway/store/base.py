@@ -192,6 +192,11 @@ class Store(ABC):
         """A queued request goes away (its client disconnected, or it waited too long)."""
 
     @abstractmethod
+    async def move(self, request_id: str, source: str, target: Slot, lease_s: float) -> bool:
+        """Failover: an admitted request's slot goes from backend ``source`` to ``target``,
+        in one step, if ``target`` has a free slot; False (nothing changed) if it is full."""
+
+    @abstractmethod
     async def release(self, request_id: str, backend: str) -> None:
         """An admitted request ended: free its slot."""
 

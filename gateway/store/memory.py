@@ -215,6 +215,16 @@ class MemoryStore(Store):
     async def leave(self, request_id: str) -> None:
         self._drop(request_id)
 
+    async def move(self, request_id: str, source: str, target: Slot, lease_s: float) -> bool:
+        now = _now_ms()
+        self._expire(now)
+        held = self._slots.setdefault(target.backend, {})
+        if 0 < target.capacity <= len(held):
+            return False
+        self._slots.get(source, {}).pop(request_id, None)
+        held[request_id] = now + lease_s * 1000
+        return True
+
     async def release(self, request_id: str, backend: str) -> None:
         self._slots.get(backend, {}).pop(request_id, None)
 

@@ -16,7 +16,8 @@ Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot)
 ``wt:<model>``         SET tenants with requests queued for the model
 ``wl``                 ZSET request id -> lease expiry (ms) of queue places
 ``wr``                 HASH request id -> "tenant\\nweight\\nprompt\\nmodel"
-``s:<backend>``        ZSET request id -> lease expiry (ms): the backend's slots
+``s:<backend>``        ZSET request id -> lease expiry (ms): the backend's slots, one per
+                       request it serves (a failover moves it)
 ``r|t:<tenant>:<min>`` STRING requests / tokens in a one-minute window
 ``b:<tenant>:<end>``   STRING tokens used in the budget period ending at ``end``
 ``x<name>:<t>:<min>``  STRING other per-minute counters (telemetry reports)
@@ -118,6 +119,7 @@ class RedisStore(Store):
         self._arrive = r.register_script(_lua("arrive", prelude=True))
         self._retry = r.register_script(_lua("retry", prelude=True))
         self._leave = r.register_script(_lua("leave", prelude=True))
+        self._move = r.register_script(_lua("move", prelude=True))
         self._renew = r.register_script(_lua("renew", prelude=True))
         self._charge = r.register_script(_lua("charge", prelude=True))
         self._merge = r.register_script(_lua("merge", prelude=True))
@@ -248,6 +250,11 @@ class RedisStore(Store):
 
     async def leave(self, request_id: str) -> None:
         await self._leave(args=[self.p, request_id])
+
+    async def move(self, request_id: str, source: str, target: Slot, lease_s: float) -> bool:
+        lease_ms = int(lease_s * 1000)
+        args: list[Any] = [self.p, request_id, source, target.backend, target.capacity, lease_ms]
+        return bool(await self._move(args=args))
 
     async def release(self, request_id: str, backend: str) -> None:
         await self.redis.zrem(f"{self.p}s:{backend}", request_id)

@@ -307,6 +307,9 @@ class ResilientStore(Store):
         await self.local.leave(request_id)
         await self._redis("leave", request_id)
 
+    async def move(self, request_id: str, source: str, target: Slot, lease_s: float) -> bool:
+        return bool(await self._either("move", request_id, source, target, lease_s))
+
     async def release(self, request_id: str, backend: str) -> None:
         await self.local.release(request_id, backend)
         await self._redis("release", request_id, backend)
