@@ -11,8 +11,6 @@ held until the response ends), then the backend: streaming through
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 import orjson
@@ -20,12 +18,13 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Message, Receive, Send
+from starlette.types import Message, Send
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.backends import BackendError
 from gateway.config import GatewayConfig, LimitsConfig, TenantConfig
-from gateway.context import Endpoint, RequestContext, RequestRecord
+from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
+from gateway.disconnect import DisconnectWatch
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError, bad_request, final_error, model_not_found
 from gateway.metrics import GatewayMetrics
@@ -98,21 +97,38 @@ class CompletionService:
                 received_at=record.received_at,
                 expected_tokens=self._expected_tokens(body),
             )
-            token = await self.tokens.header(ctx.request_id, tenant.name)
-            admit = self.admission.admit(ctx, tenant, estimate_prompt_tokens(raw))
+            watch = DisconnectWatch(request.receive)
             try:
-                ticket = await unless_disconnected(request, admit)
-            except ClientGone:
-                return client_gone(record)
-            # from here every path closes the ticket (no await until _stream/_complete)
-            ctx.hold = ticket  # the choice: failover moves it on in the router's order
-            headers = {**headers, **ticket.rate.headers(), **token}
-            if ctx.stream:
-                return await self._stream(request, raw, ctx, record, headers, ticket)
-            return await self._complete(request, raw, ctx, record, headers, ticket)
+                return await self._admitted(watch, raw, ctx, tenant, record, headers)
+            finally:
+                await watch.close()  # before the response listens for the disconnect
         except GatewayError as exc:
             exc.headers = {**headers, **exc.headers}
             raise
+
+    async def _admitted(
+        self,
+        watch: DisconnectWatch,
+        raw: dict[str, Any],
+        ctx: RequestContext,
+        tenant: TenantConfig,
+        record: RequestRecord,
+        headers: dict[str, str],
+    ) -> Response:
+        """Admission, then the backend; ``headers`` gain the admission's."""
+        token = await self.tokens.header(ctx.request_id, tenant.name)
+        admit = self.admission.admit(ctx, tenant, estimate_prompt_tokens(raw))
+        try:
+            ticket = await watch.run(admit)
+        except ClientGone:
+            return client_gone(record)
+        # from here every path closes the ticket (no await until _stream/_complete)
+        ctx.hold = ticket  # the choice: failover moves it on in the router's order
+        headers.update(ticket.rate.headers())
+        headers.update(token)
+        if ctx.stream:
+            return await self._stream(watch, raw, ctx, record, headers, ticket)
+        return await self._complete(watch, raw, ctx, record, headers, ticket)
 
     def _expected_tokens(self, body: ChatCompletionRequest | CompletionRequest) -> int:
         """Output tokens expected (QLM's estimate): ``max_tokens`` capped by
@@ -130,7 +146,7 @@ class CompletionService:
 
     async def _stream(
         self,
-        request: Request,
+        watch: DisconnectWatch,
         raw: dict[str, Any],
         ctx: RequestContext,
         record: RequestRecord,
@@ -139,9 +155,7 @@ class CompletionService:
     ) -> Response:
         tried: list[str] = []
         try:
-            attempt = await unless_disconnected(
-                request, self.dispatcher.open_stream(raw, ctx, tried)
-            )
+            attempt = await watch.run(self.dispatcher.open_stream(raw, ctx, tried))
         except BackendError as exc:
             record.backend = tried[-1] if tried else record.backend
             await ticket.close()
@@ -154,6 +168,14 @@ class CompletionService:
             await ticket.close()
             raise
         record.backend = attempt.state.name
+
+        async def finished(result: StreamOutcome) -> None:
+            """Once, after the relay's teardown: the record, the tokens, the slot back."""
+            record.finished_stream(result)
+            self._count_tokens(ctx, result.backend, result.tokens)
+            self.telemetry.record_stream(ctx, result)
+            await ticket.close()
+
         relay = StreamRelay(
             self.dispatcher,
             self.metrics,
@@ -163,39 +185,23 @@ class CompletionService:
             attempt,
             tried,
             on_tokens=ticket.tokens,
+            on_finish=finished,
         )
-
-        async def finish() -> None:
-            """Once: the relay's teardown, its record, the slot back (idempotent)."""
-            result = await relay.finish()
-            if not ticket.closed:
-                record.finished_stream(result)
-                self._count_tokens(ctx, result.backend, result.tokens)
-                self.telemetry.record_stream(ctx, result)
-                await ticket.close()
-
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                async for part in relay.events():
-                    yield part
-            finally:
-                await finish()
-
         try:
             return RelayResponse(
-                events(),
+                relay.events(),  # ends with relay.finish()
                 headers=headers,
                 ping=0,  # the relay sends its own pings, only while it waits
                 sep="\n",
-                background=BackgroundTask(finish),
+                background=BackgroundTask(relay.finish),  # for a body that never started
             )
         except BaseException:
-            await finish()
+            await relay.finish()
             raise
 
     async def _complete(
         self,
-        request: Request,
+        watch: DisconnectWatch,
         raw: dict[str, Any],
         ctx: RequestContext,
         record: RequestRecord,
@@ -205,7 +211,7 @@ class CompletionService:
         tried: list[str] = []
         tokens = 0
         try:
-            done = await unless_disconnected(request, self.dispatcher.complete(raw, ctx, tried))
+            done = await watch.run(self.dispatcher.complete(raw, ctx, tried))
             tokens = done.tokens
         except BackendError as exc:
             raise final_error(exc) from None
@@ -236,32 +242,6 @@ class RelayResponse(EventSourceResponse):
             await send(message)
         else:
             await super()._send_with_timeout(send, message)
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def unless_disconnected(request: Request, coro: Coroutine[Any, Any, T]) -> T:
-    """Await ``coro``, cancelling it if the client disconnects first (raise ClientGone).
-
-    Starlette does not cancel a handler whose client went away; this does, so the
-    backend request is closed (and a generation aborted) as soon as nobody waits for it.
-    """
-    work = asyncio.ensure_future(coro)
-    watch = asyncio.ensure_future(_wait_disconnect(request.receive))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (work, watch):
-            task.cancel()
-        await asyncio.gather(work, watch, return_exceptions=True)
-    if work.cancelled():
-        raise ClientGone
-    return work.result()
 
 
 def client_gone(record: RequestRecord) -> Response:

@@ -13,11 +13,10 @@ gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from array import array
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from gateway.context import Outcome, RequestContext, StreamOutcome
 from gateway.dispatch import Attempt, Dispatcher
 from gateway.errors import TIMEOUT, sse_error_event
 from gateway.metrics import GatewayMetrics
+from gateway.read_deadline import ReadDeadline
 from qos.metrics import andes_qoe, monotone_qoe
 
 log = logging.getLogger("tokenpace.gateway")
@@ -66,18 +66,16 @@ def chunk_tokens(chunk: dict[str, Any]) -> int:
     return n
 
 
-async def _read(stream: ChunkStream, wait: float) -> list[Chunk] | BackendError | None:
-    """The stream's next batch (``[]`` at its end), ``None`` when none came within
-    ``wait`` seconds (the read is cancelled; reads are cancel-safe), or its failure."""
-    timeout = asyncio.timeout(wait)
+async def _read(
+    stream: ChunkStream, deadline: ReadDeadline, until: float
+) -> list[Chunk] | BackendError | None:
+    """The stream's next batch (``[]`` at its end), ``None`` when none came by ``until``
+    (the read is cancelled; reads are cancel-safe), or its failure."""
     try:
-        async with timeout:
-            return await stream.next_batch()
+        return await deadline.wait(stream.next_batch(), until)
     except BackendError as exc:
         return exc
     except Exception as exc:
-        if isinstance(exc, TimeoutError) and timeout.expired():
-            return None
         log.warning("backend stream raised %r", exc, exc_info=exc)
         return BackendError(f"The backend failed mid-stream ({type(exc).__name__}).")
 
@@ -95,11 +93,13 @@ class StreamRelay:
         attempt: Attempt,
         tried: list[str],
         on_tokens: Callable[[int], None] | None = None,
+        on_finish: Callable[[StreamOutcome], Awaitable[None]] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.timeouts = timeouts
-        self.on_tokens = on_tokens  # per token-carrying chunk (fair-share charging); no I/O
+        self.on_tokens = on_tokens  # per write carrying tokens (fair-share charging); no I/O
+        self.on_finish = on_finish  # once, with the outcome, after the stream's teardown
         self.raw = raw
         self.ctx = ctx
         self.attempt: Attempt | None = attempt
@@ -115,6 +115,7 @@ class StreamRelay:
         self._last_emit = 0.0
         self._last_token_at = 0.0
         self._result: StreamOutcome | None = None
+        self._deadline = ReadDeadline()
         tier = ctx.tier.name
         self._ttft = metrics.ttft.labels(ctx.tenant, tier, self.backend)
         self._itl = metrics.itl.labels(tier, self.backend)
@@ -134,8 +135,8 @@ class StreamRelay:
                         deadline, what = self._last_emit + t.idle_s, "between two chunks"
                     else:
                         deadline, what = opened + t.first_byte_s, "before the first chunk"
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    now = time.monotonic()
+                    if now >= deadline:
                         failure = BackendError(
                             f"The backend sent nothing for too long ({what}).",
                             status=504,
@@ -143,7 +144,8 @@ class StreamRelay:
                             type=TIMEOUT,
                         )
                         break
-                    got = await _read(stream, min(remaining, ping) if ping > 0 else remaining)
+                    until = min(deadline, now + ping) if ping > 0 else deadline
+                    got = await _read(stream, self._deadline, until)
                     if got is None:  # a deadline passed: a ping, or the timeout above
                         if time.monotonic() < deadline:
                             yield PING
@@ -238,14 +240,19 @@ class StreamRelay:
             await attempt.close()  # shielded, bounded by CLOSE_TIMEOUT_S
 
     async def finish(self) -> StreamOutcome:
-        """Close everything; the stream's outcome and measurements (idempotent).
+        """Close everything, then ``on_finish``; the stream's outcome and measurements
+        (idempotent).
 
         Runs when the body generator ends (normally, by error or cancelled) and again as
         the response's background task, for a response that never started its body.
         """
         if self._result is None:
+            self._deadline.close()
             await self._close_attempt()
-            self._result = self._measure()
+            self._result = result = self._measure()
+            on_finish, self.on_finish = self.on_finish, None
+            if on_finish is not None:
+                await on_finish(result)
         return self._result
 
     def _measure(self) -> StreamOutcome:

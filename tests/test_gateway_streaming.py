@@ -242,6 +242,31 @@ async def test_non_streaming_client_disconnect_closes_upstream():
             assert 'status="499"' in await _metrics(gw)
 
 
+async def test_client_gone_while_queued_is_never_sent_upstream():
+    """A client that gives up while its request waits for a backend slot: 499, counted
+    as gone away, nothing sent upstream, the stream holding the slot unharmed."""
+    async with (
+        upstream(n_tokens=40, token_interval=0.02) as fake,
+        gateway(make_config([backend_entry(fake, "a", max_concurrent=1)])) as gw,
+        gw.client() as client,
+    ):
+        first = asyncio.create_task(stream_chat(gw))
+        assert await eventually(lambda: fake.active == 1)
+        queued = asyncio.create_task(
+            client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+        )
+        await asyncio.sleep(0.2)  # waiting for the backend's one slot
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        resp, lines = await first
+        assert resp.status_code == 200 and lines[-1] == "data: [DONE]"
+        assert len(fake.bodies) == 1
+        assert await eventually(lambda: leases_released(gw))
+        metrics = await _metrics(gw)
+        assert 'outcome="gone_away"' in metrics and 'status="499"' in metrics
+
+
 async def test_many_concurrent_streams():
     async with upstream(token_interval=0.002) as a, upstream(token_interval=0.002) as b:
         config = make_config([backend_entry(a, "a"), backend_entry(b, "b")])

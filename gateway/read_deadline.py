@@ -1,0 +1,78 @@
+"""Deadlines on a stream's successive reads with one timer, moved lazily.
+
+The relay waits for every read of a stream with a deadline (the next ping, the first-chunk
+or between-chunk timeout). ``asyncio.timeout`` around each read arms and cancels a timer
+per read, thousands of times a second under load; :class:`ReadDeadline` keeps one timer
+per stream that fires no later than the current read's deadline and, when it fires early
+(the deadline moved on since it was armed), re-arms itself once for the new deadline. A
+read that outlives its deadline is cancelled as ``asyncio.timeout`` cancels it (the task
+is cancelled, then uncancelled), so the reads it wraps must be cancel-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class ReadDeadline:
+    """``await deadline.wait(read, until)``: the read's result, or ``None`` past ``until``."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # time.monotonic() at which the armed timer fires
+        self._until = 0.0  # the deadline of the read under way
+        self._task: asyncio.Task[object] | None = None  # the task waiting, while it waits
+        self._cancelling = 0  # the task's cancellation requests when its wait began
+        self._expired = False  # the timer cancelled the wait under way
+
+    async def wait(self, read: Awaitable[T], until: float) -> T | None:
+        """Await ``read`` until ``until`` (``time.monotonic()``); ``None`` if it passed first.
+
+        Any other cancellation of the waiting task propagates as usual.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        self._until = until
+        if self._timer is None or self._timer_at > until:
+            self._arm(until)
+        self._task = task
+        self._cancelling = task.cancelling()
+        try:
+            return await read
+        except asyncio.CancelledError:
+            if self._expired and task.uncancel() <= self._cancelling:
+                return None
+            raise
+        finally:
+            self._task = None
+            self._expired = False
+
+    def close(self) -> None:
+        """Stop the timer (the stream ended)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        delay = max(at - time.monotonic(), 0.0)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        task = self._task
+        if task is None:  # no read waiting: the next one arms the timer again
+            return
+        if time.monotonic() < self._until:  # the deadline moved since the timer was armed
+            self._arm(self._until)
+            return
+        if not self._expired:
+            self._expired = True
+            task.cancel()
