@@ -49,8 +49,11 @@ schema = schemathesis.openapi.from_dict(create_app(config("http://127.0.0.1:9"))
 
 @pytest.fixture(scope="module")
 def live():
+    # The backend stays healthy throughout: a health probe of the in-process upstream
+    # gets seconds, not the default half second, on a loaded machine.
+    health = {"interval_s": 30.0, "timeout_s": 5.0}
     with gateway_in_thread(
-        lambda fake: make_config([backend_entry(fake, "up")], admin={"key": ADMIN})
+        lambda fake: make_config([backend_entry(fake, "up")], admin={"key": ADMIN}, health=health)
     ) as (gw, _):
         yield gw
 
