@@ -125,7 +125,7 @@ def reference_claims(policy: Andes, table: RequestTable, forecast, tau: float) -
         horizon = forecast.horizon
         if wait is not None:
             horizon = min(forecast.now + wait + float(forecast.first_delay[row]) + tau, horizon)
-        at = forecast.until(np.full(table.n, horizon))
+        at = forecast.of(np.arange(table.n), horizon)
         claims[row] = at.q_serve(tau)[row] - at.q_wait[row] > 1e-9
     return claims
 

@@ -119,7 +119,7 @@ class Andes(Policy):
         self.deferred = 0  # preemptions dropped for want of a claim
         self._levels: np.ndarray | None = None  # the last solve's tenant levels
         self._asks: np.ndarray | None = None  # and the rows that asked (asking)
-        self._claims: np.ndarray | None = None  # the rows that may preempt (claims)
+        self._forecast: tuple[Forecast, float] | None = None  # the last solve's, and its τ
         self._completions: deque[float] = deque([initial_horizon_s], maxlen=256)
         self._completion_sum = initial_horizon_s
         self.arrivals = 0
@@ -290,13 +290,12 @@ class Andes(Policy):
         decode = self.decode_table(b_max)
         per_context = self.profile.per_context_token_s
         context_s = per_context * float(demand.mean()) if per_context else 0.0
-        self._levels = self._asks = self._claims = None
+        self._levels = self._asks = None
         tau = float(decode[b_max]) + context_s * b_max
         if self.shares is not None and self.shares.weighted(table):
             self._asks = self.asking(table, forecast, tau)
             self._levels = self.shares.levels(table, self._asks)
-        if self.wait_for_room:
-            self._claims = self.claims(table, forecast, tau)
+        self._forecast = (forecast, tau)
         best, best_value = None, -np.inf
         running = table.running
         size = demand.astype(float)  # l_i; dividing by it as floats is 3x cheaper
@@ -375,14 +374,16 @@ class Andes(Policy):
         asks: np.ndarray = ~table.running & (forecast.q_serve(tau) - forecast.q_wait > _HURT)
         return asks
 
-    def claims(self, table: RequestTable, forecast: Forecast, tau: float) -> np.ndarray:
-        """The waiting rows hurt by waiting for room (module doc): compared when each would
-        get its first token after that wait (over the horizon before two completions)."""
+    def claims(self, forecast: Forecast, tau: float, rows: np.ndarray) -> np.ndarray:
+        """Which of the waiting ``rows`` the wait for room hurts (module doc): Q_serve at
+        τ above Q_wait, compared when each would get its first token after that wait
+        (at the horizon before two completions)."""
         wait = self.room_wait_s(forecast.now)
-        if wait is not None:
-            first = forecast.now + wait + forecast.first_delay + tau
-            forecast = forecast.until(np.minimum(first, forecast.horizon))
-        return self.asking(table, forecast, tau)
+        first = forecast.now + (np.inf if wait is None else wait) + forecast.first_delay[rows]
+        first += tau
+        at = forecast.of(rows, np.minimum(first, forecast.horizon))
+        hurt: np.ndarray = at.q_serve(tau) - at.q_wait > _HURT
+        return hurt
 
     def _preempting_only_for_claims(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, chosen: np.ndarray
@@ -397,12 +398,14 @@ class Andes(Policy):
         evicted = running & ~chosen
         if not evicted.any():
             return chosen
-        assert self._claims is not None
-        claims = self._claims
+        assert self._forecast is not None
+        admitted = chosen & ~running
+        rows = admitted.nonzero()[0]
+        claims = np.zeros(table.n, dtype=bool)
+        claims[rows] = self.claims(*self._forecast, rows)
         if self._levels is not None:
             assert self._asks is not None
-            claims = claims | (self._asks & (self._levels < self._levels[evicted].max()))
-        admitted = chosen & ~running
+            claims |= self._asks & (self._levels < self._levels[evicted].max())
         kept: np.ndarray = (chosen & running) | (admitted & claims)
         used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
         back = evicted.nonzero()[0]

@@ -24,7 +24,7 @@ The expected area is :func:`qos.timeline.expected_area` with an unknown reply le
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
@@ -178,9 +178,20 @@ class Forecast:
         wait_area = self._lin + half_tds * self._drain_wait * self._drain_wait
         self.q_wait: np.ndarray = self._scorer(wait_area)
 
-    def until(self, horizon: float | np.ndarray) -> Forecast:
-        """The same decision's forecast at another horizon (one per row, or one for all)."""
-        return replace(self, horizon=horizon)
+    def of(self, rows: np.ndarray, horizon: float | np.ndarray) -> Forecast:
+        """The forecast of ``rows`` only, at another horizon (one per row, or one for all)."""
+        s = self.state
+        state = Digest(s.n[rows], s.total[rows], s.last[rows], s.step[rows], s.tds[rows])
+        return Forecast(
+            self.kind,
+            state,
+            self.now,
+            horizon,
+            self.first_delay[rows],
+            self.remaining[rows],
+            self.arrival[rows],
+            self.ttft[rows],
+        )
 
     @cached_property
     def q_now(self) -> np.ndarray:
