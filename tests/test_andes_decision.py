@@ -91,7 +91,8 @@ def reference_schedule(
         if value > best_value:
             best, best_value, best_order = chosen, value, order
     assert best is not None and best_order is not None
-    if policy.wait_for_room:
+    budget = int(policy.preemption_cap * policy.arrivals) - policy.preemptions
+    if policy.wait_for_room and budget > 0:
         claims = reference_claims(policy, table, forecast, tau)
         best = reference_only_for_claims(
             policy, table, capacity, demand, best, best_order, claims, asks, levels

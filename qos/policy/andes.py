@@ -199,7 +199,7 @@ class Andes(Policy):
             return np.ones(n, dtype=bool)
         self.solves += 1
         chosen = self._solve(table, capacity, demand, now)
-        if self.wait_for_room:
+        if self.wait_for_room and self.preemption_budget > 0:  # else the cap keeps them all
             chosen = self._preempting_only_for_claims(table, capacity, demand, chosen)
         return self._cap_preemptions(table, capacity, demand, chosen)
 
@@ -446,6 +446,11 @@ class Andes(Policy):
             return np.lexsort((~table.running, -priority, self._levels))
         return _in_priority_order(np.arange(table.n), -priority, table.running)
 
+    @property
+    def preemption_budget(self) -> int:
+        """Preemptions optimisation #4 still allows: P per request so far, less those made."""
+        return int(self.preemption_cap * self.arrivals) - self.preemptions
+
     def _cap_preemptions(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, chosen: np.ndarray
     ) -> np.ndarray:
@@ -453,7 +458,7 @@ class Andes(Policy):
         running = table.running
         evicted = running & ~chosen
         count = int(np.count_nonzero(evicted))
-        budget = int(self.preemption_cap * self.arrivals) - self.preemptions
+        budget = self.preemption_budget
         if count <= budget:
             self.preemptions += count
             return chosen
