@@ -26,7 +26,8 @@ solver's running requests and claimed admissions go first, then the requests it 
 preempt, then its other admissions into the room left. Near capacity this removes
 nearly every preemption; under overload waits are long, most waiting requests have a
 claim, and the solver's decision stands. With tenant weights, an asking request of a
-tenant behind the one it would displace has a claim too (its share).
+tenant behind the one it would displace has a claim too (its share). Once the preemption
+budget is spent the cap keeps every running request, and claims are not computed.
 
 tokenpace extension, off by default (``preemption_cost = 0`` is the paper's Andes): the
 gain of a request that must be (re)computed before it decodes is charged for the stall
