@@ -18,7 +18,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Message, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.backends import BackendError
@@ -28,7 +28,7 @@ from gateway.disconnect import DisconnectWatch
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError, bad_request, final_error, model_not_found
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import ClientGone
+from gateway.middleware import ClientGone, server_send
 from gateway.routing import Router
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.streaming import StreamRelay
@@ -228,20 +228,31 @@ class CompletionService:
 
 
 class RelayResponse(EventSourceResponse):
-    """sse-starlette's response, minus a cancel scope around every send.
+    """sse-starlette's response, minus a cancel scope and the middlewares' wrappers
+    around every body send.
 
     ``EventSourceResponse`` wraps each send in ``anyio.move_on_after(send_timeout)``,
     even without a timeout; on a relay that sends thousands of chunks a second that
     scope was a measurable share of the gateway's CPU per chunk (docs/benchmarks.md).
-    This overrides sse-starlette's private ``_send_with_timeout`` (pinned in
-    pyproject.toml to the versions it was tested with).
+    Its start goes through the middleware stack; its body messages, which every
+    middleware passes through unchanged, go straight to the server's ``send``
+    (:func:`gateway.middleware.server_send`). This overrides sse-starlette's private
+    ``_send_with_timeout`` (pinned in pyproject.toml to the versions it was tested with).
     """
 
+    _body_send: Send | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._body_send = server_send(scope)
+        await super().__call__(scope, receive, send)
+
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
-        if self.send_timeout is None:
-            await send(message)
-        else:
+        if self.send_timeout is not None:
             await super()._send_with_timeout(send, message)
+        elif self._body_send is not None and message["type"] == "http.response.body":
+            await self._body_send(message)
+        else:
+            await send(message)
 
 
 def client_gone(record: RequestRecord) -> Response:

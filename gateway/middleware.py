@@ -29,6 +29,7 @@ from gateway.store import StoreUnavailable
 access_log = logging.getLogger("tokenpace.gateway.access")
 
 RECORD_KEY = "tokenpace"  # scope["state"][RECORD_KEY]: the request's RequestRecord
+SERVER_SEND_KEY = "tokenpace.server_send"  # scope["state"][...]: the server's own send
 TELEMETRY_PATH = "/v1/tokenpace/telemetry"
 METRICS_PATH = "/metrics"
 API_ENDPOINTS = {
@@ -46,6 +47,13 @@ def request_record(scope: Scope) -> RequestRecord:
     return record
 
 
+def server_send(scope: Scope) -> Send | None:
+    """The server's ``send``, under every middleware's wrapper, for a response's body
+    messages once its start went through them (:class:`GatewayMiddleware`)."""
+    send: Send | None = scope.get("state", {}).get(SERVER_SEND_KEY)
+    return send
+
+
 def header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key == name:
@@ -59,7 +67,13 @@ class ClientGone(Exception):
 
 class GatewayMiddleware:
     """Request id, receipt time, X-Request-Id, request metrics, access log; ``/metrics``
-    only where ``metrics`` allows it (its own port, or its token)."""
+    only where ``metrics`` allows it (its own port, or its token).
+
+    Every middleware of the stack (this one, CORS, Starlette's error handlers) acts on a
+    response's start alone and passes its body messages through unchanged; the server's
+    ``send`` is left in the scope (:func:`server_send`) so that a streamed body can skip
+    their wrappers, one call per chunk instead of one per middleware.
+    """
 
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics, cfg: MetricsConfig) -> None:
         self.app = app
@@ -74,7 +88,9 @@ class GatewayMiddleware:
         request_id = uuid.uuid4().hex
         token = request_id_var.set(request_id)
         record = RequestRecord(request_id, received_at)
-        scope.setdefault("state", {})[RECORD_KEY] = record
+        state = scope.setdefault("state", {})
+        state[RECORD_KEY] = record
+        state[SERVER_SEND_KEY] = send
         path = scope.get("path", "")
         endpoint = API_ENDPOINTS.get(path)
         status = 500

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.backends import BackendError, Chunk, ChunkStream
+from gateway.backends import BackendError, Chunk
 from gateway.config import TimeoutsConfig
 from gateway.context import Outcome, RequestContext, StreamOutcome
 from gateway.dispatch import Attempt, Dispatcher
@@ -64,20 +64,6 @@ def chunk_tokens(chunk: dict[str, Any]) -> int:
         elif choice.get("text"):
             n += 1
     return n
-
-
-async def _read(
-    stream: ChunkStream, deadline: ReadDeadline, until: float
-) -> list[Chunk] | BackendError | None:
-    """The stream's next batch (``[]`` at its end), ``None`` when none came by ``until``
-    (the read is cancelled; reads are cancel-safe), or its failure."""
-    try:
-        return await deadline.wait(stream.next_batch(), until)
-    except BackendError as exc:
-        return exc
-    except Exception as exc:
-        log.warning("backend stream raised %r", exc, exc_info=exc)
-        return BackendError(f"The backend failed mid-stream ({type(exc).__name__}).")
 
 
 class StreamRelay:
@@ -145,14 +131,23 @@ class StreamRelay:
                         )
                         break
                     until = min(deadline, now + ping) if ping > 0 else deadline
-                    got = await _read(stream, self._deadline, until)
+                    # The next batch ([] at the end), None when none came by ``until``
+                    # (the read is cancelled; reads are cancel-safe), or its failure.
+                    try:
+                        got = await self._deadline.wait(stream.next_batch(), until)
+                    except BackendError as exc:
+                        failure = exc
+                        break
+                    except Exception as exc:
+                        log.warning("backend stream raised %r", exc, exc_info=exc)
+                        failure = BackendError(
+                            f"The backend failed mid-stream ({type(exc).__name__})."
+                        )
+                        break
                     if got is None:  # a deadline passed: a ping, or the timeout above
                         if time.monotonic() < deadline:
                             yield PING
                         continue
-                    if isinstance(got, BackendError):
-                        failure = got
-                        break
                     if not got:
                         break
                     # Everything that arrived goes out in one write: under load, one send

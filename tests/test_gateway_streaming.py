@@ -321,3 +321,27 @@ async def test_generator_stream_reads_are_cancel_safe_and_close_stops_it():
     await stream.aclose()
     assert steps[-1] == "cancelled"
     await stream.aclose()  # idempotent
+
+
+async def test_streamed_body_skips_no_header_or_count():
+    """A stream's start goes through every middleware (X-Request-Id, CORS, the request
+    counter) while its body goes straight to the server: all of it arrives."""
+    async with upstream() as up:
+        config = make_config(
+            [backend_entry(up, "up")], cors={"allow_origins": ["http://page.example"]}
+        )
+        async with gateway(config) as gw:
+            resp, lines = await stream_chat(gw, headers={"Origin": "http://page.example"})
+            assert resp.status_code == 200
+            assert len(resp.headers["x-request-id"]) == 32
+            assert resp.headers["access-control-allow-origin"] == "http://page.example"
+            events = data_events(lines)
+            assert contents(events) == "t0 t1 t2 t3 t4 t5 " and events[-1] == "[DONE]"
+            counted = [
+                line
+                for line in (await _metrics(gw)).splitlines()
+                if line.startswith("tokenpace_requests_total{")
+                and 'endpoint="chat.completions"' in line
+            ]
+            assert len(counted) == 1 and 'status="200"' in counted[0]
+            assert 'outcome="completed"' in counted[0] and counted[0].endswith(" 1.0")

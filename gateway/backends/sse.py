@@ -15,6 +15,7 @@ from gateway.upstream import body_reader
 
 MAX_ERROR_BODY = 64 * 1024  # the most of an error (or a stream's tail) the gateway reads
 _DRAIN_S = 0.25  # longest wait for the end of a stream's body after [DONE]
+_MALFORMED = object()  # an event payload that is not JSON
 
 
 def is_openai_error(body: Any) -> bool:
@@ -77,22 +78,26 @@ class HttpChunkStream(ChunkStream):
         events = self._events
         while events:
             payload = events.popleft()
-            if payload.strip() == b"[DONE]":
-                self._done = self._clean_end = True
-                events.clear()
-                break
             try:
-                chunk = self._event(payload)
-            except BackendError as exc:
-                self._done = True
-                events.clear()
-                if not batch:
-                    raise
-                self._error = exc
-                break
-            # One data line per event: relayed as it came (a payload split over several
-            # data lines is re-encoded instead).
-            batch.append((chunk, None if b"\n" in payload else b"data: " + payload + b"\n\n"))
+                chunk = orjson.loads(payload)
+            except ValueError:
+                if payload.strip() == b"[DONE]":  # parsed first: one failed parse per stream
+                    self._done = self._clean_end = True
+                    events.clear()
+                    break
+                chunk = _MALFORMED
+            if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
+                # One data line per event: relayed as it came (a payload split over
+                # several data lines is re-encoded instead).
+                batch.append((chunk, None if b"\n" in payload else b"data: " + payload + b"\n\n"))
+                continue
+            failure = self._failure(chunk)
+            self._done = True
+            events.clear()
+            if not batch:
+                raise failure
+            self._error = failure
+            break
         return batch
 
     def _feed(self, part: bytes) -> None:
@@ -139,27 +144,24 @@ class HttpChunkStream(ChunkStream):
             # comments (":"), "event:", "id:", "retry:" carry nothing for OpenAI streams
         return rest
 
-    def _event(self, payload: bytes) -> dict[str, Any]:
-        try:
-            chunk = orjson.loads(payload)
-        except ValueError:
-            raise BackendError(
+    def _failure(self, chunk: Any) -> BackendError:
+        """Why an event that is not a chunk (``_MALFORMED``: not JSON) fails the stream."""
+        if chunk is _MALFORMED:
+            return BackendError(
                 f"Backend {self._backend!r} sent malformed data in its stream.",
                 code="upstream_bad_response",
-            ) from None
+            )
         if not isinstance(chunk, dict):
-            raise BackendError(
+            return BackendError(
                 f"Backend {self._backend!r} sent a stream event that is not an object.",
                 code="upstream_bad_response",
             )
-        if is_openai_error(chunk):
-            err = chunk["error"]
-            raise BackendError(
-                str(err.get("message") or "the backend reported an error"),
-                retryable=False,
-                body=chunk,
-            )
-        return chunk
+        err = chunk["error"]  # an OpenAI error event
+        return BackendError(
+            str(err.get("message") or "the backend reported an error"),
+            retryable=False,
+            body=chunk,
+        )
 
     async def aclose(self) -> None:
         if self._closed:
