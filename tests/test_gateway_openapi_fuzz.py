@@ -49,19 +49,24 @@ schema = schemathesis.openapi.from_dict(create_app(config("http://127.0.0.1:9"))
 
 @pytest.fixture(scope="module")
 def live():
-    # The backend stays healthy throughout: a health probe of the in-process upstream
-    # gets seconds, not the default half second, on a loaded machine.
-    health = {"interval_s": 30.0, "timeout_s": 5.0}
     with gateway_in_thread(
-        lambda fake: make_config([backend_entry(fake, "up")], admin={"key": ADMIN}, health=health)
+        lambda fake: make_config([backend_entry(fake, "up")], admin={"key": ADMIN})
     ) as (gw, _):
         yield gw
+
+
+def readiness_probe_says_not_ready(case: Any, response: Any) -> bool:
+    """``/readyz``'s documented 503: a readiness state (its ``Health`` body is checked
+    against the document), not a server error. On a loaded machine a fuzzed stream can
+    lose its upstream connection mid-way (a ReadError), which marks the one backend down
+    until the next health check."""
+    return case.path == "/readyz" and response.status_code == 503
 
 
 @schemathesis.check
 def openai_shaped_errors(ctx: Any, response: Any, case: Any) -> bool | None:
     """An error status carries OpenAI's error body."""
-    if response.status_code < 400:
+    if response.status_code < 400 or readiness_probe_says_not_ready(case, response):
         return None
     body = response.json()
     assert isinstance(body, dict) and set(body) == {"error"}, body
@@ -73,6 +78,8 @@ def openai_shaped_errors(ctx: Any, response: Any, case: Any) -> bool | None:
 
 
 def not_a_server_error(ctx: Any, response: Any, case: Any) -> bool | None:
+    if readiness_probe_says_not_ready(case, response):
+        return None
     assert response.status_code < 500, (response.status_code, response.text[:500])
     return True
 
