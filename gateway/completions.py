@@ -11,7 +11,7 @@ held until the response ends), then the backend: streaming through
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from sse_starlette.sse import EventSourceResponse
@@ -36,8 +36,6 @@ from gateway.telemetry import Telemetry
 from gateway.telemetry_token import TelemetryTokens
 from gateway.tiers import resolve_tier
 from qos.prompt_tokens import estimate_prompt_tokens
-
-T = TypeVar("T")
 
 
 class CompletionService:
