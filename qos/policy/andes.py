@@ -372,7 +372,7 @@ class Andes(Policy):
     def asking(self, table: RequestTable, forecast: Forecast, tau: float) -> np.ndarray:
         """The rows that are their tenant's unmet ask (:mod:`qos.policy.fair`): waiting,
         and hurt by waiting (Q_serve at τ, the decode latency at B_max, above Q_wait)."""
-        asks: np.ndarray = ~table.running & (forecast.q_serve(tau) - forecast.q_wait > _HURT)
+        asks: np.ndarray = ~table.running & _hurt_by_waiting(forecast, tau)
         return asks
 
     def claims(self, forecast: Forecast, tau: float, rows: np.ndarray) -> np.ndarray:
@@ -382,9 +382,7 @@ class Andes(Policy):
         wait = self.room_wait_s(forecast.now)
         first = forecast.now + (np.inf if wait is None else wait) + forecast.first_delay[rows]
         first += tau
-        at = forecast.of(rows, np.minimum(first, forecast.horizon))
-        hurt: np.ndarray = at.q_serve(tau) - at.q_wait > _HURT
-        return hurt
+        return _hurt_by_waiting(forecast.of(rows, np.minimum(first, forecast.horizon)), tau)
 
     def _preempting_only_for_claims(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, chosen: np.ndarray
@@ -409,8 +407,7 @@ class Andes(Policy):
             claims |= self._asks & (self._levels < self._levels[evicted].max())
         kept: np.ndarray = (chosen & running) | (admitted & claims)
         used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
-        back = evicted.nonzero()[0]
-        back = back[np.argsort(-table.context[back], kind="stable")]
+        back = _costliest_first(table, evicted)
         kept |= pack_in_order(back, demand, capacity.kv_tokens - used, slots, table.n)
         used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
         room = int(self.kv_watermark * capacity.kv_tokens) - used
@@ -466,8 +463,7 @@ class Andes(Policy):
         # Over budget: of the evictions, keep running those costliest to preempt (the
         # longest contexts, recomputed on resume), then pack the solution's admissions.
         if budget > 0:
-            victims = evicted.nonzero()[0]
-            keep = victims[np.argsort(-table.context[victims], kind="stable")][: count - budget]
+            keep = _costliest_first(table, evicted)[: count - budget]
             kept = chosen & running
             kept[keep] = True
         else:  # budget spent: every victim stays
@@ -488,6 +484,19 @@ class Andes(Policy):
             packed |= self._admit_in_order(table, chosen & ~running, demand, room, slots)
         self.preemptions += int(np.count_nonzero(running & ~packed))
         return packed
+
+
+def _hurt_by_waiting(forecast: Forecast, tau: float) -> np.ndarray:
+    """Whether each request's Q_serve at τ is above its Q_wait (Eq. 2's gain > 0)."""
+    hurt: np.ndarray = forecast.q_serve(tau) - forecast.q_wait > _HURT
+    return hurt
+
+
+def _costliest_first(table: RequestTable, rows: np.ndarray) -> np.ndarray:
+    """The rows of the mask ``rows``, longest context (the costliest to recompute) first."""
+    found = rows.nonzero()[0]
+    ordered: np.ndarray = found[np.argsort(-table.context[found], kind="stable")]
+    return ordered
 
 
 def _in_priority_order(rows: np.ndarray, key: np.ndarray, running: np.ndarray) -> np.ndarray:
