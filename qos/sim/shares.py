@@ -1,25 +1,25 @@
 """Service shares per tenant in a simulation: who got how much of the engine, and when.
 
 Service is counted the way VTC counts it ("Fairness in Serving Large Language Models",
-Sheng et al.; :mod:`qos.fairness`): W = w_p·prompt + w_q·output, the prompt charged when
-the request's first token comes out (its first prefill), each output token when it is
-emitted.
+Sheng et al.; :mod:`qos.fairness`): W = w_p·prompt + w_q·output. Over time
+(:meth:`ShareReport.share_over_time`) it is placed where the engine produced it: the
+prompt at the first token, each output token when it is emitted.
 
-**Weighted max-min fair share**, in service per second. A request's service reaches it
-over its whole life, a minute or more after it arrives, so each tenant's demand and
-delivery are compared with its own lag L (the median time from arrival to last token
-of its requests): it *asks for* the service of the requests it sent in
-[t_first, t_last − L] and is *delivered* the service it received in
-[t_first + L, t_last], both divided by their common length (t_first, t_last: the
-first and last arrival of the run). The fair shares are the water-filling of the
-delivered total over the tenants in proportion to their weights, capped at what each
-asks for: a tenant that asks for less than its weighted share gets all it asks for,
-and the rest is divided among the others in proportion to their weights
-(:func:`water_fill`). A tenant whose fair share is below what it asks for is
-*backlogged*; its ratio is the service it got over its fair share (1.0 = exactly fair).
-Where the engine delivered at least 95 % of all that was asked (:data:`SHORT`), it was
-not short and every fair share is what the tenant asked for: the 5 % absorb the noise
-of comparing two windows.
+**Weighted max-min fair share**, in service per second over the window from the run's
+first to its last arrival, on the readers' timeline: a tenant *asks for* the service
+that falls due in the window on its requests' expected timelines (the prompt at the
+expected first token, output token k at TTFT + k/TDS:
+:func:`qos.metrics.token_deadlines`) and is *delivered* the service its readers got in
+it, each token when the client buffer releases it at the reader's pace
+(:func:`qos.timeline.digestion_starts`, held until the expected TTFT). So a tenant
+served on schedule or ahead of it is delivered exactly what it asked, whatever its
+reply lengths: tokens served ahead of their readers count when they are read. The fair
+shares are the water-filling of the delivered total in proportion to the weights,
+capped at what each tenant asks (:func:`water_fill`). A tenant whose fair share is
+below what it asks for is *backlogged*; its ratio is the service it got over its fair
+share (1.0 = exactly fair). Where the engine delivered at least 95 % of all that was
+asked (:data:`SHORT`), it was not short and every fair share is what was asked: the
+5 % absorb replies served a little behind their readers.
 
 Counting over the run, not per short interval, is deliberate: a request runs for a
 minute or more once admitted, so any scheduler's shares swing within seconds; what a
@@ -34,7 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from qos.fairness import W_OUTPUT, W_PROMPT
+from qos.metrics import token_deadlines
 from qos.sim.engine import RequestResult
+from qos.timeline import digestion_starts
 
 SHORT = 0.95
 """The engine is short when it delivers less than this fraction of what was asked."""
@@ -47,7 +49,6 @@ class ShareReport:
     tenants: list[str]
     weights: np.ndarray
     window: tuple[float, float]  # first and last arrival (s, engine clock)
-    lag: np.ndarray  # each tenant's L (s)
     asked: np.ndarray  # service per second each tenant asked for
     delivered: np.ndarray  # service per second each tenant received
     fair: np.ndarray  # its weighted max-min fair share of the delivered total
@@ -117,34 +118,34 @@ def service_shares(
     start = min(r.arrival for r in requests)
     last = max(r.arrival for r in requests)
     end = max(r.arrival + float(r.times[-1]) for r in requests)
-    lag = np.zeros(len(tenants))
-    for t, i in index.items():
-        times = [float(r.times[-1]) for r in requests if r.tenant == t]
-        lag[i] = min(float(np.median(times)), (last - start) / 2) if times else 0.0
     edges = start + bin_s * np.arange(int(np.floor((end - start) / bin_s)) + 2)
     service = np.zeros((len(tenants), edges.size - 1))
     asked = np.zeros(len(tenants))
     delivered = np.zeros(len(tenants))
+
+    def in_window(times: np.ndarray, prompt_tokens: int) -> float:
+        """Service of one request's tokens at ``times`` in the window (the first token
+        carries the prompt)."""
+        inside = (times >= start) & (times <= last)
+        return w_output * int(inside.sum()) + (w_prompt * prompt_tokens if inside[0] else 0.0)
+
     for r in requests:
         i = index[r.tenant]
         emitted = r.arrival + r.times
         at = np.searchsorted(edges, emitted, side="right") - 1
         np.add.at(service[i], at, w_output)
         service[i, at[0]] += w_prompt * r.prompt_tokens
-        if r.arrival <= last - lag[i]:
-            asked[i] += w_prompt * r.prompt_tokens + w_output * r.times.size
-        in_window = (emitted >= start + lag[i]) & (emitted <= last)
-        delivered[i] += w_output * int(in_window.sum())
-        if in_window[0]:
-            delivered[i] += w_prompt * r.prompt_tokens
-    length = np.maximum(last - start - lag, 1e-9)
+        due = r.arrival + token_deadlines(r.times.size, r.ttft, r.tds)
+        read = r.arrival + digestion_starts(r.times, r.tds, hold_until=r.ttft)
+        asked[i] += in_window(due, r.prompt_tokens)
+        delivered[i] += in_window(read, r.prompt_tokens)
+    length = max(last - start, 1e-9)
     asked, delivered = asked / length, delivered / length
     w = np.array([float(weights[t]) for t in tenants])
     return ShareReport(
         tenants=tenants,
         weights=w,
         window=(start, last),
-        lag=lag,
         asked=asked,
         delivered=delivered,
         fair=water_fill(asked, w, float(delivered.sum()))
