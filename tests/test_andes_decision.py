@@ -142,15 +142,13 @@ def reference_only_for_claims(
     asks: np.ndarray,
     levels: np.ndarray | None,
 ) -> np.ndarray:
-    """Preempt only for a claim: keep what runs and the admissions with a claim (or, with
-    levels, asking below an evicted row's level), then the evicted rows, longest context
-    first, in the whole cache, then the other admissions under the watermark, in order."""
+    """Preempt only for a claim: keep what runs and the admissions with a claim, then
+    the evicted rows, longest context first, in the whole cache, then the other
+    admissions under the watermark, in order (with levels, VTC's stop)."""
     running = table.running
     evicted = running & ~best
     if not evicted.any():
         return best
-    if levels is not None:
-        claims = claims | (asks & (levels < levels[evicted].max()))
     kept = (best & running) | (best & ~running & claims)
     used, count = int(demand[kept].sum()), int(kept.sum())
     victims = np.flatnonzero(evicted)

@@ -576,6 +576,31 @@ def test_wait_for_room_preempts_only_for_a_request_the_wait_would_hurt(arrived_a
         assert andes.deferred == int(wait_for_room and not claim)
 
 
+@pytest.mark.parametrize("arrived_ago, claim", [(1.0, True), (0.2, False)])
+def test_weights_give_no_claim_of_their_own(arrived_ago, claim):
+    """The scenario above across tenants: 'old' belongs to a weight-1 tenant far ahead of
+    its share (a level above), 'new' to a weight-4 tenant. The levels order the
+    admissions, but 'new' displaces 'old' only if the wait for room would hurt it."""
+    andes = Andes(FAST, horizon_s=10.0, wait_for_room=True, fair_share_slack=10.0)
+    table = RequestTable()
+    tokens = list(np.linspace(0.5, 2.0, 300))
+    for k in range(10):  # a request of the weight-1 tenant finishes every 0.1 s
+        done = add(table, f"done{k}", tenant="free")
+        andes.on_arrival(table, done, 0.0)
+        andes.on_finish(table, done, 9.0 + 0.1 * k)
+        table.remove(f"done{k}")
+    old = add(table, "old", prompt=100, running=True, tenant="free")
+    new = add(table, "new", arrival=10.0 - arrived_ago, prompt=100, tenant="ent", weight=4.0)
+    for r in (old, new):
+        andes.on_arrival(table, r, float(table.col("arrival")[r]))
+    for t in tokens:  # the weight-1 tenant's service runs ahead while both are active
+        table.record_tokens(old, t)
+    mask = andes.schedule(table, Capacity(kv_tokens=450, max_batch=8), 10.0)
+    assert andes._levels is not None and andes._levels[old] > andes._levels[new]
+    assert bool(mask[new] and not mask[old]) == claim
+    assert andes.preemptions == int(claim)
+
+
 def test_andes_preemption_cap_zero_never_preempts_in_the_scenario():
     andes = Andes(FAST, horizon_s=10.0, preemption_cap=0.0)
     table, capacity, now = displacement_scenario(andes)

@@ -25,9 +25,9 @@ A preemption made for an admission without a claim buys nothing but a recompute,
 solver's running requests and claimed admissions go first, then the requests it would
 preempt, then its other admissions into the room left. Near capacity this removes
 nearly every preemption; under overload waits are long, most waiting requests have a
-claim, and the solver's decision stands. With tenant weights, an asking request of a
-tenant behind the one it would displace has a claim too (its share). Once the preemption
-budget is spent the cap keeps every running request, and claims are not computed.
+claim, and the solver's decision stands. Tenant weights give no claim of their own: they
+act through the order of admissions, as VTC's do. Once the preemption budget is spent
+the cap keeps every running request, and claims are not computed.
 
 tokenpace extension, off by default (``preemption_cost = 0`` is the paper's Andes): the
 gain of a request that must be (re)computed before it decodes is charged for the stall
@@ -391,8 +391,7 @@ class Andes(Policy):
         (module doc): what it runs and the rows it admits with a claim, then the running
         rows it drops, the longest context first (the costliest to recompute), while they
         fit, then its other admissions into the room left under the watermark, in its
-        order. With tenant levels (:mod:`qos.policy.fair`) an asking row of a tenant
-        behind a tenant it would displace has a claim too: its share."""
+        order (with tenant levels, :func:`~qos.policy.fair.pack_by_level`'s)."""
         running = table.running
         evicted = running & ~chosen
         if not evicted.any():
@@ -402,9 +401,6 @@ class Andes(Policy):
         rows = admitted.nonzero()[0]
         claims = np.zeros(table.n, dtype=bool)
         claims[rows] = self.claims(*self._forecast, rows)
-        if self._levels is not None:
-            assert self._asks is not None
-            claims |= self._asks & (self._levels < self._levels[evicted].max())
         kept: np.ndarray = (chosen & running) | (admitted & claims)
         used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
         back = _costliest_first(table, evicted)
