@@ -39,8 +39,10 @@ Running rows of any level may still keep their place.
   running requests generate before they finish or are preempted, w_min the smaller
   weight: VTC's bound
   2·max(w_p·L_input, w_q·M) in form, widened by ``slack``, which the operator sets to
-  trade fairness for QoE. Andes's preemption cap P bounds how fast M_f is cut, so the
-  band is reached more slowly with a tight P.
+  trade fairness for QoE. With ``wait_for_room`` (andes-tp) a running request is
+  preempted only for a claim, which weights do not give: as in VTC, f's running
+  requests then finish at their own pace, and M_f is at most what they still have to
+  generate.
 """
 
 from __future__ import annotations
