@@ -2,8 +2,8 @@
 
 The gateway talks to a :class:`Backend` in OpenAI chunks (``dict``), so an in-process
 engine plugs in the same way as a remote vLLM. :meth:`Backend.open_stream` returns a
-:class:`ChunkStream` of :class:`Batch` es: the chunks that arrived together, their event
-bytes (a remote engine's relayed as read) and their tokens, counted once;
+:class:`ChunkStream` of batches (:class:`Batch`: the chunks that arrived together, their
+event bytes, a remote engine's relayed as read, and their tokens, counted once);
 :meth:`Backend.complete` the whole JSON object. Raise :class:`BackendError` for a
 refusal; ``retryable=True`` lets the gateway fail over. :class:`InProcessBackend` is
 the short way for an engine in this process: implement ``generate()``.
