@@ -20,9 +20,13 @@ T = TypeVar("T")
 
 
 class ReadDeadline:
-    """``await deadline.wait(read, until)``: the read's result, or ``None`` past ``until``."""
+    """``await deadline.wait(read, until)``: the read's result, or ``None`` past ``until``.
+
+    One task waits on it (a stream's reads are all made by its response's task).
+    """
 
     def __init__(self) -> None:
+        self._owner: asyncio.Task[object] | None = None  # the task that waits, once known
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # time.monotonic() at which the armed timer fires
         self._until = 0.0  # the deadline of the read under way
@@ -35,8 +39,10 @@ class ReadDeadline:
 
         Any other cancellation of the waiting task propagates as usual.
         """
-        task = asyncio.current_task()
-        assert task is not None
+        task = self._owner
+        if task is None:
+            task = self._owner = asyncio.current_task()
+            assert task is not None
         self._until = until
         if self._timer is None or self._timer_at > until:
             self._arm(until)

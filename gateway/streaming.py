@@ -20,9 +20,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
-import orjson
 
-from gateway.backends import BackendError, Chunk
+from gateway.backends import BackendError, Batch
 from gateway.config import TimeoutsConfig
 from gateway.context import Outcome, RequestContext, StreamOutcome
 from gateway.dispatch import Attempt, Dispatcher
@@ -35,35 +34,6 @@ log = logging.getLogger("tokenpace.gateway")
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
-
-
-def encode_chunk(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
-
-
-def chunk_tokens(chunk: dict[str, Any]) -> int:
-    """Tokens a chunk delivers: one per choice with new text, reasoning or tool call.
-
-    vLLM and OpenAI send one token per choice per chunk when streaming; a chunk with only
-    a role, a finish reason or usage delivers none.
-    """
-    n = 0
-    for choice in chunk.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            if (
-                delta.get("content")
-                or delta.get("reasoning_content")
-                or delta.get("reasoning")
-                or delta.get("tool_calls")
-                or delta.get("refusal")
-            ):
-                n += 1
-        elif choice.get("text"):
-            n += 1
-    return n
 
 
 class StreamRelay:
@@ -131,7 +101,7 @@ class StreamRelay:
                         )
                         break
                     until = min(deadline, now + ping) if ping > 0 else deadline
-                    # The next batch ([] at the end), None when none came by ``until``
+                    # The next batch (no chunks at the end), None when none came by ``until``
                     # (the read is cancelled; reads are cancel-safe), or its failure.
                     try:
                         got = await self._deadline.wait(stream.next_batch(), until)
@@ -148,7 +118,7 @@ class StreamRelay:
                         if time.monotonic() < deadline:
                             yield PING
                         continue
-                    if not got:
+                    if not got.chunks:
                         break
                     # Everything that arrived goes out in one write: under load, one send
                     # (and one syscall) for several chunks; never a wait to batch.
@@ -190,43 +160,32 @@ class StreamRelay:
         self._ttft = self.metrics.ttft.labels(self.ctx.tenant, self.ctx.tier.name, name)
         self._itl = self.metrics.itl.labels(self.ctx.tier.name, name)
 
-    def _emit(self, batch: list[Chunk]) -> bytes:
-        """Account for queued chunks (tokens, times, usage); return their event bytes."""
+    def _emit(self, batch: Batch) -> bytes:
+        """Account for a batch (tokens, times, usage); return its event bytes."""
         now = time.monotonic()
-        itl = self._itl
-        n_batch = 0
-        out: list[bytes] = []
-        for chunk, event in batch:
-            n = chunk_tokens(chunk)
-            usage = chunk.get("usage")
-            if isinstance(usage, dict):
-                self.usage = usage
-                total = usage.get("completion_tokens")
-                sent = self.n_tokens + n_batch
-                if n and isinstance(total, int) and total > sent + n:
-                    # Several tokens in one chunk (vLLM's --stream-interval > 1) and a
-                    # running count to tell how many (continuous usage stats): count all.
-                    n = total - sent
-            if n:
-                if self.n_tokens + n_batch == 0:
-                    self._ttft.observe(now - self.ctx.received_at)
-                else:  # chunks sent together: the gap since the previous write, then 0s
-                    itl.observe(now - self._last_token_at)
-                self._last_token_at = now
-                n_batch += n
-            out.append(event if event is not None else encode_chunk(chunk))
-        if n_batch:
+        if batch.usage is not None:
+            self.usage = batch.usage
+        n = batch.tokens
+        if n:
+            itl = self._itl
+            if self.n_tokens:
+                itl.observe(now - self._last_token_at)
+            else:
+                self._ttft.observe(now - self.ctx.received_at)
+            for _ in range(batch.token_chunks - 1):  # chunks sent together: 0 s apart
+                itl.observe(0.0)
             # Tokens sent in one write reach the client together: one point of the timeline.
+            self._last_token_at = now
             self.times.append(now - self.ctx.received_at)
-            self.counts.append(n_batch)
-            self.n_tokens += n_batch
+            self.counts.append(n)
+            self.n_tokens += n
             if self.attempt is not None:
-                self.attempt.lease.tokens(n_batch)
+                self.attempt.lease.tokens(n)
             if self.on_tokens is not None:
-                self.on_tokens(n_batch)
+                self.on_tokens(n)
         self.sent_any = True
         self._last_emit = now
-        return out[0] if len(out) == 1 else b"".join(out)
+        return batch.data
 
     # -- teardown ------------------------------------------------------------------
     async def _close_attempt(self) -> None:
@@ -260,11 +219,9 @@ class StreamRelay:
         if self.outcome != "completed" or not self.n_tokens:
             return result
         ctx, m = self.ctx, self.metrics
-        timeline = np.column_stack(
-            (
-                np.frombuffer(self.times, dtype=np.float64),
-                np.frombuffer(self.counts, dtype=np.int64),
-            )
+        # Per token: the (time, tokens) pairs are expanded once here, not in each formula.
+        timeline = np.repeat(
+            np.frombuffer(self.times, dtype=np.float64), np.frombuffer(self.counts, dtype=np.int64)
         )
         try:
             andes = andes_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)

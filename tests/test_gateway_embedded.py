@@ -342,7 +342,7 @@ async def test_shutdown_ends_live_streams_and_the_engine_task():
     await engine.start(None)  # type: ignore[arg-type] - the runtime is not used
     assert await engine.check_health()
     stream = await engine.open_stream("chat.completions", body, _ctx("b"))
-    [(first, _)] = await stream.next_batch()
+    [first] = (await stream.next_batch()).chunks
     assert first["choices"][0]["delta"]["role"] == "assistant"
     await engine.aclose()
     assert not await engine.check_health()

@@ -311,7 +311,8 @@ async def test_generator_stream_reads_are_cancel_safe_and_close_stops_it():
     while len(got) < 2:
         try:
             async with asyncio.timeout(0.05):  # the relay's ping deadline, shorter than a step
-                got += [c["choices"][0]["delta"]["content"] for c, _ in await stream.next_batch()]
+                batch = await stream.next_batch()
+                got += [c["choices"][0]["delta"]["content"] for c in batch.chunks]
         except TimeoutError:
             steps.append("ping")
     assert got == ["t0", "t1"] and steps.count("ping") >= 4

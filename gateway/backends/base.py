@@ -1,8 +1,9 @@
 """The backend seam: an engine (remote or in-process) that answers OpenAI requests.
 
 The gateway talks to a :class:`Backend` in OpenAI chunks (``dict``), so an in-process
-engine plugs in the same way as a remote vLLM (which also hands over each chunk's event
-bytes, relayed unchanged). :meth:`Backend.open_stream` returns a :class:`ChunkStream`;
+engine plugs in the same way as a remote vLLM. :meth:`Backend.open_stream` returns a
+:class:`ChunkStream` of batches (:class:`Batch`: the chunks that arrived together, their
+event bytes, a remote engine's relayed as read, and their tokens, counted once);
 :meth:`Backend.complete` the whole JSON object. Raise :class:`BackendError` for a
 refusal; ``retryable=True`` lets the gateway fail over. :class:`InProcessBackend` is
 the short way for an engine in this process: implement ``generate()``.
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 
 from gateway.backends.aggregate import aggregate_chunks
 from gateway.cancel_safe import ShieldedSteps
@@ -70,13 +72,71 @@ class BackendError(Exception):
         return error_body(self.message, self.type, None, self.code)
 
 
-Chunk = tuple[dict[str, Any], bytes | None]
-"""One OpenAI chunk and its SSE event as received (relayed unchanged), or ``None`` (the
-gateway encodes the chunk)."""
+def chunk_tokens(chunk: dict[str, Any], counted: int) -> int:
+    """Tokens ``chunk`` delivers, ``counted`` tokens of its stream having come before it
+    (docs/protocol.md, "Gateway-side measurements").
+
+    One per choice with new text, reasoning, refusal or tool call (vLLM and OpenAI send
+    one token per choice per chunk when streaming); a chunk with only a role, a finish
+    reason or usage delivers none. When it also carries a running
+    ``usage.completion_tokens`` that says more (vLLM's ``--stream-interval`` > 1 with
+    continuous usage stats), that many.
+    """
+    n = 0
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if (
+                delta.get("content")
+                or delta.get("reasoning_content")
+                or delta.get("reasoning")
+                or delta.get("tool_calls")
+                or delta.get("refusal")
+            ):
+                n += 1
+        elif choice.get("text"):
+            n += 1
+    if n:
+        usage = chunk.get("usage")
+        total = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(total, int) and total > counted + n:
+            n = total - counted
+    return n
+
+
+def encode_chunk(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+@dataclass(slots=True)
+class Batch:
+    """Chunks that arrived together, as the relay sends them: in one write.
+
+    No chunks: the stream ended.
+    """
+
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    data: bytes = b""  # their SSE events, as the client gets them
+    tokens: int = 0  # output tokens they deliver (:func:`chunk_tokens`)
+    token_chunks: int = 0  # how many of them deliver tokens
+    usage: dict[str, Any] | None = None  # the last ``usage`` among them
+
+    def add(self, chunk: dict[str, Any], counted: int) -> None:
+        """Count ``chunk`` in; ``counted``: its stream's tokens before this batch."""
+        self.chunks.append(chunk)
+        n = chunk_tokens(chunk, counted + self.tokens)
+        if n:
+            self.tokens += n
+            self.token_chunks += 1
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
 
 
 class ChunkStream(ABC):
-    """An admitted streaming request: OpenAI chunk dicts, in batches as they arrive.
+    """An admitted streaming request: OpenAI chunks, in batches as they arrive.
 
     The end comes after the last chunk (the gateway adds ``data: [DONE]``).
     :meth:`aclose` must stop the generation and release its resources; the gateway
@@ -84,8 +144,8 @@ class ChunkStream(ABC):
     """
 
     @abstractmethod
-    async def next_batch(self) -> list[Chunk]:
-        """The chunks that have arrived: at least one (waiting for it), or ``[]`` at the end.
+    async def next_batch(self) -> Batch:
+        """The chunks that have arrived: at least one (waiting for it), none at the end.
 
         A remote stream returns every event one socket read brought, so under load the
         relay handles (and sends) several chunks at once. Must be cancel-safe: the
@@ -98,8 +158,8 @@ class ChunkStream(ABC):
 
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
         """Every chunk, one at a time (for a caller that does not relay them)."""
-        while batch := await self.next_batch():
-            for chunk, _ in batch:
+        while chunks := (await self.next_batch()).chunks:
+            for chunk in chunks:
                 yield chunk
 
 
@@ -113,16 +173,20 @@ class GeneratorChunkStream(ChunkStream):
     def __init__(self, agen: AsyncIterator[dict[str, Any]]) -> None:
         self._agen = agen
         self._steps = ShieldedSteps(agen)
+        self._counted = 0  # tokens delivered so far
         self._closed = False
 
-    async def next_batch(self) -> list[Chunk]:
+    async def next_batch(self) -> Batch:
         try:
             chunk = await self._steps.next()
         except StopAsyncIteration:
-            return []
+            return Batch()
         if not isinstance(chunk, dict):
             raise BackendError("The backend sent a chunk that is not an object.")
-        return [(chunk, None)]
+        batch = Batch(data=encode_chunk(chunk))
+        batch.add(chunk, self._counted)
+        self._counted += batch.tokens
+        return batch
 
     async def aclose(self) -> None:
         if self._closed:

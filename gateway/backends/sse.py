@@ -10,7 +10,7 @@ import anyio
 import httpx
 import orjson
 
-from gateway.backends.base import BackendError, Chunk, ChunkStream
+from gateway.backends.base import BackendError, Batch, ChunkStream, encode_chunk
 from gateway.upstream import body_reader
 
 MAX_ERROR_BODY = 64 * 1024  # the most of an error (or a stream's tail) the gateway reads
@@ -27,8 +27,9 @@ class HttpChunkStream(ChunkStream):
 
     Each :meth:`next_batch` is one read of the body (:func:`gateway.upstream.body_reader`:
     everything the connection has buffered), split into events as bytes (SSE is UTF-8 by
-    definition) and parsed by orjson (the json module's parsing was a third of the
-    gateway's CPU at saturation). A failure after some good events of a read is raised
+    definition), parsed by orjson (the json module's parsing was a third of the
+    gateway's CPU at saturation) and counted; a read of whole ``data:`` events that are
+    all chunks is relayed as read. A failure after some good events of a read is raised
     at the next call, after those events are relayed. After ``data:
     [DONE]``, :meth:`aclose` reads the end of the body (normally just the
     chunked-encoding terminator, already received) so that the connection goes back to
@@ -42,18 +43,20 @@ class HttpChunkStream(ChunkStream):
         self._buf = b""  # an incomplete line
         self._data: list[bytes] = []  # the data lines of the event being read
         self._events: deque[bytes] = deque()  # complete event payloads, not yet returned
+        self._whole: bytes | None = None  # the last read, when it was just its events
+        self._counted = 0  # tokens delivered so far
         self._error: BackendError | None = None  # raised at the next call
         self._eof = False
         self._done = False
         self._clean_end = False  # [DONE] arrived
         self._closed = False
 
-    async def next_batch(self) -> list[Chunk]:
+    async def next_batch(self) -> Batch:
         if self._error is not None:
             raise self._error
         while not self._events:
             if self._done:
-                return []
+                return Batch()
             if self._eof:
                 self._done = True
                 raise BackendError(
@@ -74,8 +77,10 @@ class HttpChunkStream(ChunkStream):
             else:
                 self._eof = True
                 self._feed(b"\n\n")  # a last event without its blank line
-        batch: list[Chunk] = []
+        batch = Batch()
+        payloads: list[bytes] = []  # of the chunks, in order
         events = self._events
+        whole = self._whole
         while events:
             payload = events.popleft()
             try:
@@ -84,20 +89,31 @@ class HttpChunkStream(ChunkStream):
                 if payload.strip() == b"[DONE]":  # parsed first: one failed parse per stream
                     self._done = self._clean_end = True
                     events.clear()
+                    whole = None
                     break
                 chunk = _MALFORMED
             if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
-                # One data line per event: relayed as it came (a payload split over
-                # several data lines is re-encoded instead).
-                batch.append((chunk, None if b"\n" in payload else b"data: " + payload + b"\n\n"))
+                batch.add(chunk, self._counted)
+                payloads.append(payload)
                 continue
             failure = self._failure(chunk)
             self._done = True
             events.clear()
-            if not batch:
+            if not payloads:
                 raise failure
             self._error = failure
+            whole = None
             break
+        self._counted += batch.tokens
+        if whole is not None:
+            batch.data = whole
+        elif payloads:
+            # One data line per event: relayed as it came (a payload split over several
+            # data lines is re-encoded instead).
+            batch.data = b"".join(
+                b"data: " + p + b"\n\n" if b"\n" not in p else encode_chunk(c)
+                for p, c in zip(payloads, batch.chunks, strict=True)
+            )
         return batch
 
     def _feed(self, part: bytes) -> None:
@@ -105,19 +121,25 @@ class HttpChunkStream(ChunkStream):
 
         The usual event, one ``data: {...}`` line and a blank line, is cut out by one
         split of the whole read; anything else (other fields, comments, several data
-        lines, CR line ends) goes through the line parser.
+        lines, CR line ends) goes through the line parser. ``_whole`` is ``part`` when it
+        was nothing but such events, whole.
         """
         buf = self._buf + part
+        self._whole = None
         if b"\r" in buf or self._data:
             self._buf = self._feed_lines(buf)
             return
         *blocks, rest = buf.split(b"\n\n")
+        simple = not self._buf and not rest
         for block in blocks:
             if block.startswith(b"data: ") and b"\n" not in block:
                 self._events.append(block[6:])
             else:
+                simple = False
                 self._feed_lines(block + b"\n\n")
         self._buf = rest
+        if simple:
+            self._whole = part
 
     def _feed_lines(self, buf: bytes) -> bytes:
         """Split ``buf`` into lines (LF, CRLF or CR) and events; return the incomplete end."""
