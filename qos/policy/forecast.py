@@ -207,9 +207,10 @@ class Forecast:
         return hurt
 
     def hurt_at(self, rows: np.ndarray, horizon: np.ndarray, tau: float) -> np.ndarray:
-        """``self.of(rows, horizon).hurt(tau)``: the closed form of :func:`_fresh_hurt`
-        where it decides, the forecast of the rows it leaves undecided otherwise."""
-        if self.kind != "andes":
+        """``self.of(rows, horizon).hurt(tau)`` at per-row horizons between now and this
+        forecast's (one for all): the closed form of :func:`_fresh_hurt` where it
+        decides, the forecast of the rows it leaves undecided."""
+        if self.kind != "andes" or not isinstance(self.horizon, float):
             return self.of(rows, horizon).hurt(tau)
         hurt, known = _fresh_hurt(self, rows, horizon, tau)
         if not known.all():
@@ -251,8 +252,9 @@ class Forecast:
 def _fresh_hurt(
     forecast: Forecast, rows: np.ndarray, horizon: np.ndarray, tau: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`Forecast.hurt` of ``rows`` at per-row horizons h, in closed form where it
-    decides: (hurt, known), ``hurt`` meaningful where ``known``. Andes Eq. 1 only.
+    """:meth:`Forecast.hurt` of ``rows`` at per-row horizons h (between now and the
+    forecast's end, :meth:`Forecast.hurt_at`), in closed form where it decides:
+    (hurt, known), ``hurt`` meaningful where ``known``. Andes Eq. 1 only.
 
     With E = (TDS/2)·u², u = (h - arrival - TTFT)⁺ (the expected area, Eq. 1's
     denominator) and k = min(⌊(h - start)/τ⌋, remaining) (the tokens served by h):
@@ -263,17 +265,21 @@ def _fresh_hurt(
       free): Q_wait = 0, nothing being digested, and the first token alone, read at TDS
       from t0 = start + τ, gives ∫A ≥ (TDS/2)·m², m = min(h - t0, 1/TDS). So it is hurt
       (Q_serve > 1e-9) once (TDS/2)·m² ≥ 1.1e-8·E plus twice the forecast's rounding
-      error, itself below 16ε·T with T = k(|h| + |t0| + 2/TDS) + 1.5·max(τ, 1/TDS)·k²
-      (the size of the terms it sums), bounded with the rows' largest k, |h| and 1/TDS.
+      error, which is below 16ε·T, T = k(|h| + |t0| + 2/TDS) + 1.5·max(τ, 1/TDS)·k²
+      (the size of the terms it sums); here k ≤ Δt/τ + 1, |h|, |t0| ≤ max(|now|, |end|)
+      + τ, and 1/TDS is the rows' largest.
 
     E and k are computed as the forecast computes them, so the first two cases hold
-    exactly, for any row (remaining ≥ 0). With h = min(t0 + wait, end of Δt), as
+    exactly, for any row (remaining ≥ 0). With h = min(t0 + wait, end), as
     :meth:`~qos.policy.andes.Andes.claims` asks, a fresh request is thus hurt when its
     first token after the wait lands after arrival + TTFT, and the horizon reaches past
     both. Left unknown: requests with tokens, and those whose first token's area is
     within the margin of the threshold (m under about 1e-4·u, or a clock so large that
     rounding could decide).
     """
+    end = float(forecast.horizon)
+    if not rows.size:
+        return np.zeros(0, dtype=bool), np.ones(0, dtype=bool)
     start = forecast._start[rows]
     half_tds = forecast._half_tds[rows]
     u = np.maximum(horizon - forecast.arrival[rows] - forecast.ttft[rows], 0.0)
@@ -282,9 +288,9 @@ def _fresh_hurt(
     same = (expected <= 0.0) | (served < 1.0) | (forecast.remaining[rows] < 1.0)
     step = forecast.state.step[rows]
     ramp = np.maximum(np.minimum(horizon - (start + tau), step), 0.0)  # m
-    k_max = float(served.max(initial=0.0))
-    scale = max(abs(forecast.now), float(np.abs(horizon).max(initial=0.0))) + tau
-    step_max = float(step.max(initial=0.0))
+    k_max = (end - forecast.now) / tau + 1.0
+    scale = max(abs(forecast.now), abs(end)) + tau
+    step_max = float(step.max())
     terms = k_max * (2.0 * scale + 2.0 * step_max) + 1.5 * max(tau, step_max) * k_max**2
     sure = half_tds * ramp * ramp >= 1.1e-8 * expected + 32.0 * _EPS * terms
     hurt: np.ndarray = sure & ~same & (forecast.state.n[rows] == 0)
