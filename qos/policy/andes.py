@@ -401,8 +401,11 @@ class Andes(Policy):
         unclaimed = admitted[~self.claims(*self._forecast, admitted)]
         kept = chosen.copy()
         kept[unclaimed] = False
-        used, slots = int(demand @ kept), capacity.max_batch - int(np.count_nonzero(kept))
-        if slots > 0 and used < capacity.kv_tokens:  # else no evicted row fits back
+        slots = capacity.max_batch - int(np.count_nonzero(kept))
+        if slots <= 0:  # nothing fits back, nothing else is admitted
+            return kept
+        used = int(demand @ kept)
+        if used < capacity.kv_tokens:  # else no evicted row fits back
             back = _costliest_first(table, evicted)
             kept |= pack_in_order(back, demand, capacity.kv_tokens - used, slots, table.n)
             self.deferred += int(np.count_nonzero(evicted & kept))

@@ -282,16 +282,18 @@ def _fresh_hurt(
         return np.zeros(0, dtype=bool), np.ones(0, dtype=bool)
     start = forecast._start[rows]
     half_tds = forecast._half_tds[rows]
+    step = forecast.state.step[rows]
     u = np.maximum(horizon - forecast.arrival[rows] - forecast.ttft[rows], 0.0)
     expected = half_tds * u * u  # as expected_area computes it
-    served = (horizon - start) * (1.0 / tau)  # k ≥ 1 ⇔ ⌊served⌋ ≥ 1 and remaining ≥ 1
-    same = (expected <= 0.0) | (served < 1.0) | (forecast.remaining[rows] < 1.0)
-    step = forecast.state.step[rows]
+    # k ≥ 1 ⇔ ⌊(h - start)·(1/τ)⌋ ≥ 1 and remaining ≥ 1, as q_serve computes k
+    live = (expected > 0.0) & (
+        np.minimum((horizon - start) * (1.0 / tau), forecast.remaining[rows]) >= 1.0
+    )
     ramp = np.maximum(np.minimum(horizon - (start + tau), step), 0.0)  # m
     k_max = (end - forecast.now) / tau + 1.0
     scale = max(abs(forecast.now), abs(end)) + tau
     step_max = float(step.max())
     terms = k_max * (2.0 * scale + 2.0 * step_max) + 1.5 * max(tau, step_max) * k_max**2
     sure = half_tds * ramp * ramp >= 1.1e-8 * expected + 32.0 * _EPS * terms
-    hurt: np.ndarray = sure & ~same & (forecast.state.n[rows] == 0)
-    return hurt, same | hurt
+    hurt: np.ndarray = sure & live & (forecast.state.n[rows] == 0)
+    return hurt, hurt | ~live
