@@ -202,7 +202,7 @@ class Forecast:
         )
 
     def hurt(self, tau: float) -> np.ndarray:
-        """Whether each request's Q_serve at τ is above its Q_wait (Eq. 2's gain > 0)."""
+        """Whether each request's Q_serve at τ is above its Q_wait (Andes Eq. 2's gain > 0)."""
         hurt: np.ndarray = self.q_serve(tau) - self.q_wait > HURT
         return hurt
 
@@ -254,20 +254,20 @@ def _fresh_hurt(
 ) -> tuple[np.ndarray, np.ndarray]:
     """:meth:`Forecast.hurt` of ``rows`` at per-row horizons h (between now and the
     forecast's end, :meth:`Forecast.hurt_at`), in closed form where it decides:
-    (hurt, known), ``hurt`` meaningful where ``known``. Andes Eq. 1 only.
+    (hurt, known), ``hurt`` meaningful where ``known``. Andes (Liu et al.) Eq. 1 only.
 
     With E = (TDS/2)·u², u = (h - arrival - TTFT)⁺ (the expected area, Eq. 1's
     denominator) and k = min(⌊(h - start)/τ⌋, remaining) (the tokens served by h):
 
     - E = 0 (h not after the expected first token): both scores are 1, not hurt;
     - k = 0 (no token by h if served): both areas are the same sum, not hurt;
-    - otherwise, for a request with no token yet (n = 0, so Σd = 0 and the reader is
-      free): Q_wait = 0, nothing being digested, and the first token alone, read at TDS
-      from t0 = start + τ, gives ∫A ≥ (TDS/2)·m², m = min(h - t0, 1/TDS). So it is hurt
-      (Q_serve > 1e-9) once (TDS/2)·m² ≥ 1.1e-8·E plus twice the forecast's rounding
-      error, which is below 16ε·T, T = k(|h| + |t0| + 2/TDS) + 1.5·max(τ, 1/TDS)·k²
-      (the size of the terms it sums); here k ≤ Δt/τ + 1, |h|, |t0| ≤ max(|now|, |end|)
-      + τ, and 1/TDS is the rows' largest.
+    - otherwise, for a request with no token yet (n = 0, so Σd = 0 and d_n = NO_TOKEN:
+      the reader is free): Q_wait = 0, nothing being digested, and the first token
+      alone, read at TDS from t0 = start + τ, gives ∫A ≥ (TDS/2)·m², m = min(h - t0,
+      1/TDS). So it is hurt (Q_serve > 1e-9) once (TDS/2)·m² ≥ 1.1e-8·E plus twice the
+      forecast's rounding error, which is below 16ε·T, T = k(|h| + |t0| + 2/TDS) +
+      1.5·max(τ, 1/TDS)·k² (the size of the terms it sums); here k ≤ Δt/τ + 1, |h| and
+      |t0| ≤ max(|now|, |end|) + τ, and 1/TDS is the rows' largest.
 
     E and k are computed as the forecast computes them, so the first two cases hold
     exactly, for any row (remaining ≥ 0). With h = min(t0 + wait, end), as
