@@ -66,7 +66,6 @@ Objective = Literal["average", "max-min", "perfect"]
 Solver = Callable[[np.ndarray, np.ndarray, int, int], np.ndarray]
 
 _PERFECT = 1.0 - 1e-9
-_HURT = 1e-9  # a QoE difference above float noise
 
 
 class Andes(Policy):
@@ -372,17 +371,18 @@ class Andes(Policy):
     def asking(self, table: RequestTable, forecast: Forecast, tau: float) -> np.ndarray:
         """The rows that are their tenant's unmet ask (:mod:`qos.policy.fair`): waiting,
         and hurt by waiting (Q_serve at τ, the decode latency at B_max, above Q_wait)."""
-        asks: np.ndarray = ~table.running & _hurt_by_waiting(forecast, tau)
+        asks: np.ndarray = ~table.running & forecast.hurt(tau)
         return asks
 
     def claims(self, forecast: Forecast, tau: float, rows: np.ndarray) -> np.ndarray:
         """Which of the waiting ``rows`` the wait for room hurts (module doc): Q_serve at
         τ above Q_wait, compared when each would get its first token after that wait
-        (at the horizon before two completions)."""
+        (at the horizon before two completions); in closed form for most rows
+        (:meth:`~qos.policy.forecast.Forecast.hurt_at`)."""
         wait = self.room_wait_s(forecast.now)
         first = forecast.now + (np.inf if wait is None else wait) + forecast.first_delay[rows]
         first += tau
-        return _hurt_by_waiting(forecast.of(rows, np.minimum(first, forecast.horizon)), tau)
+        return forecast.hurt_at(rows, np.minimum(first, forecast.horizon), tau)
 
     def _preempting_only_for_claims(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, chosen: np.ndarray
@@ -397,19 +397,24 @@ class Andes(Policy):
         if not evicted.any():
             return chosen
         assert self._forecast is not None
-        admitted = chosen & ~running
-        rows = admitted.nonzero()[0]
-        claims = np.zeros(table.n, dtype=bool)
-        claims[rows] = self.claims(*self._forecast, rows)
-        kept: np.ndarray = (chosen & running) | (admitted & claims)
-        used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
-        back = _costliest_first(table, evicted)
-        kept |= pack_in_order(back, demand, capacity.kv_tokens - used, slots, table.n)
-        used, slots = int(demand[kept].sum()), capacity.max_batch - int(np.count_nonzero(kept))
+        admitted = (chosen & ~running).nonzero()[0]
+        unclaimed = admitted[~self.claims(*self._forecast, admitted)]
+        kept = chosen.copy()
+        kept[unclaimed] = False
+        slots = capacity.max_batch - int(np.count_nonzero(kept))
+        if slots <= 0:  # nothing fits back, nothing else is admitted
+            return kept
+        used = int(demand @ kept)
+        if used < capacity.kv_tokens:  # else no evicted row fits back
+            back = _costliest_first(table, evicted)
+            kept |= pack_in_order(back, demand, capacity.kv_tokens - used, slots, table.n)
+            self.deferred += int(np.count_nonzero(evicted & kept))
+            used, slots = int(demand @ kept), capacity.max_batch - int(np.count_nonzero(kept))
         room = int(self.kv_watermark * capacity.kv_tokens) - used
-        if room > 0 and slots > 0:
-            kept |= self._admit_in_order(table, admitted & ~kept, demand, room, slots)
-        self.deferred += int(np.count_nonzero(evicted & kept))
+        if unclaimed.size and room > 0 and slots > 0:
+            waiting = np.zeros(table.n, dtype=bool)
+            waiting[unclaimed] = True
+            kept |= self._admit_in_order(table, waiting, demand, room, slots)
         return kept
 
     def _admit_in_order(
@@ -480,12 +485,6 @@ class Andes(Policy):
             packed |= self._admit_in_order(table, chosen & ~running, demand, room, slots)
         self.preemptions += int(np.count_nonzero(running & ~packed))
         return packed
-
-
-def _hurt_by_waiting(forecast: Forecast, tau: float) -> np.ndarray:
-    """Whether each request's Q_serve at τ is above its Q_wait (Eq. 2's gain > 0)."""
-    hurt: np.ndarray = forecast.q_serve(tau) - forecast.q_wait > _HURT
-    return hurt
 
 
 def _costliest_first(table: RequestTable, rows: np.ndarray) -> np.ndarray:

@@ -20,6 +20,11 @@ The expected area is :func:`qos.timeline.expected_area` with an unknown reply le
 (the scheduler does not know it). Two scores are offered: Andes Eq. 1 at the horizon
 (S_actual / S_expected) and the monotone score E / (E + deficit) of
 :func:`qos.metrics.monotone_qoe`, from the sums with arrivals held until the expected TTFT.
+
+A request is *hurt by waiting* when its Q_serve is above its Q_wait by more than
+:data:`HURT` (Andes Eq. 2's gain is positive). :meth:`Forecast.hurt_at` decides it for
+rows at horizons of their own, by a closed form for requests with no token yet
+(:func:`_fresh_hurt`) and by the forecast for the others.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ import numpy as np
 from qos.timeline import expected_area
 
 QoEKind = Literal["andes", "monotone"]
+
+HURT = 1e-9  # a QoE difference above float noise
+_EPS = float(np.finfo(float).eps)
 
 
 @dataclass(frozen=True)
@@ -193,6 +201,23 @@ class Forecast:
             self.ttft[rows],
         )
 
+    def hurt(self, tau: float) -> np.ndarray:
+        """Whether each request's Q_serve at τ is above its Q_wait (Andes Eq. 2's gain > 0)."""
+        hurt: np.ndarray = self.q_serve(tau) - self.q_wait > HURT
+        return hurt
+
+    def hurt_at(self, rows: np.ndarray, horizon: np.ndarray, tau: float) -> np.ndarray:
+        """``self.of(rows, horizon).hurt(tau)`` at per-row horizons between now and this
+        forecast's (one for all): the closed form of :func:`_fresh_hurt` where it
+        decides, the forecast of the rows it leaves undecided."""
+        if self.kind != "andes" or not isinstance(self.horizon, float):
+            return self.of(rows, horizon).hurt(tau)
+        hurt, known = _fresh_hurt(self, rows, horizon, tau)
+        if not known.all():
+            unknown = (~known).nonzero()[0]
+            hurt[unknown] = self.of(rows[unknown], horizon[unknown]).hurt(tau)
+        return hurt
+
     @cached_property
     def q_now(self) -> np.ndarray:
         """Q_current,i: QoE so far."""
@@ -222,3 +247,53 @@ class Forecast:
         drain = np.where(k > zero, np.maximum(last + self._step_h, zero), self._drain_wait)
         area = self._lin + k * self._h_mid - added + self._half_tds * drain * drain
         return self._scorer(area)
+
+
+def _fresh_hurt(
+    forecast: Forecast, rows: np.ndarray, horizon: np.ndarray, tau: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`Forecast.hurt` of ``rows`` at per-row horizons h (between now and the
+    forecast's end, :meth:`Forecast.hurt_at`), in closed form where it decides:
+    (hurt, known), ``hurt`` meaningful where ``known``. Andes (Liu et al.) Eq. 1 only.
+
+    With E = (TDS/2)·u², u = (h - arrival - TTFT)⁺ (the expected area, Eq. 1's
+    denominator) and k = min(⌊(h - start)/τ⌋, remaining) (the tokens served by h):
+
+    - E = 0 (h not after the expected first token): both scores are 1, not hurt;
+    - k = 0 (no token by h if served): both areas are the same sum, not hurt;
+    - otherwise, for a request with no token yet (n = 0, so Σd = 0 and d_n = NO_TOKEN:
+      the reader is free): Q_wait = 0, nothing being digested, and the first token
+      alone, read at TDS from t0 = start + τ, gives ∫A ≥ (TDS/2)·m², m = min(h - t0,
+      1/TDS). So it is hurt (Q_serve > 1e-9) once (TDS/2)·m² ≥ 1.1e-8·E plus twice the
+      forecast's rounding error, which is below 16ε·T, T = k(|h| + |t0| + 2/TDS) +
+      1.5·max(τ, 1/TDS)·k² (the size of the terms it sums); here k ≤ Δt/τ + 1, |h| and
+      |t0| ≤ max(|now|, |end|) + τ, and 1/TDS is the rows' largest.
+
+    E and k are computed as the forecast computes them, so the first two cases hold
+    exactly, for any row (remaining ≥ 0). With h = min(t0 + wait, end), as
+    :meth:`~qos.policy.andes.Andes.claims` asks, a fresh request is thus hurt when its
+    first token after the wait lands after arrival + TTFT, and the horizon reaches past
+    both. Left unknown: requests with tokens, and those whose first token's area is
+    within the margin of the threshold (m under about 1e-4·u, or a clock so large that
+    rounding could decide).
+    """
+    end = float(forecast.horizon)
+    if not rows.size:
+        return np.zeros(0, dtype=bool), np.ones(0, dtype=bool)
+    start = forecast._start[rows]
+    half_tds = forecast._half_tds[rows]
+    step = forecast.state.step[rows]
+    u = np.maximum(horizon - forecast.arrival[rows] - forecast.ttft[rows], 0.0)
+    expected = half_tds * u * u  # as expected_area computes it
+    # k ≥ 1 ⇔ ⌊(h - start)·(1/τ)⌋ ≥ 1 and remaining ≥ 1, as q_serve computes k
+    live = (expected > 0.0) & (
+        np.minimum((horizon - start) * (1.0 / tau), forecast.remaining[rows]) >= 1.0
+    )
+    ramp = np.maximum(np.minimum(horizon - (start + tau), step), 0.0)  # m
+    k_max = (end - forecast.now) / tau + 1.0
+    scale = max(abs(forecast.now), abs(end)) + tau
+    step_max = float(step.max())
+    terms = k_max * (2.0 * scale + 2.0 * step_max) + 1.5 * max(tau, step_max) * k_max**2
+    sure = half_tds * ramp * ramp >= 1.1e-8 * expected + 32.0 * _EPS * terms
+    hurt: np.ndarray = sure & live & (forecast.state.n[rows] == 0)
+    return hurt, hurt | ~live
