@@ -1183,7 +1183,7 @@ def run(args: argparse.Namespace) -> int:
     for c in results["targets"]:
         verdict = "met" if c["met"] else "MISSED"
         per = (
-            " per repeat " + ", ".join(f"{v:.3g}" for v in c["per_repeat"])
+            "; per repeat " + ", ".join(f"{v:.3g}" for v in c["per_repeat"])
             if "per_repeat" in c
             else ""
         )
