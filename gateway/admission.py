@@ -126,6 +126,10 @@ class AdmissionController:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        # fresh for this loop: an event that has waited is bound to its loop
+        self._queued, self._charges = asyncio.Event(), asyncio.Event()
+        if self._usage:  # left over from a flush that failed at the last close
+            self._charges.set()
         specs: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
             ("poll", self._poll_loop),
             ("charge", self._charge_loop),

@@ -9,6 +9,7 @@ from typing import Any
 from cluster_support import CappedUpstream, chat, cluster_config, replicas
 from test_gateway_support import run_server
 
+from gateway.app import create_app
 from gateway.backends.http import vllm_gauge
 
 KEY = "key-acme-00000000"
@@ -139,3 +140,32 @@ async def test_idle_admission_loops_sleep_until_there_is_work(key_prefix, monkey
             settled = len(wakes)
             await real_sleep(0.2)
             assert len(wakes) == settled  # idle again
+
+
+def test_an_app_started_again_on_a_new_loop_still_charges(key_prefix) -> None:
+    """The admission loops wait on events of the loop they run on, not the first one."""
+    config = cluster_config(
+        "http://127.0.0.1:9",
+        TENANTS,
+        redis_url=None,
+        prefix=key_prefix,
+        admission={"charge_interval_s": 0.01},
+    )
+    gw = create_app(config).state.gateway
+
+    async def charged_while_running() -> bool:
+        gw.admission.start()
+        try:
+            await asyncio.sleep(0.05)  # the loops wait for work
+            before = (await gw.store.counters()).get("acme", 0.0)
+            gw.admission.add_usage("acme", 1.0, 10, 60)
+            for _ in range(500):
+                if (await gw.store.counters()).get("acme", 0.0) > before:
+                    return True
+                await asyncio.sleep(0.01)
+            return False
+        finally:
+            await gw.admission.aclose()
+
+    assert asyncio.run(charged_while_running())
+    assert asyncio.run(charged_while_running())
