@@ -20,6 +20,10 @@ Two phases per (N, target), measured the same way for every target:
   inter-chunk gap (time between reads of consecutive chunks of a stream). "Added" is
   the proxy's percentile minus direct's. Streams still running one stream duration
   plus 5 s after the last start are cut off (a proxy that cannot keep up).
+  ``--fixed-repeats`` runs, the targets interleaved (every other repeat in reverse
+  order); each target's run of median CPU per token is kept (direct's: the middle one).
+  The gateway is judged against the floor run of the same repeat (CPU per token ratio,
+  added TTFT p50 difference), by the median over the repeats.
 - **saturation**: the upstream emits as fast as it can (model ``tps-0``) and the N
   slots run streams back to back; chunks read in ``--sat-s`` seconds after a
   ``--sat-warm-s`` warm-up (past the burst of the N first requests) give the sustained
