@@ -115,6 +115,8 @@ class AdmissionController:
         self._held: dict[str, Ticket] = {}
         self._usage: dict[str, list[Any]] = {}  # tenant -> [weight, tokens, budget period]
         self._counters: dict[str, float] = {}
+        self._queued = asyncio.Event()  # set while this replica has waiters to poll
+        self._charges = asyncio.Event()  # set while output tokens wait to be charged
         self._tasks: list[asyncio.Task[None]] = []
         self._releases: set[asyncio.Task[None]] = set()
         self.m_admissions = metrics.admissions
@@ -124,6 +126,10 @@ class AdmissionController:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        # fresh for this loop: an event that has waited is bound to its loop
+        self._queued, self._charges = asyncio.Event(), asyncio.Event()
+        if self._usage:  # left over from a flush that failed at the last close
+            self._charges.set()
         specs: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
             ("poll", self._poll_loop),
             ("charge", self._charge_loop),
@@ -206,6 +212,7 @@ class AdmissionController:
         )
         queue = self._waiters.setdefault(arrival.model, {})
         queue[arrival.request_id] = waiter
+        self._queued.set()
         self.m_waiting.inc()
         admitted = False
         try:
@@ -346,6 +353,7 @@ class AdmissionController:
         entry = self._usage.get(tenant)
         if entry is None:
             self._usage[tenant] = [weight, tokens, period_s]
+            self._charges.set()
         else:
             entry[1] += tokens
 
@@ -365,21 +373,29 @@ class AdmissionController:
             self.m_counter.labels(tenant).set(value)
 
     async def _charge_loop(self) -> None:
+        """Charge the tokens streamed in each ``charge_interval_s``; idle while none are."""
         while True:
+            await self._charges.wait()
             await asyncio.sleep(self.cfg.charge_interval_s)
+            self._charges.clear()  # the flush takes every token added until now
             try:
                 await self._flush_usage()
             except Exception:
                 log.warning("charging output tokens failed", exc_info=True)
 
     async def _poll_loop(self) -> None:
+        """Pump this replica's waiters every ``poll_interval_s``; idle while it has none
+        (each replica pumps only its own, see the module docstring)."""
         while True:
+            await self._queued.wait()
             await asyncio.sleep(self.cfg.poll_interval_s)
             for model in [m for m, q in self._waiters.items() if q]:
                 try:
                     await self.pump(model)
                 except Exception:
                     log.warning("admission pump failed", exc_info=True)
+            if not any(self._waiters.values()):
+                self._queued.clear()
 
     async def renew(self) -> None:
         """Renew (or re-create) this replica's slots and queue places in the store."""

@@ -45,14 +45,17 @@ def token_times(timeline: TimelineInput, *, name: str = "token_times") -> np.nda
         raise ValueError(
             f"{name}: expected a list of times or of (time, n_tokens) pairs, got shape {arr.shape}"
         )
+    steps = np.diff(times)
+    if times[0] >= 0 and np.isfinite(times[-1]) and bool((steps >= 0).all()):
+        return times  # non-decreasing from a time >= 0 to a finite one: every check holds
     if not np.all(np.isfinite(times)):
         raise ValueError(f"{name}: times must be finite numbers")
     if np.any(times < 0):
         raise ValueError(
             f"{name}: negative time {times.min()}; times are seconds since the request"
         )
-    if np.any(np.diff(times) < 0):
-        i = int(np.argmax(np.diff(times) < 0))
+    if np.any(steps < 0):
+        i = int(np.argmax(steps < 0))
         raise ValueError(
             f"{name}: timeline is not non-decreasing (token {i + 1} at {times[i + 1]} "
             f"after token {i} at {times[i]})"

@@ -9,6 +9,7 @@ from typing import Any
 from cluster_support import CappedUpstream, chat, cluster_config, replicas
 from test_gateway_support import run_server
 
+from gateway.app import create_app
 from gateway.backends.http import vllm_gauge
 
 KEY = "key-acme-00000000"
@@ -86,3 +87,85 @@ async def test_queue_wait_is_capped(key_prefix) -> None:
             assert late.status_code == 503 and late.json()["error"]["code"] == "queue_timeout"
             assert (await first).status_code == 200
             assert await gw.state.store.in_flight("up") == 0
+
+
+async def test_idle_admission_loops_sleep_until_there_is_work(key_prefix, monkeypatch) -> None:
+    """The poll and charge loops do not wake while nothing waits and nothing is to be
+    charged; a queued request is polled every ``poll_interval_s``, streamed tokens are
+    charged every ``charge_interval_s``."""
+    real_sleep = asyncio.sleep
+    wakes: list[tuple[str, float]] = []  # (loop, delay) of each sleep of the two loops
+
+    async def counted_sleep(delay: float, result: Any = None) -> Any:
+        task = asyncio.current_task()
+        name = task.get_name() if task is not None else ""
+        if name in ("tokenpace-admission-poll", "tokenpace-admission-charge"):
+            wakes.append((name.rsplit("-", 1)[1], delay))
+        return await real_sleep(delay, result)
+
+    monkeypatch.setattr(asyncio, "sleep", counted_sleep)
+    fake = VllmLike(n_tokens=3, token_interval=0.001)
+    async with run_server(fake) as url:
+        fake.url = url
+        config = cluster_config(
+            url,
+            TENANTS,
+            redis_url=None,
+            prefix=key_prefix,
+            admission={
+                "metrics_interval_s": 0.02,
+                "poll_interval_s": 0.01,
+                "charge_interval_s": 0.015,
+            },
+        )
+        config.backends[0].vllm_metrics = True
+        async with replicas(config, 1) as (gw,), gw.client(KEY) as c:
+            fake.kv = 0.99  # the backend reports a full KV cache: requests queue
+            await real_sleep(0.2)
+            assert wakes == []  # idle: 20 polls and 13 charges before they slept
+            pending = asyncio.create_task(c.post("/v1/chat/completions", json=chat(stream=True)))
+            while not any(loop == "poll" for loop, _ in wakes):
+                await real_sleep(0.01)
+            await real_sleep(0.1)
+            assert not pending.done() and fake.bodies == []
+            polls = [d for loop, d in wakes if loop == "poll"]
+            assert len(polls) >= 2 and set(polls) == {0.01}
+            assert not any(loop == "charge" for loop, _ in wakes)
+            fake.kv = 0.2
+            r = await pending
+            assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+            await real_sleep(0.1)  # the last poll and the tokens' charge are done
+            charges = [d for loop, d in wakes if loop == "charge"]
+            assert charges and set(charges) == {0.015}
+            settled = len(wakes)
+            await real_sleep(0.2)
+            assert len(wakes) == settled  # idle again
+
+
+def test_an_app_started_again_on_a_new_loop_still_charges(key_prefix) -> None:
+    """The admission loops wait on events of the loop they run on, not the first one."""
+    config = cluster_config(
+        "http://127.0.0.1:9",
+        TENANTS,
+        redis_url=None,
+        prefix=key_prefix,
+        admission={"charge_interval_s": 0.01},
+    )
+    gw = create_app(config).state.gateway
+
+    async def charged_while_running() -> bool:
+        gw.admission.start()
+        try:
+            await asyncio.sleep(0.05)  # the loops wait for work
+            before = (await gw.store.counters()).get("acme", 0.0)
+            gw.admission.add_usage("acme", 1.0, 10, 60)
+            for _ in range(500):
+                if (await gw.store.counters()).get("acme", 0.0) > before:
+                    return True
+                await asyncio.sleep(0.01)
+            return False
+        finally:
+            await gw.admission.aclose()
+
+    assert asyncio.run(charged_while_running())
+    assert asyncio.run(charged_while_running())
