@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive
 
+from gateway.interruptible import Interruptible
 from gateway.middleware import ClientGone
 
 T = TypeVar("T")
@@ -39,9 +40,7 @@ class DisconnectWatch:
         self._receive = receive
         self._watcher: asyncio.Task[None] | None = None
         self._gone = False
-        self._task: asyncio.Task[Any] | None = None  # the task awaiting guarded work
-        self._cancelling = 0  # its cancellation requests when that await began
-        self._cancelled = False  # the watcher cancelled it
+        self._guarded = Interruptible()  # the await of guarded work under way
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._gone:
@@ -51,17 +50,15 @@ class DisconnectWatch:
         assert task is not None
         if self._watcher is None:
             self._watcher = asyncio.ensure_future(self._watch())
-        self._task = task
-        self._cancelling = task.cancelling()
+        self._guarded.enter(task)
         try:
             return await coro
         except asyncio.CancelledError:
-            if self._cancelled and task.uncancel() <= self._cancelling:
+            if self._guarded.caught():
                 raise ClientGone from None
             raise
         finally:
-            self._task = None
-            self._cancelled = False
+            self._guarded.leave()
 
     async def close(self) -> None:
         """Stop watching (idempotent)."""
@@ -73,7 +70,4 @@ class DisconnectWatch:
     async def _watch(self) -> None:
         await _wait_disconnect(self._receive)
         self._gone = True
-        task = self._task
-        if task is not None and not self._cancelled:
-            self._cancelled = True
-            task.cancel()
+        self._guarded.interrupt()

@@ -16,6 +16,8 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from gateway.interruptible import Interruptible
+
 T = TypeVar("T")
 
 
@@ -30,9 +32,7 @@ class ReadDeadline:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # time.monotonic() at which the armed timer fires
         self._until = 0.0  # the deadline of the read under way
-        self._task: asyncio.Task[object] | None = None  # the task waiting, while it waits
-        self._cancelling = 0  # the task's cancellation requests when its wait began
-        self._expired = False  # the timer cancelled the wait under way
+        self._read = Interruptible()  # the read under way
 
     async def wait(self, read: Awaitable[T], until: float) -> T | None:
         """Await ``read`` until ``until`` (``time.monotonic()``); ``None`` if it passed first.
@@ -46,17 +46,15 @@ class ReadDeadline:
         self._until = until
         if self._timer is None or self._timer_at > until:
             self._arm(until)
-        self._task = task
-        self._cancelling = task.cancelling()
+        self._read.enter(task)
         try:
             return await read
         except asyncio.CancelledError:
-            if self._expired and task.uncancel() <= self._cancelling:
+            if self._read.caught():
                 return None
             raise
         finally:
-            self._task = None
-            self._expired = False
+            self._read.leave()
 
     def close(self) -> None:
         """Stop the timer (the stream ended)."""
@@ -73,12 +71,9 @@ class ReadDeadline:
 
     def _fire(self) -> None:
         self._timer = None
-        task = self._task
-        if task is None:  # no read waiting: the next one arms the timer again
+        if not self._read.waiting:  # no read waiting: the next one arms the timer again
             return
         if time.monotonic() < self._until:  # the deadline moved since the timer was armed
             self._arm(self._until)
             return
-        if not self._expired:
-            self._expired = True
-            task.cancel()
+        self._read.interrupt()
