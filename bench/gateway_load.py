@@ -1225,6 +1225,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis", action="store_true", help="the gateways on a Redis store")
     p.add_argument("--out", default="results/gateway_load")
     args = p.parse_args(argv)
+    for name in ("fixed_repeats", "sat_repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: must be at least 1")
     if args.loadgen:
         return loadgen_main(args.loadgen)
     args.ns = [int(x) for x in args.ns.split(",") if x]
