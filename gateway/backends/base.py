@@ -114,7 +114,7 @@ def encode_chunk(chunk: dict[str, Any]) -> bytes:
 class Batch:
     """Chunks that arrived together, as the relay sends them: in one write.
 
-    No chunks: the stream ended.
+    No chunks: the stream ended. :meth:`of` counts the tokens.
     """
 
     chunks: list[dict[str, Any]] = field(default_factory=list)
@@ -123,16 +123,21 @@ class Batch:
     token_chunks: int = 0  # how many of them deliver tokens
     usage: dict[str, Any] | None = None  # the last ``usage`` among them
 
-    def add(self, chunk: dict[str, Any], counted: int) -> None:
-        """Count ``chunk`` in; ``counted``: its stream's tokens before this batch."""
-        self.chunks.append(chunk)
-        n = chunk_tokens(chunk, counted + self.tokens)
-        if n:
-            self.tokens += n
-            self.token_chunks += 1
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
+    @classmethod
+    def of(cls, chunks: list[dict[str, Any]], data: bytes, counted: int) -> Batch:
+        """``chunks`` (non-empty), sent as ``data``; ``counted``: their stream's tokens
+        before them."""
+        tokens = token_chunks = 0
+        usage = None
+        for chunk in chunks:
+            n = chunk_tokens(chunk, counted + tokens)
+            if n:
+                tokens += n
+                token_chunks += 1
+            u = chunk.get("usage")
+            if isinstance(u, dict):
+                usage = u
+        return cls(chunks, data, tokens, token_chunks, usage)
 
 
 class ChunkStream(ABC):
@@ -183,8 +188,7 @@ class GeneratorChunkStream(ChunkStream):
             return Batch()
         if not isinstance(chunk, dict):
             raise BackendError("The backend sent a chunk that is not an object.")
-        batch = Batch(data=encode_chunk(chunk))
-        batch.add(chunk, self._counted)
+        batch = Batch.of([chunk], encode_chunk(chunk), self._counted)
         self._counted += batch.tokens
         return batch
 

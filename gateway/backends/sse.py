@@ -77,8 +77,8 @@ class HttpChunkStream(ChunkStream):
             else:
                 self._eof = True
                 self._feed(b"\n\n")  # a last event without its blank line
-        batch = Batch()
-        payloads: list[bytes] = []  # of the chunks, in order
+        chunks: list[dict[str, Any]] = []
+        payloads: list[bytes] = []  # their events' payloads
         events = self._events
         whole = self._whole
         while events:
@@ -93,27 +93,28 @@ class HttpChunkStream(ChunkStream):
                     break
                 chunk = _MALFORMED
             if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
-                batch.add(chunk, self._counted)
+                chunks.append(chunk)
                 payloads.append(payload)
                 continue
             failure = self._failure(chunk)
             self._done = True
             events.clear()
-            if not payloads:
+            if not chunks:
                 raise failure
             self._error = failure
             whole = None
             break
-        self._counted += batch.tokens
-        if whole is not None:
-            batch.data = whole
-        elif payloads:
+        if not chunks:  # [DONE] alone
+            return Batch()
+        if whole is None:
             # One data line per event: relayed as it came (a payload split over several
             # data lines is re-encoded instead).
-            batch.data = b"".join(
+            whole = b"".join(
                 b"data: " + p + b"\n\n" if b"\n" not in p else encode_chunk(c)
-                for p, c in zip(payloads, batch.chunks, strict=True)
+                for p, c in zip(payloads, chunks, strict=True)
             )
+        batch = Batch.of(chunks, whole, self._counted)
+        self._counted += batch.tokens
         return batch
 
     def _feed(self, part: bytes) -> None:
