@@ -18,7 +18,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.backends import BackendError
@@ -186,13 +186,7 @@ class CompletionService:
             on_finish=finished,
         )
         try:
-            return RelayResponse(
-                relay.events(),  # ends with relay.finish()
-                headers=headers,
-                ping=0,  # the relay sends its own pings, only while it waits
-                sep="\n",
-                background=BackgroundTask(relay.finish),  # for a body that never started
-            )
+            return RelayResponse(relay, headers)
         except BaseException:
             await relay.finish()
             raise
@@ -226,31 +220,43 @@ class CompletionService:
 
 
 class RelayResponse(EventSourceResponse):
-    """sse-starlette's response, minus a cancel scope and the middlewares' wrappers
-    around every body send.
+    """sse-starlette's response (its disconnect and shutdown listeners, its headers) with
+    the relay's own body loop: :meth:`StreamRelay.send_body
+    <gateway.streaming.StreamRelay.send_body>` sends every write itself.
 
-    ``EventSourceResponse`` wraps each send in ``anyio.move_on_after(send_timeout)``,
-    even without a timeout; on a relay that sends thousands of chunks a second that
-    scope was a measurable share of the gateway's CPU per chunk (docs/benchmarks.md).
-    Its start goes through the middleware stack; its body messages, which every
-    middleware passes through unchanged, go straight to the server's ``send``
-    (:func:`gateway.middleware.server_send`). This overrides sse-starlette's private
-    ``_send_with_timeout`` (pinned in pyproject.toml to the versions it was tested with).
+    sse-starlette's loop steps an async generator and wraps each send in
+    ``anyio.move_on_after(send_timeout)``, even without a timeout; on a relay that sends
+    thousands of chunks a second, those layers were a measurable share of the gateway's
+    CPU per chunk (docs/benchmarks.md). The start goes through the middleware stack; the
+    body messages, which every middleware passes through unchanged, go straight to the
+    server's ``send`` (:func:`gateway.middleware.server_send`). This overrides
+    sse-starlette's private ``_stream_response`` (pinned in pyproject.toml to the version
+    it was tested with; tests/test_dependency_interfaces.py).
     """
 
-    _body_send: Send | None = None
+    def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:
+        super().__init__(
+            iter(()),  # never iterated: the relay sends the body
+            headers=headers,
+            ping=0,  # the relay sends its own pings, only while it waits
+            sep="\n",
+            background=BackgroundTask(relay.finish),  # for a body that never started
+        )
+        self._relay = relay
+        self._body_send: Send | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._body_send = server_send(scope)
         await super().__call__(scope, receive, send)
 
-    async def _send_with_timeout(self, send: Send, message: Message) -> None:
-        if self.send_timeout is not None:
-            await super()._send_with_timeout(send, message)
-        elif self._body_send is not None and message["type"] == "http.response.body":
-            await self._body_send(message)
-        else:
-            await send(message)
+    async def _stream_response(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        await self._relay.send_body(self._body_send or send)  # ends with relay.finish()
+        async with self._send_lock:
+            self.active = False
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def client_gone(record: RequestRecord) -> Response:

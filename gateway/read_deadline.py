@@ -13,48 +13,48 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any
 
 from gateway.interruptible import Interruptible
 
-T = TypeVar("T")
-
 
 class ReadDeadline:
-    """``await deadline.wait(read, until)``: the read's result, or ``None`` past ``until``.
+    """A stream's reads, each with its deadline; one task makes them all::
 
-    One task waits on it (a stream's reads are all made by its response's task).
+        deadline.begin(task, until)
+        try:
+            got = await read()
+        except asyncio.CancelledError:
+            if not deadline.passed():
+                raise  # cancelled from elsewhere
+            got = None  # ``until`` passed first
+        finally:
+            deadline.end()
+
+    The read's await stays in the reader's frame: no coroutine per read.
     """
 
     def __init__(self) -> None:
-        self._owner: asyncio.Task[object] | None = None  # the task that waits, once known
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0  # time.monotonic() at which the armed timer fires
         self._until = 0.0  # the deadline of the read under way
         self._read = Interruptible()  # the read under way
 
-    async def wait(self, read: Awaitable[T], until: float) -> T | None:
-        """Await ``read`` until ``until`` (``time.monotonic()``); ``None`` if it passed first.
-
-        Any other cancellation of the waiting task propagates as usual.
-        """
-        task = self._owner
-        if task is None:
-            task = self._owner = asyncio.current_task()
-            assert task is not None
+    def begin(self, task: asyncio.Task[Any], until: float) -> None:
+        """``task`` begins a read due by ``until`` (``time.monotonic()``)."""
         self._until = until
         if self._timer is None or self._timer_at > until:
             self._arm(until)
         self._read.enter(task)
-        try:
-            return await read
-        except asyncio.CancelledError:
-            if self._read.caught():
-                return None
-            raise
-        finally:
-            self._read.leave()
+
+    def passed(self) -> bool:
+        """In the reader's ``except CancelledError``: whether the deadline alone
+        cancelled the read (the task is then uncancelled and carries on)."""
+        return self._read.caught()
+
+    def end(self) -> None:
+        """The read ended, however it ended (call it in ``finally``)."""
+        self._read.leave()
 
     def close(self) -> None:
         """Stop the timer (the stream ended)."""

@@ -1,6 +1,6 @@
 """The SSE relay: backend chunks out to the client as they come, nothing added to them.
 
-One :class:`StreamRelay` per streaming request; :meth:`StreamRelay.events` is the
+One :class:`StreamRelay` per streaming request; :meth:`StreamRelay.send_body` sends the
 response body. It reads the backend's :class:`~gateway.backends.ChunkStream` a batch at
 a time with a deadline (pings while it waits, the first-chunk and between-chunk
 timeouts), fails over before the first chunk, and otherwise ends a failed stream with an
@@ -13,31 +13,37 @@ gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+from starlette.types import Send
 
 from gateway.backends import BackendError, Batch
 from gateway.config import TimeoutsConfig
 from gateway.context import Outcome, RequestContext, StreamOutcome
 from gateway.dispatch import Attempt, Dispatcher
 from gateway.errors import TIMEOUT, sse_error_event
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, observe_many
 from gateway.read_deadline import ReadDeadline
 from qos.metrics import andes_qoe, monotone_qoe
 
 log = logging.getLogger("tokenpace.gateway")
 
+BODY = "http.response.body"  # the ASGI message type
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
+# Tokens sent are charged (router lease, fair share) and their gaps observed at most this
+# long after they leave, in one settlement, and when the stream ends.
+SETTLE_S = 0.25
 
 
 class StreamRelay:
-    """Relays one streaming request; :meth:`events` is the response body."""
+    """Relays one streaming request; :meth:`send_body` sends the response body."""
 
     def __init__(
         self,
@@ -54,7 +60,7 @@ class StreamRelay:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.timeouts = timeouts
-        self.on_tokens = on_tokens  # per write carrying tokens (fair-share charging); no I/O
+        self.on_tokens = on_tokens  # tokens sent (fair-share charging), :meth:`_settle`; no I/O
         self.on_finish = on_finish  # once, with the outcome, after the stream's teardown
         self.raw = raw
         self.ctx = ctx
@@ -69,7 +75,9 @@ class StreamRelay:
         self.n_tokens = 0
         self.usage: dict[str, Any] | None = None
         self._last_emit = 0.0
-        self._last_token_at = 0.0
+        self._settled = 0  # batches of ``times`` charged and observed (:meth:`_settle`)
+        self._settle_at = 0.0  # when the next token-carrying batch settles
+        self._together = 0  # token chunks sent in a write after its first, not yet observed
         self._result: StreamOutcome | None = None
         self._deadline = ReadDeadline()
         tier = ctx.tier.name
@@ -77,9 +85,13 @@ class StreamRelay:
         self._itl = metrics.itl.labels(tier, self.backend)
 
     # -- the response body ---------------------------------------------------------
-    async def events(self) -> AsyncIterator[bytes]:
+    async def send_body(self, send: Send) -> None:
+        """Send the body's messages with the ASGI ``send``, each with ``more_body``
+        (the response sends the last), then :meth:`finish`."""
         t = self.timeouts
         ping = t.ping_interval_s
+        task = asyncio.current_task()
+        assert task is not None
         try:
             while True:
                 assert self.attempt is not None
@@ -103,8 +115,13 @@ class StreamRelay:
                     until = min(deadline, now + ping) if ping > 0 else deadline
                     # The next batch (no chunks at the end), None when none came by ``until``
                     # (the read is cancelled; reads are cancel-safe), or its failure.
+                    self._deadline.begin(task, until)
                     try:
-                        got = await self._deadline.wait(stream.next_batch(), until)
+                        got = await stream.next_batch()
+                    except asyncio.CancelledError:
+                        if not self._deadline.passed():
+                            raise
+                        got = None
                     except BackendError as exc:
                         failure = exc
                         break
@@ -114,18 +131,20 @@ class StreamRelay:
                             f"The backend failed mid-stream ({type(exc).__name__})."
                         )
                         break
+                    finally:
+                        self._deadline.end()
                     if got is None:  # a deadline passed: a ping, or the timeout above
                         if time.monotonic() < deadline:
-                            yield PING
+                            await send({"type": BODY, "body": PING, "more_body": True})
                         continue
                     if not got.chunks:
                         break
                     # Everything that arrived goes out in one write: under load, one send
                     # (and one syscall) for several chunks; never a wait to batch.
-                    yield self._emit(got)
+                    await send({"type": BODY, "body": self._emit(got), "more_body": True})
                 if failure is None:
                     self.outcome = "completed"
-                    yield DONE
+                    await send({"type": BODY, "body": DONE, "more_body": True})
                     return
                 failed = self.attempt.state
                 await self._close_attempt()
@@ -148,8 +167,8 @@ class StreamRelay:
                         continue
                 self.outcome = "error"
                 self.error = failure.message
-                yield sse_error_event(failure.body)
-                yield DONE
+                end = sse_error_event(failure.body) + DONE
+                await send({"type": BODY, "body": end, "more_body": True})
                 return
         finally:
             await self.finish()
@@ -167,28 +186,42 @@ class StreamRelay:
             self.usage = batch.usage
         n = batch.tokens
         if n:
-            itl = self._itl
-            if self.n_tokens:
-                itl.observe(now - self._last_token_at)
-            else:
+            if not self.n_tokens:
                 self._ttft.observe(now - self.ctx.received_at)
-            for _ in range(batch.token_chunks - 1):  # chunks sent together: 0 s apart
-                itl.observe(0.0)
             # Tokens sent in one write reach the client together: one point of the timeline.
-            self._last_token_at = now
             self.times.append(now - self.ctx.received_at)
             self.counts.append(n)
             self.n_tokens += n
-            if self.attempt is not None:
-                self.attempt.lease.tokens(n)
-            if self.on_tokens is not None:
-                self.on_tokens(n)
+            self._together += batch.token_chunks - 1  # chunks sent together: 0 s apart
+            if now >= self._settle_at:
+                self._settle(now)
         self.sent_any = True
         self._last_emit = now
         return batch.data
 
+    def _settle(self, now: float) -> None:
+        """Charge the tokens sent since the last settlement (the router's lease, the
+        tenant's share: ``on_tokens``) and observe their inter-token gaps, in bulk."""
+        self._settle_at = now + SETTLE_S
+        done, end = self._settled, len(self.times)
+        if done == end:
+            return
+        self._settled = end
+        n = sum(self.counts[done:end])
+        if self.attempt is not None:
+            self.attempt.lease.tokens(n)
+        if self.on_tokens is not None:
+            self.on_tokens(n)
+        times = self.times
+        gaps = [times[i] - times[i - 1] for i in range(max(done, 1), end)]
+        gaps += [0.0] * self._together
+        self._together = 0
+        if gaps:
+            observe_many(self._itl, gaps)
+
     # -- teardown ------------------------------------------------------------------
     async def _close_attempt(self) -> None:
+        self._settle(time.monotonic())
         attempt, self.attempt = self.attempt, None
         if attempt is not None:
             await attempt.close()  # shielded, bounded by CLOSE_TIMEOUT_S
@@ -197,7 +230,7 @@ class StreamRelay:
         """Close everything, then ``on_finish``; the stream's outcome and measurements
         (idempotent).
 
-        Runs when the body generator ends (normally, by error or cancelled) and again as
+        Runs when :meth:`send_body` ends (normally, by error or cancelled) and again as
         the response's background task, for a response that never started its body.
         """
         if self._result is None:

@@ -101,7 +101,8 @@ async def test_failover_moves_the_slot_and_the_lease_to_the_backend_that_serves(
         now = await held(gw)
         assert now["bad"] == (0, 0, 0)
         slots, in_flight, outstanding = now["good"]
-        assert (slots, in_flight) == (1, 1) and 0 < outstanding <= 40 - 3
+        # the lease went with it; the first token is charged at once (the rest settle later)
+        assert (slots, in_flight) == (1, 1) and 0 < outstanding < 40
         async for chunk in stream:
             text += chunk.choices[0].delta.content or ""
         assert text == "".join(f"t{i} " for i in range(40))

@@ -1,16 +1,37 @@
 """ReadDeadline: one lazily moved timer gives each read its own deadline, as asyncio.timeout.
 
-Real time with short deadlines; the bounds are loose enough for a loaded 2-core CI.
+Each read is made as the relay makes it (:func:`_wait`, the pattern of ReadDeadline's
+docstring). Real time with short deadlines; the bounds are loose enough for a loaded
+2-core CI.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import pytest
 
 from gateway.read_deadline import ReadDeadline
+
+T = TypeVar("T")
+
+
+async def _wait(deadline: ReadDeadline, read: Awaitable[T], until: float) -> T | None:
+    """``read``'s result, or None once ``until`` passed first."""
+    task = asyncio.current_task()
+    assert task is not None
+    deadline.begin(task, until)
+    try:
+        return await read
+    except asyncio.CancelledError:
+        if not deadline.passed():
+            raise
+        return None
+    finally:
+        deadline.end()
 
 
 async def _after(delay: float, value: str) -> str:
@@ -20,7 +41,7 @@ async def _after(delay: float, value: str) -> str:
 
 async def test_a_read_that_comes_in_time_returns_its_result() -> None:
     deadline = ReadDeadline()
-    assert await deadline.wait(_after(0.0, "x"), time.monotonic() + 5.0) == "x"
+    assert await _wait(deadline, _after(0.0, "x"), time.monotonic() + 5.0) == "x"
     deadline.close()
 
 
@@ -28,13 +49,13 @@ async def test_a_read_past_its_deadline_is_cancelled_and_gives_none() -> None:
     deadline = ReadDeadline()
     queue: asyncio.Queue[str] = asyncio.Queue()
     started = time.monotonic()
-    assert await deadline.wait(queue.get(), started + 0.05) is None
+    assert await _wait(deadline, queue.get(), started + 0.05) is None
     assert 0.04 <= time.monotonic() - started < 2.0
     task = asyncio.current_task()
     assert task is not None and task.cancelling() == 0  # the cancellation was taken back
     # The cancelled read lost nothing: a queue's get is cancel-safe.
     queue.put_nowait("later")
-    assert await deadline.wait(queue.get(), time.monotonic() + 5.0) == "later"
+    assert await _wait(deadline, queue.get(), time.monotonic() + 5.0) == "later"
     deadline.close()
 
 
@@ -44,14 +65,14 @@ async def test_each_read_gets_its_own_deadline_after_many_quick_ones() -> None:
     deadline = ReadDeadline()
     first = time.monotonic()
     for _ in range(200):  # each deadline 0.3 s after its read: the timer stays on the first
-        assert await deadline.wait(_after(0.0, "ok"), time.monotonic() + 0.3) == "ok"
+        assert await _wait(deadline, _after(0.0, "ok"), time.monotonic() + 0.3) == "ok"
     await asyncio.sleep(max(0.0, first + 0.35 - time.monotonic()))  # the first timer fired
-    assert await deadline.wait(_after(0.2, "slow"), time.monotonic() + 2.0) == "slow"
+    assert await _wait(deadline, _after(0.2, "slow"), time.monotonic() + 2.0) == "slow"
     started = time.monotonic()
-    assert await deadline.wait(_after(5.0, "never"), started + 3.0) is None
+    assert await _wait(deadline, _after(5.0, "never"), started + 3.0) is None
     assert time.monotonic() - started >= 2.9
     started = time.monotonic()
-    assert await deadline.wait(_after(5.0, "never"), started + 0.05) is None  # earlier
+    assert await _wait(deadline, _after(5.0, "never"), started + 0.05) is None  # earlier
     assert time.monotonic() - started < 2.0
     deadline.close()
 
@@ -59,7 +80,7 @@ async def test_each_read_gets_its_own_deadline_after_many_quick_ones() -> None:
 async def test_a_deadline_already_past_ends_the_read_at_once() -> None:
     deadline = ReadDeadline()
     started = time.monotonic()
-    assert await deadline.wait(_after(5.0, "never"), started - 1.0) is None
+    assert await _wait(deadline, _after(5.0, "never"), started - 1.0) is None
     assert time.monotonic() - started < 2.0
     deadline.close()
 
@@ -68,7 +89,7 @@ async def test_another_cancellation_goes_through() -> None:
     deadline = ReadDeadline()
 
     async def reader() -> str | None:
-        return await deadline.wait(_after(5.0, "never"), time.monotonic() + 5.0)
+        return await _wait(deadline, _after(5.0, "never"), time.monotonic() + 5.0)
 
     task = asyncio.ensure_future(reader())
     await asyncio.sleep(0.01)
@@ -85,7 +106,7 @@ async def test_a_cancellation_at_the_deadline_is_not_swallowed() -> None:
     deadline = ReadDeadline()
 
     async def reader() -> str | None:
-        return await deadline.wait(_after(5.0, "never"), time.monotonic() - 1.0)
+        return await _wait(deadline, _after(5.0, "never"), time.monotonic() - 1.0)
 
     task = asyncio.ensure_future(reader())
     await asyncio.sleep(0)  # the reader waits; the deadline's timer is due next
@@ -97,8 +118,8 @@ async def test_a_cancellation_at_the_deadline_is_not_swallowed() -> None:
 
 async def test_close_stops_the_timer() -> None:
     deadline = ReadDeadline()
-    assert await deadline.wait(_after(0.0, "x"), time.monotonic() + 0.05) == "x"
+    assert await _wait(deadline, _after(0.0, "x"), time.monotonic() + 0.05) == "x"
     deadline.close()
     await asyncio.sleep(0.1)  # a timer left armed would fire here, with nothing to cancel
-    assert await deadline.wait(_after(0.0, "y"), time.monotonic() + 5.0) == "y"
+    assert await _wait(deadline, _after(0.0, "y"), time.monotonic() + 5.0) == "y"
     deadline.close()
