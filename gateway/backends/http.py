@@ -106,6 +106,17 @@ class HttpBackend(Backend):
         key = cfg.resolved_api_key()
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
+        self._stream_headers = {
+            **self._headers,
+            "Accept": "text/event-stream",
+            "Accept-Encoding": "identity",  # relayed as read: no decoding on the way
+        }
+        # A stream has no read timeout: the caller bounds the wait for the response
+        # headers (Dispatcher.open_stream) and the relay the first-chunk and
+        # between-chunk gaps; a per-read timer here would cost every chunk.
+        self._stream_timeout = httpx.Timeout(
+            connect=timeouts.connect_s, read=None, write=timeouts.connect_s, pool=timeouts.connect_s
+        )
         # Parsed once: httpx's URL parsing was a tenth of the gateway's CPU per request.
         self._urls = {e: httpx.URL(f"{cfg.url}/{path}") for e, path in ENDPOINT_PATHS.items()}
         self._client: httpx.AsyncClient | None = None
@@ -128,8 +139,10 @@ class HttpBackend(Backend):
     def url_for(self, endpoint: Endpoint) -> httpx.URL:
         return self._urls[endpoint]
 
-    def _request_headers(self, ctx: RequestContext) -> dict[str, str]:
-        return {**self._headers, "X-Request-Id": ctx.request_id}
+    def _request_headers(
+        self, ctx: RequestContext, base: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        return {**(self._headers if base is None else base), "X-Request-Id": ctx.request_id}
 
     async def check_health(self) -> bool:
         auth = {k: v for k, v in self._headers.items() if k == "Authorization"}
@@ -221,22 +234,12 @@ class HttpBackend(Backend):
     async def open_stream(
         self, endpoint: Endpoint, body: dict[str, Any], ctx: RequestContext
     ) -> ChunkStream:
-        t = self._timeouts
         request = self.client.build_request(
             "POST",
             self.url_for(endpoint),
             content=orjson.dumps(body),
-            headers={
-                **self._request_headers(ctx),
-                "Accept": "text/event-stream",
-                "Accept-Encoding": "identity",  # relayed as read: no decoding on the way
-            },
-            # No read timeout: the caller bounds the wait for the response headers
-            # (Dispatcher.open_stream) and the relay the first-chunk and
-            # between-chunk gaps; a per-read timer here would cost every chunk.
-            timeout=httpx.Timeout(
-                connect=t.connect_s, read=None, write=t.connect_s, pool=t.connect_s
-            ),
+            headers=self._request_headers(ctx, self._stream_headers),
+            timeout=self._stream_timeout,
         )
         try:
             resp = await self.client.send(request, stream=True)
