@@ -69,7 +69,7 @@ def tenant_dependency(auth: Authenticator) -> Any:
 # The completion routes name the tenant key in the OpenAPI document without running
 # ``tenant_bearer`` as a dependency: two fewer levels of FastAPI's dependency solving
 # per request, on the gateway's hottest routes. They read the tenant with ``caller``.
-TENANT_KEY_REQUIRED = {"security": [{tenant_bearer.scheme_name: []}]}
+TENANT_KEY_REQUIRED: dict[str, Any] = {"security": [{tenant_bearer.scheme_name: []}]}
 
 
 def auth_before_validation(auth: Authenticator) -> Any:
