@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -119,9 +120,10 @@ class AdmissionController:
         self._charges = asyncio.Event()  # set while output tokens wait to be charged
         self._tasks: list[asyncio.Task[None]] = []
         self._releases: set[asyncio.Task[None]] = set()
-        self.m_admissions = metrics.admissions
+        # Each label set's series looked up once (label values are bounded)
+        self.m_admissions = functools.cache(metrics.admissions.labels)
         self.m_waiting = metrics.queue_waiting
-        self.m_counter = metrics.vtc_counter
+        self.m_counter = functools.cache(metrics.vtc_counter.labels)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -181,15 +183,15 @@ class AdmissionController:
         rate = result.rate
         self._note(tenant.name, result)
         if result.status == "limited":
-            self.m_admissions.labels(tenant.name, "limited").inc()
+            self.m_admissions(tenant.name, "limited").inc()
             raise rate_limited(result.limited_by, result.retry_after_ms, rate)
         if result.status == "queue_full":
-            self.m_admissions.labels(tenant.name, "queue_full").inc()
+            self.m_admissions(tenant.name, "queue_full").inc()
             raise queue_full(tenant.max_queued, result.retry_after_ms, rate)
         if result.status != "admitted":
-            self.m_admissions.labels(tenant.name, "queued").inc()
+            self.m_admissions(tenant.name, "queued").inc()
             result = await self._wait(arrival, ctx, result)
-        self.m_admissions.labels(tenant.name, "admitted").inc()
+        self.m_admissions(tenant.name, "admitted").inc()
         assert result.backend is not None
         lease = self.router.acquire(self.router.state(result.backend), ctx.expected_tokens)
         ticket = Ticket(
@@ -221,13 +223,13 @@ class AdmissionController:
             admitted = True
             return result
         except TimeoutError:
-            self.m_admissions.labels(arrival.tenant, "timeout").inc()
+            self.m_admissions(arrival.tenant, "timeout").inc()
             raise queue_timeout(self.cfg.max_wait_s) from None
         finally:
             self.m_waiting.dec()
             queue.pop(arrival.request_id, None)
             if not admitted:  # timed out, or the client went away (cancelled)
-                self.m_admissions.labels(arrival.tenant, "gone_away").inc()
+                self.m_admissions(arrival.tenant, "gone_away").inc()
                 if waiter.future.done() and not waiter.future.cancelled():
                     # admitted at that very moment: give the slot back
                     backend = waiter.future.result().backend or ""
@@ -241,7 +243,7 @@ class AdmissionController:
     def _note(self, tenant: str, result: Admission) -> None:
         if result.status in ("admitted", "queued", "full"):
             self._counters[tenant] = result.counter
-            self.m_counter.labels(tenant).set(result.counter)
+            self.m_counter(tenant).set(result.counter)
 
     def _kick(self, model: str) -> None:
         if self._waiters.get(model):
@@ -370,7 +372,7 @@ class AdmissionController:
             return
         for tenant, value in counters.items():
             self._counters[tenant] = value
-            self.m_counter.labels(tenant).set(value)
+            self.m_counter(tenant).set(value)
 
     async def _charge_loop(self) -> None:
         """Charge the tokens streamed in each ``charge_interval_s``; idle while none are."""

@@ -11,6 +11,7 @@ held until the response ends), then the backend: streaming through
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
@@ -59,6 +60,7 @@ class CompletionService:
         self.tokens = tokens
         self.metrics = metrics
         self.default_tokens = config.routing.expected_output_tokens
+        self._tokens = functools.cache(metrics.tokens.labels)  # each label set looked up once
 
     async def serve(
         self,
@@ -140,7 +142,7 @@ class CompletionService:
     def _count_tokens(self, ctx: RequestContext, backend: str, tokens: int) -> None:
         """The one place output tokens are counted (streams and whole responses)."""
         if tokens:
-            self.metrics.tokens.labels(ctx.tenant, ctx.tier.name, backend).inc(tokens)
+            self._tokens(ctx.tenant, ctx.tier.name, backend).inc(tokens)
 
     async def _stream(
         self,

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -77,8 +78,10 @@ class GatewayMiddleware:
 
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics, cfg: MetricsConfig) -> None:
         self.app = app
-        self.metrics = metrics
         self.cfg = cfg
+        # Each label set's series looked up once (label values are bounded)
+        self._in_flight = functools.cache(metrics.in_flight.labels)
+        self._requests = functools.cache(metrics.requests.labels)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,7 +107,7 @@ class GatewayMiddleware:
                 message = {**message, "headers": [*headers, rid_header]}
             await send(message)
 
-        gauge = self.metrics.in_flight.labels(endpoint) if endpoint else None
+        gauge = self._in_flight(endpoint) if endpoint else None
         if gauge is not None:
             gauge.inc()
         try:
@@ -133,7 +136,7 @@ class GatewayMiddleware:
             str(status),
             outcome,
         )
-        self.metrics.requests.labels(*labels).inc()
+        self._requests(*labels).inc()
         if endpoint == "models" or not access_log.isEnabledFor(logging.INFO):
             return
         extra = record.log_fields()

@@ -43,22 +43,33 @@ from gateway.telemetry import Telemetry, check_size
 from gateway.telemetry_token import BODY_FIELD, TOKEN_HEADER, TelemetryTokens, split_token
 
 
+async def caller(auth: Authenticator, request: Request) -> TenantConfig:
+    """The caller's tenant: BodyGate's, for a request with a body (it authenticated before
+    reading it), else from the ``Authorization`` header."""
+    record = request_record(request.scope)
+    tenant = record.tenant
+    if tenant is None:
+        tenant = await auth.tenant(request.headers.get("authorization"))
+        record.authenticated(tenant)
+    return tenant
+
+
 def tenant_dependency(auth: Authenticator) -> Any:
-    """The route dependency giving the caller's tenant (BodyGate's, for a request with a
-    body: it authenticated before reading it)."""
+    """The route dependency giving the caller's tenant (:func:`caller`)."""
 
     async def tenant_of(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(tenant_bearer)],
     ) -> TenantConfig:
-        record = request_record(request.scope)
-        tenant = record.tenant
-        if tenant is None:
-            tenant = await auth.tenant(request.headers.get("authorization"))
-            record.authenticated(tenant)
-        return tenant
+        return await caller(auth, request)
 
     return tenant_of
+
+
+# The completion routes name the tenant key in the OpenAPI document without running
+# ``tenant_bearer`` as a dependency: two fewer levels of FastAPI's dependency solving
+# per request, on the gateway's hottest routes. They read the tenant with ``caller``.
+TENANT_KEY_REQUIRED: dict[str, Any] = {"security": [{tenant_bearer.scheme_name: []}]}
 
 
 def auth_before_validation(auth: Authenticator) -> Any:
@@ -93,14 +104,13 @@ def add_api_routes(
         summary="Create a chat completion (OpenAI-compatible)",
         response_model=None,
         responses=completion_responses(ChatCompletion),
+        openapi_extra=TENANT_KEY_REQUIRED,
     )
     async def chat_completions(
-        request: Request,
-        body: ChatCompletionRequest,
-        tenant: Annotated[TenantConfig, Security(tenant_of)],
-        x_tokenpace_tier: TierHeader = None,
+        request: Request, body: ChatCompletionRequest, x_tokenpace_tier: TierHeader = None
     ) -> Response:
         record = request_record(request.scope)
+        tenant = await caller(auth, request)
         return await service.serve(
             request, record, "chat.completions", body, tenant, x_tokenpace_tier
         )
@@ -111,14 +121,13 @@ def add_api_routes(
         summary="Create a text completion (OpenAI-compatible)",
         response_model=None,
         responses=completion_responses(Completion),
+        openapi_extra=TENANT_KEY_REQUIRED,
     )
     async def completions(
-        request: Request,
-        body: CompletionRequest,
-        tenant: Annotated[TenantConfig, Security(tenant_of)],
-        x_tokenpace_tier: TierHeader = None,
+        request: Request, body: CompletionRequest, x_tokenpace_tier: TierHeader = None
     ) -> Response:
         record = request_record(request.scope)
+        tenant = await caller(auth, request)
         return await service.serve(request, record, "completions", body, tenant, x_tokenpace_tier)
 
     @app.get(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,14 +137,16 @@ class Router:
         )
 
     def choose(
-        self, model: str, exclude: Iterable[str] = (), prefer: str | None = None
+        self, model: str, exclude: Collection[str] = (), prefer: str | None = None
     ) -> BackendState | None:
         """The backend for the next attempt, or None when every candidate was tried.
 
         ``prefer`` (the backend admission reserved a slot on) goes first when untried.
         """
-        ranked = self.ranked(model, exclude)
-        best = next((s for s in ranked if s.name == prefer), ranked[0] if ranked else None)
+        best = self._by_name.get(prefer) if prefer is not None else None
+        if best is None or best.name in exclude or not best.backend.serves(model):
+            ranked = self.ranked(model, exclude)
+            best = ranked[0] if ranked else None
         if best is not None:
             self._rr = (best.index + 1) % len(self.states)  # round robin: start after it
         return best
