@@ -37,9 +37,10 @@ log = logging.getLogger("tokenpace.gateway")
 BODY = "http.response.body"  # the ASGI message type
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
-# Tokens sent are charged (router lease, fair share) and their gaps observed at most this
-# long after they leave, in one settlement, and when the stream ends.
-SETTLE_S = 0.25
+# Tokens sent are charged (router lease, fair share) and their gaps observed in one
+# settlement: with the first write carrying tokens this long after the last settlement,
+# and when the stream ends.
+SETTLE_S = 1.0
 
 
 class StreamRelay:
