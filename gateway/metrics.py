@@ -10,7 +10,8 @@ requests that fail before a tenant or tier is known are labelled ``-``):
 - ``tokenpace_requests_in_flight{endpoint}``.
 - ``tokenpace_ttft_seconds{tenant,tier,backend}``: request receipt to the first chunk
   carrying a token, as the gateway emitted it.
-- ``tokenpace_inter_token_seconds{tier,backend}``: gaps between chunks carrying tokens.
+- ``tokenpace_inter_token_seconds{tier,backend}``: gaps between chunks carrying tokens,
+  observed in bulk about once a second per stream and at its end.
 - ``tokenpace_qoe{tenant,tier,metric}``: QoE of every completed stream, from the
   times the gateway emitted each token; ``metric`` is ``andes`` (Andes Eq. 1,
   :func:`qos.metrics.andes_qoe`) or ``monotone`` (:func:`qos.metrics.monotone_qoe`).

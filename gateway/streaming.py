@@ -75,7 +75,9 @@ class StreamRelay:
         self.counts = array("q")  # tokens in each
         self.n_tokens = 0
         self.usage: dict[str, Any] | None = None
-        self._last_emit = 0.0
+        self._received_at = ctx.received_at
+        self._idle_s = timeouts.idle_s
+        self._quiet_until = 0.0  # the backend must send something by then (a timeout)
         self._settled = 0  # batches of ``times`` charged and observed (:meth:`_settle`)
         self._settle_at = 0.0  # when the next token-carrying batch settles
         self._together = 0  # token chunks sent in a write after its first, not yet observed
@@ -97,15 +99,13 @@ class StreamRelay:
             while True:
                 assert self.attempt is not None
                 stream = self.attempt.stream
-                opened = time.monotonic()
+                self._quiet_until = time.monotonic() + t.first_byte_s
                 failure: BackendError | None = None
                 while True:
-                    if self.sent_any:
-                        deadline, what = self._last_emit + t.idle_s, "between two chunks"
-                    else:
-                        deadline, what = opened + t.first_byte_s, "before the first chunk"
+                    deadline = self._quiet_until
                     now = time.monotonic()
                     if now >= deadline:
+                        what = "between two chunks" if self.sent_any else "before the first chunk"
                         failure = BackendError(
                             f"The backend sent nothing for too long ({what}).",
                             status=504,
@@ -187,17 +187,18 @@ class StreamRelay:
             self.usage = batch.usage
         n = batch.tokens
         if n:
+            at = now - self._received_at
             if not self.n_tokens:
-                self._ttft.observe(now - self.ctx.received_at)
+                self._ttft.observe(at)
             # Tokens sent in one write reach the client together: one point of the timeline.
-            self.times.append(now - self.ctx.received_at)
+            self.times.append(at)
             self.counts.append(n)
             self.n_tokens += n
             self._together += batch.token_chunks - 1  # chunks sent together: 0 s apart
             if now >= self._settle_at:
                 self._settle(now)
         self.sent_any = True
-        self._last_emit = now
+        self._quiet_until = now + self._idle_s
         return batch.data
 
     def _settle(self, now: float) -> None:
