@@ -346,3 +346,18 @@ async def test_streamed_body_skips_no_header_or_count():
             ]
             assert len(counted) == 1 and 'status="200"' in counted[0]
             assert 'outcome="completed"' in counted[0] and counted[0].endswith(" 1.0")
+
+
+async def test_a_backends_cookie_is_never_sent_back():
+    """A backend that sets a cookie on one tenant's stream never sees it again."""
+    async with upstream() as up:
+        up.stream_headers = [(b"set-cookie", b"session=tenant-a; Path=/")]
+        async with gateway(make_config([backend_entry(up, "up")])) as gw:
+            for _ in range(2):
+                resp, lines = await stream_chat(gw)
+                assert resp.status_code == 200 and data_events(lines)[-1] == "[DONE]"
+            async with gw.client() as client:
+                whole = await client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+            assert whole.status_code == 200
+    assert len(up.headers) == 3  # the cookie was set on the first answer
+    assert not any("cookie" in headers for headers in up.headers)

@@ -61,6 +61,7 @@ class FakeUpstream:
         self.healthy = True
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.stream_headers: list[tuple[bytes, bytes]] = []  # more headers on every stream
         self.disconnects: list[float] = []  # time.monotonic() when a stream lost its client
         self.active = 0  # streams being generated now
         self.url = ""
@@ -141,6 +142,7 @@ class FakeUpstream:
                 "headers": [
                     (b"content-type", b"text/event-stream"),
                     (b"cache-control", b"no-cache"),
+                    *self.stream_headers,
                 ],
             }
         )
