@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from cluster_support import CappedUpstream, chat, cluster_config, replicas
-from test_gateway_support import run_server
+from test_gateway_support import Gateway, run_server
 
 from gateway.app import create_app
 from gateway.backends.http import vllm_gauge
@@ -37,6 +39,19 @@ class VllmLike(CappedUpstream):
         await super().__call__(scope, receive, send)
 
 
+@asynccontextmanager
+async def one_replica(
+    fake: CappedUpstream, key_prefix: str, *, vllm_metrics: bool = False, **config: Any
+) -> AsyncIterator[Gateway]:
+    """One gateway replica (memory store) in front of ``fake``, served on a free port."""
+    async with run_server(fake) as url:
+        fake.url = url
+        cfg = cluster_config(url, TENANTS, redis_url=None, prefix=key_prefix, **config)
+        cfg.backends[0].vllm_metrics = vllm_metrics
+        async with replicas(cfg, 1) as (gw,):
+            yield gw
+
+
 def test_vllm_gauge_parsing() -> None:
     text = 'vllm:gpu_cache_usage_perc{model_name="a"} 0.5\nvllm:num_requests_waiting 3\n'
     assert vllm_gauge(text, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") == 0.5
@@ -46,47 +61,35 @@ def test_vllm_gauge_parsing() -> None:
 
 async def test_full_kv_cache_holds_requests_in_the_queue(key_prefix) -> None:
     fake = VllmLike(n_tokens=2, token_interval=0.001)
-    async with run_server(fake) as url:
-        fake.url = url
-        config = cluster_config(
-            url,
-            TENANTS,
-            redis_url=None,
-            prefix=key_prefix,
-            admission={"metrics_interval_s": 0.05, "poll_interval_s": 0.02},
-        )
-        config.backends[0].vllm_metrics = True
-        async with replicas(config, 1) as (gw,), gw.client(KEY) as c:
-            fake.kv = 0.99
-            await asyncio.sleep(0.15)
-            start = time.monotonic()
-            pending = asyncio.create_task(c.post("/v1/chat/completions", json=chat()))
-            await asyncio.sleep(0.3)
-            assert not pending.done() and fake.bodies == []
-            fake.kv = 0.2
-            r = await pending
-            assert r.status_code == 200 and time.monotonic() - start >= 0.3
+    admission = {"metrics_interval_s": 0.05, "poll_interval_s": 0.02}
+    async with (
+        one_replica(fake, key_prefix, vllm_metrics=True, admission=admission) as gw,
+        gw.client(KEY) as c,
+    ):
+        fake.kv = 0.99
+        await asyncio.sleep(0.15)
+        start = time.monotonic()
+        pending = asyncio.create_task(c.post("/v1/chat/completions", json=chat()))
+        await asyncio.sleep(0.3)
+        assert not pending.done() and fake.bodies == []
+        fake.kv = 0.2
+        r = await pending
+        assert r.status_code == 200 and time.monotonic() - start >= 0.3
 
 
 async def test_queue_wait_is_capped(key_prefix) -> None:
     fake = CappedUpstream(n_tokens=30, token_interval=0.02)
-    async with run_server(fake) as url:
-        fake.url = url
-        config = cluster_config(
-            url,
-            TENANTS,
-            redis_url=None,
-            prefix=key_prefix,
-            max_concurrent=1,
-            admission={"max_wait_s": 0.2, "poll_interval_s": 0.02},
-        )
-        async with replicas(config, 1) as (gw,), gw.client(KEY) as c:
-            first = asyncio.create_task(c.post("/v1/chat/completions", json=chat(stream=True)))
-            await asyncio.sleep(0.1)
-            late = await c.post("/v1/chat/completions", json=chat())
-            assert late.status_code == 503 and late.json()["error"]["code"] == "queue_timeout"
-            assert (await first).status_code == 200
-            assert await gw.state.store.in_flight("up") == 0
+    admission = {"max_wait_s": 0.2, "poll_interval_s": 0.02}
+    async with (
+        one_replica(fake, key_prefix, max_concurrent=1, admission=admission) as gw,
+        gw.client(KEY) as c,
+    ):
+        first = asyncio.create_task(c.post("/v1/chat/completions", json=chat(stream=True)))
+        await asyncio.sleep(0.1)
+        late = await c.post("/v1/chat/completions", json=chat())
+        assert late.status_code == 503 and late.json()["error"]["code"] == "queue_timeout"
+        assert (await first).status_code == 200
+        assert await gw.state.store.in_flight("up") == 0
 
 
 async def test_idle_admission_loops_sleep_until_there_is_work(key_prefix, monkeypatch) -> None:
@@ -105,41 +108,31 @@ async def test_idle_admission_loops_sleep_until_there_is_work(key_prefix, monkey
 
     monkeypatch.setattr(asyncio, "sleep", counted_sleep)
     fake = VllmLike(n_tokens=3, token_interval=0.001)
-    async with run_server(fake) as url:
-        fake.url = url
-        config = cluster_config(
-            url,
-            TENANTS,
-            redis_url=None,
-            prefix=key_prefix,
-            admission={
-                "metrics_interval_s": 0.02,
-                "poll_interval_s": 0.01,
-                "charge_interval_s": 0.015,
-            },
-        )
-        config.backends[0].vllm_metrics = True
-        async with replicas(config, 1) as (gw,), gw.client(KEY) as c:
-            fake.kv = 0.99  # the backend reports a full KV cache: requests queue
-            await real_sleep(0.2)
-            assert wakes == []  # idle: 20 polls and 13 charges before they slept
-            pending = asyncio.create_task(c.post("/v1/chat/completions", json=chat(stream=True)))
-            while not any(loop == "poll" for loop, _ in wakes):
-                await real_sleep(0.01)
-            await real_sleep(0.1)
-            assert not pending.done() and fake.bodies == []
-            polls = [d for loop, d in wakes if loop == "poll"]
-            assert len(polls) >= 2 and set(polls) == {0.01}
-            assert not any(loop == "charge" for loop, _ in wakes)
-            fake.kv = 0.2
-            r = await pending
-            assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
-            await real_sleep(0.1)  # the last poll and the tokens' charge are done
-            charges = [d for loop, d in wakes if loop == "charge"]
-            assert charges and set(charges) == {0.015}
-            settled = len(wakes)
-            await real_sleep(0.2)
-            assert len(wakes) == settled  # idle again
+    admission = {"metrics_interval_s": 0.02, "poll_interval_s": 0.01, "charge_interval_s": 0.015}
+    async with (
+        one_replica(fake, key_prefix, vllm_metrics=True, admission=admission) as gw,
+        gw.client(KEY) as c,
+    ):
+        fake.kv = 0.99  # the backend reports a full KV cache: requests queue
+        await real_sleep(0.2)
+        assert wakes == []  # idle: 20 polls and 13 charges before they slept
+        pending = asyncio.create_task(c.post("/v1/chat/completions", json=chat(stream=True)))
+        while not any(loop == "poll" for loop, _ in wakes):
+            await real_sleep(0.01)
+        await real_sleep(0.1)
+        assert not pending.done() and fake.bodies == []
+        polls = [d for loop, d in wakes if loop == "poll"]
+        assert len(polls) >= 2 and set(polls) == {0.01}
+        assert not any(loop == "charge" for loop, _ in wakes)
+        fake.kv = 0.2
+        r = await pending
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+        await real_sleep(0.1)  # the last poll and the tokens' charge are done
+        charges = [d for loop, d in wakes if loop == "charge"]
+        assert charges and set(charges) == {0.015}
+        settled = len(wakes)
+        await real_sleep(0.2)
+        assert len(wakes) == settled  # idle again
 
 
 def test_an_app_started_again_on_a_new_loop_still_charges(key_prefix) -> None:
