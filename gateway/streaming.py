@@ -75,8 +75,6 @@ class StreamRelay:
         self.counts = array("q")  # tokens in each
         self.n_tokens = 0
         self.usage: dict[str, Any] | None = None
-        self._received_at = ctx.received_at
-        self._idle_s = timeouts.idle_s
         self._quiet_until = 0.0  # the backend must send something by then (a timeout)
         self._settled = 0  # batches of ``times`` charged and observed (:meth:`_settle`)
         self._settle_at = 0.0  # when the next token-carrying batch settles
@@ -187,7 +185,7 @@ class StreamRelay:
             self.usage = batch.usage
         n = batch.tokens
         if n:
-            at = now - self._received_at
+            at = now - self.ctx.received_at
             if not self.n_tokens:
                 self._ttft.observe(at)
             # Tokens sent in one write reach the client together: one point of the timeline.
@@ -198,7 +196,7 @@ class StreamRelay:
             if now >= self._settle_at:
                 self._settle(now)
         self.sent_any = True
-        self._quiet_until = now + self._idle_s
+        self._quiet_until = now + self.timeouts.idle_s
         return batch.data
 
     def _settle(self, now: float) -> None:
