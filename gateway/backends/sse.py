@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 from typing import Any
 
 import anyio
@@ -42,7 +41,7 @@ class HttpChunkStream(ChunkStream):
         self._read = body_reader(resp)
         self._buf = b""  # an incomplete line
         self._data: list[bytes] = []  # the data lines of the event being read
-        self._events: deque[bytes] = deque()  # complete event payloads, not yet returned
+        self._events: list[bytes] = []  # complete event payloads, not yet returned
         self._whole: bytes | None = None  # the last read, when it was just its events
         self._counted = 0  # tokens delivered so far
         self._error: BackendError | None = None  # raised at the next call
@@ -77,28 +76,23 @@ class HttpChunkStream(ChunkStream):
             else:
                 self._eof = True
                 self._feed(b"\n\n")  # a last event without its blank line
-        chunks: list[dict[str, Any]] = []
-        payloads: list[bytes] = []  # their events' payloads
-        events = self._events
+        events, self._events = self._events, []
         whole = self._whole
-        while events:
-            payload = events.popleft()
+        chunks: list[dict[str, Any]] = []
+        for payload in events:
             try:
                 chunk = orjson.loads(payload)
             except ValueError:
                 if payload.strip() == b"[DONE]":  # parsed first: one failed parse per stream
                     self._done = self._clean_end = True
-                    events.clear()
                     whole = None
                     break
                 chunk = _MALFORMED
             if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
                 chunks.append(chunk)
-                payloads.append(payload)
                 continue
             failure = self._failure(chunk)
             self._done = True
-            events.clear()
             if not chunks:
                 raise failure
             self._error = failure
@@ -111,7 +105,7 @@ class HttpChunkStream(ChunkStream):
             # data lines is re-encoded instead).
             whole = b"".join(
                 b"data: " + p + b"\n\n" if b"\n" not in p else encode_chunk(c)
-                for p, c in zip(payloads, chunks, strict=True)
+                for p, c in zip(events, chunks, strict=False)
             )
         batch = Batch.of(chunks, whole, self._counted)
         self._counted += batch.tokens
@@ -125,6 +119,17 @@ class HttpChunkStream(ChunkStream):
         lines, CR line ends) goes through the line parser. ``_whole`` is ``part`` when it
         was nothing but such events, whole.
         """
+        if (
+            not self._buf
+            and not self._data
+            and part.startswith(b"data: ")
+            and part.find(b"\n") == len(part) - 2
+            and part.endswith(b"\n\n")
+            and b"\r" not in part
+        ):  # the most common read of all: one such event
+            self._events.append(part[6:-2])
+            self._whole = part
+            return
         buf = self._buf + part
         self._whole = None
         if b"\r" in buf or self._data:
