@@ -115,9 +115,10 @@ class HttpChunkStream(ChunkStream):
         """Add ``part`` of the body; complete events go to ``_events``.
 
         The usual event, one ``data: {...}`` line and a blank line, is cut out by one
-        split of the whole read; anything else (other fields, comments, several data
-        lines, CR line ends) goes through the line parser. ``_whole`` is ``part`` when it
-        was nothing but such events, whole.
+        split of the whole read (a read that is just one such event, the commonest under
+        load, by one slice); anything else (other fields, comments, several data lines,
+        CR line ends) goes through the line parser. ``_whole`` is ``part`` when it was
+        nothing but such events, whole.
         """
         if (
             not self._buf
