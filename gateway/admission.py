@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from gateway.background import stop
 from gateway.config import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
 from gateway.errors import queue_full, queue_timeout, rate_limited
@@ -144,9 +145,8 @@ class AdmissionController:
             self._tasks.append(loop.create_task(fn(), name=f"tokenpace-admission-{name}"))
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._releases, return_exceptions=True)
+        await stop(*self._tasks)
+        await asyncio.gather(*self._releases, return_exceptions=True)
         self._tasks.clear()
         with contextlib.suppress(Exception):
             await self._flush_usage()

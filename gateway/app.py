@@ -27,6 +27,7 @@ from gateway.auth import Authenticator
 from gateway.backends import Backend, BackendRuntime
 from gateway.backends.http import build_http_client
 from gateway.backends.kinds import build_backends
+from gateway.background import stop
 from gateway.completions import CompletionService
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.dispatch import Dispatcher
@@ -133,8 +134,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
             yield
         finally:
             if health_task is not None:
-                health_task.cancel()
-                await asyncio.gather(health_task, return_exceptions=True)
+                await stop(health_task)
             for b in reversed(started):
                 try:
                     await b.aclose()

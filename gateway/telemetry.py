@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.background import stop
 from gateway.config import LimitsConfig, TelemetryConfig
 from gateway.context import RequestContext, StreamOutcome
 from gateway.errors import (
@@ -145,8 +146,7 @@ class Telemetry:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await stop(self._task)
             self._task = None
         with contextlib.suppress(Exception):
             await self._flush()

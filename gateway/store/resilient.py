@@ -22,6 +22,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from gateway.background import stop
 from gateway.store.base import (
     Admission,
     Arrival,
@@ -106,10 +107,7 @@ class ResilientStore(Store):
             )
 
     async def aclose(self) -> None:
-        for task in (self._probe, self._watch):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await stop(*(t for t in (self._probe, self._watch) if t is not None))
         self._probe = self._watch = None
         await self.redis.aclose()
 
