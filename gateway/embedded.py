@@ -56,6 +56,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.backends.base import BackendError, BackendRuntime, InProcessBackend
+from gateway.background import stop
 from gateway.config import DEMO_MODEL, BackendConfig, ConfigError, GatewayConfig
 from gateway.config_loader import validation_problems
 from gateway.context import Endpoint, RequestContext
@@ -289,8 +290,7 @@ class EmbeddedEngine(InProcessBackend):
     async def aclose(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await stop(task)
         self._fail_all(f"Backend {self.name!r} (simulated engine) shut down.")
 
     async def check_health(self) -> bool:

@@ -29,6 +29,8 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
+from gateway.background import stop
+
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
@@ -124,8 +126,7 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
             try:
                 yield state
             finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await stop(task)
 
     app.router.lifespan_context = lifespan
     freeze_startup_objects()
