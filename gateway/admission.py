@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from gateway.background import stop
 from gateway.config import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
 from gateway.errors import queue_full, queue_timeout, rate_limited
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, series
 from gateway.ratelimit import RateState
 from gateway.routing import BackendState, Lease, Router
 from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
@@ -121,10 +120,9 @@ class AdmissionController:
         self._charges = asyncio.Event()  # set while output tokens wait to be charged
         self._tasks: list[asyncio.Task[None]] = []
         self._releases: set[asyncio.Task[None]] = set()
-        # Each label set's series looked up once (label values are bounded)
-        self.m_admissions = functools.cache(metrics.admissions.labels)
+        self.m_admissions = series(metrics.admissions)
         self.m_waiting = metrics.queue_waiting
-        self.m_counter = functools.cache(metrics.vtc_counter.labels)
+        self.m_counter = series(metrics.vtc_counter)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:

@@ -11,7 +11,6 @@ held until the response ends), then the backend: streaming through
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import orjson
@@ -28,7 +27,7 @@ from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutco
 from gateway.disconnect import DisconnectWatch
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError, bad_request, final_error, model_not_found
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, series
 from gateway.middleware import ClientGone, server_send
 from gateway.routing import Router
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
@@ -60,7 +59,7 @@ class CompletionService:
         self.tokens = tokens
         self.metrics = metrics
         self.default_tokens = config.routing.expected_output_tokens
-        self._tokens = functools.cache(metrics.tokens.labels)  # each label set looked up once
+        self._tokens = series(metrics.tokens)
 
     async def serve(
         self,

@@ -36,10 +36,11 @@ how each series combines). The backend series are then gauges each worker publis
 
 from __future__ import annotations
 
+import functools
 import os
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -97,6 +98,16 @@ _ITL_BUCKETS = (
     2.5,
 )
 _QOE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+def series(metric: M) -> Callable[..., M]:
+    """``metric.labels``, each label set's series looked up once and kept: the gateway's
+    label values are bounded (configured tenants, tiers and backends; endpoints,
+    statuses, outcomes) and no series is removed."""
+    return functools.cache(metric.labels)
 
 
 def observe_many(histogram: Histogram, values: Iterable[float]) -> None:

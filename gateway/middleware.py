@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 import uuid
@@ -24,7 +23,7 @@ from gateway.config import LimitsConfig, MetricsConfig, TelemetryConfig
 from gateway.context import RequestRecord
 from gateway.errors import GatewayError, not_found, store_unavailable, too_large, unauthorized
 from gateway.logs import request_id_var
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, series
 from gateway.store import StoreUnavailable
 
 access_log = logging.getLogger("tokenpace.gateway.access")
@@ -79,9 +78,8 @@ class GatewayMiddleware:
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics, cfg: MetricsConfig) -> None:
         self.app = app
         self.cfg = cfg
-        # Each label set's series looked up once (label values are bounded)
-        self._in_flight = functools.cache(metrics.in_flight.labels)
-        self._requests = functools.cache(metrics.requests.labels)
+        self._in_flight = series(metrics.in_flight)
+        self._requests = series(metrics.requests)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
