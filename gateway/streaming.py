@@ -136,7 +136,7 @@ class StreamRelay:
                         if time.monotonic() < deadline:
                             await send({"type": BODY, "body": PING, "more_body": True})
                         continue
-                    if not got.chunks:
+                    if not got.payloads:
                         break
                     # Everything that arrived goes out in one write: under load, one send
                     # (and one syscall) for several chunks; never a wait to batch.

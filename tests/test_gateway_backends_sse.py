@@ -86,8 +86,19 @@ async def test_malformed_and_error_events() -> None:
     assert err.value.message == "boom" and not err.value.retryable
 
 
+async def test_an_event_that_is_not_a_chunk_fails_the_stream_saying_why() -> None:
+    for event, why in [
+        (b"data: [1, 2]\n\n", "Expected `object`, got `array`"),
+        (b'data: {"choices": "abc"}\n\n', "at `$.choices`"),
+    ]:
+        with pytest.raises(BackendError) as err:
+            await _chunks([b'data: {"n": 1}\n\n' + event])
+        assert err.value.code == "upstream_bad_response"
+        assert "not an OpenAI chunk" in err.value.message and why in err.value.message
+
+
 async def test_last_event_is_the_event_as_received() -> None:
-    """One-line events are relayed byte for byte; a multi-line one is re-encoded."""
+    """One-line events are relayed byte for byte; a multi-line one on one line."""
     stream = HttpChunkStream("b", _response([EVENTS.replace(b"\n", b"\r\n")]))
     seen = await stream.next_batch()
     assert (await stream.next_batch()).chunks == []

@@ -20,6 +20,7 @@ import httpx
 import orjson
 
 from gateway.backends.aggregate import aggregate_chunks
+from gateway.backends.chunk import ChunkView, read_chunk
 from gateway.cancel_safe import ShieldedSteps
 from gateway.config import GatewayConfig
 from gateway.context import Endpoint, RequestContext
@@ -72,40 +73,6 @@ class BackendError(Exception):
         return error_body(self.message, self.type, None, self.code)
 
 
-def chunk_tokens(chunk: dict[str, Any], counted: int) -> int:
-    """Tokens ``chunk`` delivers, ``counted`` tokens of its stream having come before it
-    (docs/protocol.md, "Gateway-side measurements").
-
-    One per choice with new text, reasoning, refusal or tool call (vLLM and OpenAI send
-    one token per choice per chunk when streaming); a chunk with only a role, a finish
-    reason or usage delivers none. When it also carries a running
-    ``usage.completion_tokens`` that says more (vLLM's ``--stream-interval`` > 1 with
-    continuous usage stats), that many.
-    """
-    n = 0
-    for choice in chunk.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            if (
-                delta.get("content")
-                or delta.get("reasoning_content")
-                or delta.get("reasoning")
-                or delta.get("tool_calls")
-                or delta.get("refusal")
-            ):
-                n += 1
-        elif choice.get("text"):
-            n += 1
-    if n:
-        usage = chunk.get("usage")
-        total = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        if isinstance(total, int) and total > counted + n:
-            n = total - counted
-    return n
-
-
 def encode_chunk(chunk: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
@@ -117,27 +84,31 @@ class Batch:
     No chunks: the stream ended. :meth:`of` counts the tokens.
     """
 
-    chunks: list[dict[str, Any]] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)  # each chunk's JSON
     data: bytes = b""  # their SSE events, as the client gets them
-    tokens: int = 0  # output tokens they deliver (:func:`chunk_tokens`)
+    tokens: int = 0  # output tokens they deliver (:meth:`ChunkView.tokens`)
     token_chunks: int = 0  # how many of them deliver tokens
     usage: dict[str, Any] | None = None  # the last ``usage`` among them
 
     @classmethod
-    def of(cls, chunks: list[dict[str, Any]], data: bytes, counted: int) -> Batch:
-        """``chunks`` (non-empty), sent as ``data``; ``counted``: their stream's tokens
-        before them."""
+    def of(cls, payloads: list[bytes], views: list[ChunkView], data: bytes, counted: int) -> Batch:
+        """The chunks ``payloads`` (non-empty; ``views``: :func:`read_chunk` of each),
+        sent as ``data``; ``counted``: their stream's tokens before them."""
         tokens = token_chunks = 0
         usage = None
-        for chunk in chunks:
-            n = chunk_tokens(chunk, counted + tokens)
+        for view in views:
+            n = view.tokens(counted + tokens)
             if n:
                 tokens += n
                 token_chunks += 1
-            u = chunk.get("usage")
-            if isinstance(u, dict):
-                usage = u
-        return cls(chunks, data, tokens, token_chunks, usage)
+            if view.usage is not None:
+                usage = view.usage
+        return cls(payloads, data, tokens, token_chunks, usage)
+
+    @property
+    def chunks(self) -> list[dict[str, Any]]:
+        """The chunks, decoded whole (for a caller that reads more than the relay)."""
+        return [orjson.loads(p) for p in self.payloads]
 
 
 class ChunkStream(ABC):
@@ -188,7 +159,12 @@ class GeneratorChunkStream(ChunkStream):
             return Batch()
         if not isinstance(chunk, dict):
             raise BackendError("The backend sent a chunk that is not an object.")
-        batch = Batch.of([chunk], encode_chunk(chunk), self._counted)
+        payload = orjson.dumps(chunk)
+        try:
+            view = read_chunk(payload)
+        except ValueError as exc:
+            raise BackendError(f"The backend sent a chunk of the wrong shape: {exc}.") from exc
+        batch = Batch.of([payload], [view], b"data: " + payload + b"\n\n", self._counted)
         self._counted += batch.tokens
         return batch
 

@@ -1,4 +1,4 @@
-"""Server-sent events from an upstream response, parsed into OpenAI chunk dicts."""
+"""Server-sent events from an upstream response, read as OpenAI chunks."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ from typing import Any
 
 import anyio
 import httpx
+import msgspec
 import orjson
 
-from gateway.backends.base import BackendError, Batch, ChunkStream, encode_chunk
+from gateway.backends.base import BackendError, Batch, ChunkStream
+from gateway.backends.chunk import ChunkView, read_chunk
 from gateway.upstream import body_reader
 
 MAX_ERROR_BODY = 64 * 1024  # the most of an error (or a stream's tail) the gateway reads
 _DRAIN_S = 0.25  # longest wait for the end of a stream's body after [DONE]
-_MALFORMED = object()  # an event payload that is not JSON
 
 
 def is_openai_error(body: Any) -> bool:
@@ -22,14 +23,14 @@ def is_openai_error(body: Any) -> bool:
 
 
 class HttpChunkStream(ChunkStream):
-    """Server-sent events from an upstream response, parsed into chunk dicts.
+    """Server-sent events from an upstream response, read as chunks.
 
     Each :meth:`next_batch` is one read of the body (:func:`gateway.upstream.body_reader`:
     everything the connection has buffered), split into events as bytes (SSE is UTF-8 by
-    definition), parsed by orjson (the json module's parsing was a third of the
-    gateway's CPU at saturation) and counted; a read of whole ``data:`` events that are
-    all chunks is relayed as read. A failure after some good events of a read is raised
-    at the next call, after those events are relayed. After ``data:
+    definition), each decoded only as far as the relay reads it
+    (:func:`~gateway.backends.chunk.read_chunk`) and counted; a read of whole ``data:``
+    events that are all chunks is relayed as read. A failure after some good events of
+    a read is raised at the next call, after those events are relayed. After ``data:
     [DONE]``, :meth:`aclose` reads the end of the body (normally just the
     chunked-encoding terminator, already received) so that the connection goes back to
     the pool; closing it half-read would make every stream open a new TCP connection.
@@ -78,36 +79,43 @@ class HttpChunkStream(ChunkStream):
                 self._feed(b"\n\n")  # a last event without its blank line
         events, self._events = self._events, []
         whole = self._whole
-        chunks: list[dict[str, Any]] = []
+        views: list[ChunkView] = []
         for payload in events:
             try:
-                chunk = orjson.loads(payload)
-            except ValueError:
-                if payload.strip() == b"[DONE]":  # parsed first: one failed parse per stream
+                view = read_chunk(payload)
+            except ValueError as exc:
+                if payload.strip() == b"[DONE]":  # decoded first: one failed decode per stream
                     self._done = self._clean_end = True
                     whole = None
                     break
-                chunk = _MALFORMED
-            if isinstance(chunk, dict) and not isinstance(chunk.get("error"), dict):
-                chunks.append(chunk)
-                continue
-            failure = self._failure(chunk)
+                if isinstance(exc, msgspec.ValidationError):  # not an object, or bad fields
+                    failure = self._failure(f"a stream event that is not an OpenAI chunk ({exc})")
+                else:
+                    failure = self._failure("malformed data in its stream")
+            else:
+                if view.error is None:
+                    views.append(view)
+                    continue
+                failure = BackendError(  # an OpenAI error event, relayed as it came
+                    str(view.error.get("message") or "the backend reported an error"),
+                    retryable=False,
+                    body=orjson.loads(payload),
+                )
             self._done = True
-            if not chunks:
+            if not views:
                 raise failure
             self._error = failure
             whole = None
             break
-        if not chunks:  # [DONE] alone
+        if not views:  # [DONE] alone
             return Batch()
+        payloads = events[: len(views)]
         if whole is None:
-            # One data line per event: relayed as it came (a payload split over several
-            # data lines is re-encoded instead).
-            whole = b"".join(
-                b"data: " + p + b"\n\n" if b"\n" not in p else encode_chunk(c)
-                for p, c in zip(events, chunks, strict=False)
-            )
-        batch = Batch.of(chunks, whole, self._counted)
+            # One data line per event: relayed as it came. A payload split over several
+            # data lines is JSON, so its line breaks are whitespace between tokens: joined
+            # onto one line.
+            whole = b"".join(b"data: " + p.replace(b"\n", b"") + b"\n\n" for p in payloads)
+        batch = Batch.of(payloads, views, whole, self._counted)
         self._counted += batch.tokens
         return batch
 
@@ -173,24 +181,8 @@ class HttpChunkStream(ChunkStream):
             # comments (":"), "event:", "id:", "retry:" carry nothing for OpenAI streams
         return rest
 
-    def _failure(self, chunk: Any) -> BackendError:
-        """Why an event that is not a chunk (``_MALFORMED``: not JSON) fails the stream."""
-        if chunk is _MALFORMED:
-            return BackendError(
-                f"Backend {self._backend!r} sent malformed data in its stream.",
-                code="upstream_bad_response",
-            )
-        if not isinstance(chunk, dict):
-            return BackendError(
-                f"Backend {self._backend!r} sent a stream event that is not an object.",
-                code="upstream_bad_response",
-            )
-        err = chunk["error"]  # an OpenAI error event
-        return BackendError(
-            str(err.get("message") or "the backend reported an error"),
-            retryable=False,
-            body=chunk,
-        )
+    def _failure(self, what: str) -> BackendError:
+        return BackendError(f"Backend {self._backend!r} sent {what}.", code="upstream_bad_response")
 
     async def aclose(self) -> None:
         if self._closed:
