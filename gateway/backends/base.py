@@ -73,10 +73,6 @@ class BackendError(Exception):
         return error_body(self.message, self.type, None, self.code)
 
 
-def encode_chunk(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
-
-
 @dataclass(slots=True)
 class Batch:
     """Chunks that arrived together, as the relay sends them: in one write.
