@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import msgspec
 import orjson
 import pytest
@@ -86,3 +89,16 @@ def test_what_is_not_json_is_a_decode_error() -> None:
     for payload in (b"{oops", b"", b'{"choices": [}', b"\xff"):
         with pytest.raises(msgspec.DecodeError):
             read_chunk(payload)
+
+
+VECTORS = json.loads((Path(__file__).parent / "vectors" / "chunk_tokens.json").read_text())[
+    "vectors"
+]
+
+
+def test_the_shared_vectors_are_what_the_gateway_counts() -> None:
+    """The SDKs check their counts against tests/vectors/chunk_tokens.json; it must be
+    the gateway's (scripts/make_chunk_vectors.py rewrites it)."""
+    assert len(VECTORS) >= 20 and {v["tokens"] for v in VECTORS} >= {0, 1, 2, 3, 4}
+    for vec in VECTORS:
+        assert _tokens(vec["chunk"], vec["counted"]) == vec["tokens"], vec["name"]

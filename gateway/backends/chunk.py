@@ -57,7 +57,9 @@ class ChunkView(msgspec.Struct, gc=False):
         send one token per choice per chunk when streaming); a chunk with only a role, a
         finish reason or usage delivers none. When it also carries a running
         ``usage.completion_tokens`` that says more (vLLM's ``--stream-interval`` > 1
-        with continuous usage stats), that many.
+        with continuous usage stats), that many. The client SDKs' counts are checked
+        against this one on ``tests/vectors/chunk_tokens.json``
+        (scripts/make_chunk_vectors.py).
         """
         n = 0
         for choice in self.choices or ():

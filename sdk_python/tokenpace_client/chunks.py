@@ -4,7 +4,8 @@ Tokens are counted as the gateway counts them (docs/protocol.md, "Gateway-side
 measurements"): one per choice with new content, reasoning, refusal, tool call or
 completion text; a role-only, finish or usage chunk carries none; when the chunk also
 carries a running ``usage.completion_tokens`` that says more (vLLM's
-``--stream-interval``), that many.
+``--stream-interval``), that many. The count is checked against the gateway's on the
+shared vectors ``tests/vectors/chunk_tokens.json``.
 """
 
 from __future__ import annotations

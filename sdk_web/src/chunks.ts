@@ -78,6 +78,7 @@ function hasToolCall(choice: ChunkChoice): boolean {
  * Tokens a chunk delivers, counted as the gateway counts them (docs/protocol.md,
  * "Gateway-side measurements"): one per choice with new text or a tool call; more when
  * the chunk carries a running `usage.completion_tokens` above `countedBefore` + that.
+ * Checked against the gateway's count on the shared vectors tests/vectors/chunk_tokens.json.
  */
 export function chunkTokens(chunk: ChatCompletionChunk, countedBefore: number): number {
   let n = 0;
