@@ -78,8 +78,9 @@ def _context(body: Mapping[str, Any], endpoint: Endpoint, request: Request) -> R
 async def _events(stream: ChunkStream) -> AsyncIterator[dict[str, str]]:
     """The stream as server-sent events, ``[DONE]`` last; a failure is an error event."""
     try:
-        async for chunk in stream.chunks():
-            yield {"data": orjson.dumps(chunk).decode()}
+        while payloads := (await stream.next_batch()).payloads:
+            for payload in payloads:  # each chunk's JSON, as the engine's stream encoded it
+                yield {"data": payload.decode()}
         yield {"data": "[DONE]"}
     except BackendError as exc:
         yield {"data": orjson.dumps(exc.body).decode()}
