@@ -146,13 +146,26 @@ def test_overdue_requests_go_first_oldest_first():
         fresh(table, key, arrival=arrival)
     policy_order = np.array([0, 3, 1, 2])  # as a policy ranked them
     # at 100 s: old (50 s) and older (80 s) have waited more than 10 TTFTs of 1 s
-    assert guard.overdue_first(table, policy_order, 100.0).tolist() == [2, 1, 0, 3]
-    assert (
-        ReaderGuard(SMALL, overdue_after_ttfts=None)
-        .overdue_first(table, policy_order, 100.0)
-        .tolist()
-        == policy_order.tolist()
+    overdue, others = guard.overdue(table, policy_order, 100.0)
+    assert overdue.tolist() == [2, 1] and others.tolist() == [0, 3]
+    overdue, others = ReaderGuard(SMALL, overdue_after_ttfts=None).overdue(
+        table, policy_order, 100.0
     )
+    assert overdue.size == 0 and others.tolist() == policy_order.tolist()
+
+
+def test_an_overdue_request_that_does_not_fit_holds_the_room_for_itself():
+    """Overdue requests are admitted in line: smaller, fresher ones do not slip past an
+    old long prompt and starve it."""
+    now = 100.0
+    table = RequestTable()
+    old_long = fresh(table, "old-long", arrival=10.0, prompt=1_500)
+    young = fresh(table, "young", arrival=99.5, prompt=50)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    holder = started(table, "holder", tokens=400, last_at=1.0, now=now)  # reader busy
+    table.col("prompt")[holder] = 600  # holds 1,000 tokens of the cache
+    run = policy.schedule(table, Capacity(2_000, 8, block_size=1, pauses=True), now)
+    assert run[holder] and not run[old_long] and not run[young]
 
 
 def test_bad_options_are_refused_naming_the_option():

@@ -65,7 +65,14 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     )
     started = time.perf_counter()
     pause = policy_name not in STOCK_POLICIES
-    result = simulate(workload, make_policy(policy_name, profile), profile, pause=pause)
+    options = {"lend_after_s": cfg["lend_after_s"]} if cfg.get("lend_after_s") else {}
+    result = simulate(
+        workload,
+        make_policy(policy_name, profile, **options),
+        profile,
+        preemption=cfg.get("preemption", "recompute"),
+        pause=pause,
+    )
     summary = result.summary()
     summary.update(policy=policy_name, rate=rate, pause=pause, wall_s=time.perf_counter() - started)
     summary["expected_tds_mean"] = float(np.mean([r.tds for r in workload]))
@@ -448,6 +455,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table-rate", type=float, default=None, help="rate for Table 4 percentiles"
     )
+    parser.add_argument(
+        "--preemption",
+        choices=("recompute", "swap"),
+        default="recompute",
+        help="what a request that loses its KV pays: a recompute, or a swap to host memory",
+    )
+    parser.add_argument(
+        "--lend-after-s",
+        type=float,
+        default=None,
+        help="andes-tp: replies whose readers need nothing for this long lend their KV "
+        "to fresh requests (default: every started reply keeps its KV reserved)",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="results/qoe")
 
@@ -477,6 +497,8 @@ def run(args: argparse.Namespace) -> int:
         "trace": args.trace,
         "tier_mix": args.tier_mix,
         "tenants": args.tenants,
+        "preemption": args.preemption,
+        "lend_after_s": args.lend_after_s,
     }
     try:
         if args.tier_mix:

@@ -1,38 +1,46 @@
-"""The reader's deadline: a reply on screen is never left without a token to show.
+"""The reader guard: a reply on screen is never left without a token to show.
 
 A client shows a reply's tokens by the release rule (recursion D of :mod:`qos.timeline`):
 the first on arrival, then one every 1/TDS unless the next has not arrived. The table
-keeps d_n, when the last token received starts being shown (``dig_last``), so the reader
-of a started reply runs out of tokens at
+keeps d_n, when the last token received is shown (``dig_last``), so the reader of a
+started reply runs out of tokens at
 
     D_i = d_n + 1/TDS_i                                             (the reader's deadline)
 
-and its next token comes ``lead_i`` after the decision that runs it: one iteration τ,
-plus the prefill of whatever of its context is not in the KV cache (a recompute after a
-preemption). Its *slack* is s_i = D_i - now - lead_i: how long it can still wait.
+Its next token comes ``lead_i`` after the decision that runs it: one iteration τ, plus
+the prefill of whatever of its context is not in the KV cache (a recompute after it
+lost its KV). Its *slack* s_i = D_i - now - lead_i is how long it can still wait.
 
 Wang et al., "Revisiting SLOs and System Level Metrics in LLM Serving" §4.3: users feel
 the longest wait (user idle latency, Eq. 9), since "once the slowdown has occurred,
 catching up later does not improve the user experience". Andes Eq. 1 integrates only up
-to the last token, so a freeze late in a long reply costs it almost nothing, and under
-overload the solver keeps giving the engine to fresh requests while started replies
-freeze for minutes. The guard makes the reader's deadline a constraint, not a cost:
+to the last token, so a freeze late in a long reply costs almost nothing, and under
+overload the solver kept giving the engine to fresh requests while started replies froze
+for minutes. The guard makes the reader's deadline a constraint, not a cost:
 
-1. **Due rows run.** A started reply whose slack is at most the margin runs now, whatever
-   the objective says: the margin is the longest the next decision can be away (one
-   iteration with its prefills, :meth:`ReaderGuard.margin_s`).
-2. **A started reply is paused only with slack to spare.** A running reply leaves the
-   batch only to make room for a due one, the one with the most slack first, and only if
-   its slack after the recompute it would then need is above the margin.
+1. **Due replies run.** A started reply whose slack is at most the margin runs now,
+   whatever the objective says. The margin (:meth:`ReaderGuard.margin_s`) covers the
+   wait for the next decision: this iteration and the next, each with its prefill base,
+   plus how long the engine lets a decision stand.
+2. **A reply gives way only with slack to spare.** Where pausing keeps the KV (the vLLM
+   plugin), the replies ahead of their readers give their batch slots to fresh requests
+   and to due replies; where it would lose the KV (a recompute), a running reply is left
+   out only to make room for a due one, and only if its slack after that recompute is
+   above the margin.
 3. **The shortfall lands before the first token.** A request with no token yet is
-   admitted only into the room that is left once every committed reply (started, or
-   running) has its KV counted, parked ones included, so a reply parked to make room can
-   always come back; and the prefills admitted in one iteration are bounded by the
-   smallest slack of the replies that run in it, so an admission never freezes a reader.
+   admitted only into the room left once every committed reply (started, or running)
+   has its KV counted, parked ones included, so a reply that gave way can always come
+   back; and the prefills admitted in one iteration stay within the slack of every
+   reply that runs in it and of every reply left out beyond the next iteration, so an
+   admission never freezes a reader (the first prefill of an iteration always goes in:
+   progress). Among fresh requests, the policy's order, except that requests overdue
+   (waiting more than ``overdue_after_ttfts`` times their TTFT) go first, oldest first:
+   under sustained overload someone must wait, and the longest wait is what users feel.
 
-What the guard cannot prevent is a started set that outgrows the engine on its own
-(replies grow into the KV headroom): then the replies with the most slack are parked and
-come back first when room frees, before any fresh request.
+What remains is bounded: a reply can wait beyond its reader's pace for at most one
+iteration with the longest single (re)compute prefill (the progress rule, or the cache
+outgrown by the replies' own growth, when a paused one loses its KV). docs/architecture.md
+derives this and docs/benchmarks.md measures it.
 """
 
 from __future__ import annotations
@@ -122,7 +130,8 @@ class ReaderGuard:
         batch.take(_by(slack, must), capacity.kv_tokens)
         batch.budget = self._prefill_budget(slack, batch.keep, committed, tau)
         rest = committed & ~batch.keep
-        fresh = self.overdue_first(table, admissions_in_order[~committed[admissions_in_order]], now)
+        fresh = admissions_in_order[~committed[admissions_in_order]]
+        overdue, fresh = self.overdue(table, fresh, now)
         reserved = committed
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
@@ -133,7 +142,7 @@ class ReaderGuard:
             # is in the cache, then, into what the paused ones leave free, those that
             # lost it (a reply brought back early must not push a paused one out).
             resident = running | (table.col("computed") > 0)
-            batch.take(fresh, min(room, watermark - batch.kv))
+            self._admit(batch, overdue, fresh, min(room, watermark - batch.kv))
             batch.take(_by(slack, rest & resident), capacity.kv_tokens - batch.kv)
             paused = int(demand @ (resident & ~batch.keep))
             batch.take(_by(slack, rest & ~resident), capacity.kv_tokens - batch.kv - paused)
@@ -142,21 +151,31 @@ class ReaderGuard:
             # back, then fresh requests take the room left.
             batch.take(_by(slack, rest & running), capacity.kv_tokens - batch.kv)
             batch.take(_by(slack, rest & ~running), watermark - batch.kv)
-            batch.take(fresh, min(room, watermark - batch.kv))
-        self.held += int(fresh.size - np.count_nonzero(batch.keep[fresh]))
+            self._admit(batch, overdue, fresh, min(room, watermark - batch.kv))
+        waiting = np.concatenate((overdue, fresh))
+        self.held += int(waiting.size - np.count_nonzero(batch.keep[waiting]))
         return batch.keep
 
-    def overdue_first(self, table: RequestTable, rows: np.ndarray, now: float) -> np.ndarray:
-        """``rows`` (waiting, in the policy's order) with the overdue ones first, oldest
-        first: those that have waited ``overdue_after_ttfts`` times their TTFT."""
+    def overdue(
+        self, table: RequestTable, rows: np.ndarray, now: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` (waiting, in the policy's order) split into the overdue ones, those
+        that have waited ``overdue_after_ttfts`` times their TTFT, oldest first, and the
+        others, in the policy's order."""
         if self.overdue_after_ttfts is None or not rows.size:
-            return rows
+            return rows[:0], rows
         arrival = table.col("arrival")[rows]
-        overdue = now - arrival > self.overdue_after_ttfts * table.col("ttft")[rows]
-        if not overdue.any():
-            return rows
-        oldest = rows[overdue][np.argsort(arrival[overdue], kind="stable")]
-        return np.concatenate((oldest, rows[~overdue]))
+        late = now - arrival > self.overdue_after_ttfts * table.col("ttft")[rows]
+        oldest = rows[late][np.argsort(arrival[late], kind="stable")]
+        return oldest, rows[~late]
+
+    @staticmethod
+    def _admit(batch: _Batch, overdue: np.ndarray, fresh: np.ndarray, kv_tokens: int) -> None:
+        """Overdue requests in line (the oldest first; one that does not fit holds the
+        room for itself, as FCFS would), then, if they all went in, the others."""
+        if overdue.size and not batch.take_in_line(overdue, kv_tokens):
+            return
+        batch.take(fresh, kv_tokens - int(batch.demand[overdue].sum()))
 
     def _prefill_budget(
         self, slack: np.ndarray, keep: np.ndarray, committed: np.ndarray, tau: float
@@ -187,6 +206,15 @@ class _Batch:
         self.kv = 0
         self.budget = np.inf
         self.prefilled = False
+
+    def take_in_line(self, order: np.ndarray, kv_tokens: int) -> bool:
+        """Take the rows of ``order`` up to the first that does not fit; whether all did."""
+        slots = self.slots - _count(self.keep)
+        need = np.cumsum(self.demand[order])
+        line = order[: min(int(np.searchsorted(need, kv_tokens, side="right")), max(slots, 0))]
+        before = _count(self.keep)
+        self.take(line, kv_tokens)
+        return _count(self.keep) - before == order.size
 
     def take(self, order: np.ndarray, kv_tokens: int) -> None:
         """Take the rows of ``order`` that fit, in order, skipping the others."""
