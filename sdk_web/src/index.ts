@@ -32,7 +32,8 @@ export {
   postReport,
 } from "./telemetry.js";
 export type { ReportAuth, TelemetryOptions, TelemetryReport, TelemetryResult } from "./telemetry.js";
-export { DEFAULT_EXPECTATION, DEFAULT_TIER, requestInfo } from "./headers.js";
+export { requestInfo } from "./headers.js";
+export { DEFAULT_EXPECTATION, DEFAULT_TIER, TIERS } from "./tiers.js";
 export type { RequestInfo } from "./headers.js";
 export { SDK_NAME, SDK_VERSION } from "./version.js";
 export type { ChatCompletionChunk, ChunkChoice, ChunkDelta, Expectation, Outcome, QoE, Timeline, TimelineEntry } from "./types.js";
