@@ -58,21 +58,11 @@ const keys = new KeyStore("tokenpace.adminKey");
 const keyForm = byId<HTMLFormElement>("key-form");
 const problem = byId<HTMLParagraphElement>("problem");
 const colors = new SeriesColors(); // a tenant/tier has one colour on both sides
+const qoeChart = (id: string, title: string): LiveChart =>
+  new LiveChart(byId(id), { title, unit: `Andes QoE, ${WINDOW_S / 60} min mean`, keep: KEEP, range: [0, 1], colors });
 const qoeCharts = {
-  gateway: new LiveChart(byId("qoe-gateway-chart"), {
-    title: "Gateway side",
-    unit: `Andes QoE, ${WINDOW_S / 60} min mean`,
-    keep: KEEP,
-    range: [0, 1],
-    colors,
-  }),
-  client: new LiveChart(byId("qoe-client-chart"), {
-    title: "Client side (the SDKs' reports)",
-    unit: `Andes QoE, ${WINDOW_S / 60} min mean`,
-    keep: KEEP,
-    range: [0, 1],
-    colors,
-  }),
+  gateway: qoeChart("qoe-gateway-chart", "Gateway side"),
+  client: qoeChart("qoe-client-chart", "Client side (the SDKs' reports)"),
 };
 const serviceChart = new LiveChart(byId("service-chart"), {
   title: "Fair share: output tokens/s served per tenant",
