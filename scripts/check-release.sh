@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 python=$root/.venv/bin/python
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; wait; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; wait; rm -rf "$work"' EXIT
 tree=$work/tree
 out=$work/dist
 mkdir -p "$tree" "$out"
