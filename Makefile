@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv constraints test lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web
+.PHONY: venv constraints test lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web release-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +18,12 @@ $(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# Rewrite constraints.txt from .venv (everything but the project's own editable packages):
-# after changing a dependency, `make venv constraints`, run the tests, commit both.
+# Rewrite constraints.txt from .venv (everything but the project's own editable packages
+# and pip; setuptools included, which the release builds use): after changing a
+# dependency, `make venv constraints`, run the tests, commit both.
 constraints: venv
 	{ echo "# pip constraints: the versions \`make venv\` installs (\`make constraints\` writes it)"; \
-	  $(BIN)/pip freeze --exclude-editable; } > constraints.txt
+	  $(BIN)/pip freeze --exclude-editable --all | grep -v '^pip=='; } > constraints.txt
 
 # What mypy checks (configuration: pyproject.toml, [tool.mypy]); add a package here once
 # it passes.
@@ -78,11 +79,19 @@ webui/.built: webui/node_modules/.installed $(WEBUI_SOURCES)
 
 webui: webui/.built
 
-# Python tests, then the web SDK's unit tests, then the pages in Chromium (webui/test/).
+# The release artefacts, built from a clean tree: both Python distributions (`python -m
+# build`: tokenpace, sdk_python's tokenpace-client) and the web SDK (`npm pack`), each
+# installed into a fresh virtualenv or scratch npm project and imported (about 1.5 min).
+release-check: venv sdk_web/node_modules/.installed
+	scripts/check-release.sh
+
+# Python tests, then the web SDK's unit tests, then the pages in Chromium (webui/test/),
+# then the release artefacts.
 test: venv lint vllm mypy-vllm system-deps sdk-web webui
 	$(BIN)/pytest -q
 	cd sdk_web && $(NPM) test
 	cd webui && $(NPM) test
+	$(MAKE) release-check
 
 bench-qoe: venv
 	$(BIN)/tokenpace bench qoe --out results/qoe

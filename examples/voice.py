@@ -1,6 +1,6 @@
 """A voice reply on the voice tier: sentences released at speaking speed, spoken by espeak-ng.
 
-Start the gateway (``make run``), then:
+Start the gateway (``tokenpace serve`` or ``make run``), then:
 
     .venv/bin/python examples/voice.py --api-key tp-demo-... [--wav reply.wav]
 
@@ -8,26 +8,41 @@ tokenpace_client releases whole sentences (``unit="sentence"``): each goes out o
 is complete and the previous one has had its speaking time (its tokens / TDS, 3.3
 tokens/s on the voice tier). Every sentence is printed with its release time (seconds
 since the request). With espeak-ng installed (the Debian package ``espeak-ng``) each one
-is spoken as it is released, or with ``--wav FILE`` written to one WAV file instead.
+is spoken as it is released, or with ``--wav FILE`` written to one WAV file instead, at
+the speed the gateway announces for the tier (``X-TokenPace-TDS``), so the speech keeps
+pace with the release. The gateway's URL and the key are found as ``chat.py`` finds them.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import os
 import shutil
 import subprocess
 import sys
 import time
 import wave
 
+import openai
+from cli_support import api_key, base_url, explain
 from tokenpace_client import OpenAI
 
+# espeak-ng's speed is in words a minute, a tier's TDS in tokens a second. Andes (Liu et
+# al.) §2.2 derives the voice tier's 3.3 tokens/s from Table 2's English speaking speed,
+# 150 words a minute: 3.3 / (150 / 60) = 1.32 tokens a word.
+TOKENS_PER_WORD = 3.3 / (150 / 60)
+ESPEAK_MIN_WPM = 80  # espeak-ng speaks no slower
 
-def synthesize(espeak: str, sentence: str) -> bytes:
-    """espeak-ng's WAV of ``sentence``."""
-    return subprocess.run([espeak, "--stdout", sentence], check=True, capture_output=True).stdout
+
+def words_per_minute(tds: float) -> int:
+    """espeak-ng's ``-s`` for ``tds`` tokens/s: tds / TOKENS_PER_WORD words a second, x 60."""
+    return max(ESPEAK_MIN_WPM, round(tds / TOKENS_PER_WORD * 60))
+
+
+def synthesize(espeak: str, wpm: int, sentence: str) -> bytes:
+    """espeak-ng's WAV of ``sentence`` spoken at ``wpm`` words a minute."""
+    command = [espeak, "-s", str(wpm), "--stdout", sentence]
+    return subprocess.run(command, check=True, capture_output=True).stdout
 
 
 def write_wav(path: str, clips: list[bytes]) -> float:
@@ -47,8 +62,8 @@ def write_wav(path: str, clips: list[bytes]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-    parser.add_argument("--api-key", default=os.environ.get("TOKENPACE_API_KEY"))
+    parser.add_argument("--base-url", default=base_url())
+    parser.add_argument("--api-key", default=api_key())
     parser.add_argument("--model", default="tokenpace-sim")
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--prompt", default="Tell me a short story.")
@@ -60,6 +75,18 @@ def main() -> int:
     if espeak is None:
         print("espeak-ng is not installed: printing the sentences only", file=sys.stderr)
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, tier="voice", unit="sentence")
+    try:
+        clips = speak(client, args, espeak)
+    except openai.APIError as error:
+        print(f"error: {explain(error, args.base_url)}", file=sys.stderr)
+        return 1
+    if args.wav and espeak is not None:
+        print(f"wrote {args.wav}: {write_wav(args.wav, clips):.1f} s of audio")
+    return 0
+
+
+def speak(client: OpenAI, args: argparse.Namespace, espeak: str | None) -> list[bytes]:
+    """Ask, then print (and speak, or keep the audio of) each sentence as it is released."""
     sent = time.monotonic()
     stream = client.chat.completions.create(
         model=args.model,
@@ -67,6 +94,10 @@ def main() -> int:
         max_tokens=args.max_tokens,
         stream=True,
     )
+    wpm = words_per_minute(stream.tds)
+    if espeak is not None:
+        rate = f"the tier's {stream.tds:g} tokens/s at {TOKENS_PER_WORD:.2f} tokens a word"
+        print(f"[espeak-ng at {wpm} words/min: {rate}]")
     clips: list[bytes] = []
     with stream:
         for chunk in stream:
@@ -77,9 +108,11 @@ def main() -> int:
             if espeak is None:
                 continue
             if args.wav:
-                clips.append(synthesize(espeak, sentence))
+                clips.append(synthesize(espeak, wpm, sentence))
             else:  # speaks now; the next sentence is due once this one had its time
-                spoken = subprocess.run([espeak, sentence], capture_output=True, text=True)
+                spoken = subprocess.run(
+                    [espeak, "-s", str(wpm), sentence], capture_output=True, text=True
+                )
                 if spoken.returncode != 0 or "error" in spoken.stderr.lower():
                     print(
                         f"espeak-ng cannot play here ({spoken.stderr.strip().splitlines()[-1]});"
@@ -89,9 +122,7 @@ def main() -> int:
                     espeak = None
     q = stream.qoe
     print(f"[tier {stream.tier} · QoE arrived {q.andes:.2f} · displayed {q.displayed_andes:.2f}]")
-    if args.wav and espeak is not None:
-        print(f"wrote {args.wav}: {write_wav(args.wav, clips):.1f} s of audio")
-    return 0
+    return clips
 
 
 if __name__ == "__main__":

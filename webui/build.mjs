@@ -1,5 +1,5 @@
 // Bundles the pages into dist/: each page's script with the web SDK (from its source,
-// ../sdk_web/src) and uPlot, plus the HTML, the styles and uPlot's stylesheet. The
+// ../sdk_web/src) and uPlot, plus the HTML, the styles, the icon and uPlot's stylesheet. The
 // gateway serves dist/ at /demo, /dashboard and /webui/ (gateway/pages.py); nothing is
 // fetched at run time.
 import { copyFile, mkdir, rm } from "node:fs/promises";
@@ -22,7 +22,7 @@ await build({
   legalComments: "linked",
   logLevel: "warning",
 });
-for (const file of ["demo.html", "dashboard.html", "style.css"]) {
+for (const file of ["demo.html", "dashboard.html", "style.css", "favicon.svg"]) {
   await copyFile(here(`./src/${file}`), `${dist}${file}`);
 }
 await copyFile(here("./node_modules/uplot/dist/uPlot.min.css"), `${dist}uPlot.min.css`);

@@ -10,7 +10,8 @@ tokens each tenant was served so far (``tokenpace_output_tokens``), its share of
 engine while all three were contending. It waits for the streams to end, then reads
 the gateway's own figures: ``GET /v1/tokenpace/qoe`` (admin key) for each tenant's
 average QoE, overall and in the chat tier, and ``/metrics`` for its mean TTFT
-(``tokenpace_ttft_seconds``). Usage::
+(``tokenpace_ttft_seconds``). Every few seconds it prints to stderr how many requests
+were sent and how many are still streaming. Usage::
 
     .venv/bin/python examples/price_tiering/load.py [--seconds 60] [--rate 0.8] [--mixed]
 """
@@ -45,6 +46,7 @@ PLANS = {  # tenant: (API key, the tiers its plan allows, cycled through with --
     "enterprise": ("tp-example-enterprise-key", ["chat", "voice", "fast"]),
 }
 MODEL = "tokenpace-sim"
+PROGRESS_S = 5.0  # seconds between progress lines
 
 
 def free_port() -> int:
@@ -156,7 +158,25 @@ async def drive(
         await asyncio.sleep(seconds)
         return await asyncio.to_thread(scrape, url)
 
-    *_, contended = await asyncio.gather(*(tenant(name) for name in PLANS), snapshot())
+    async def progress() -> None:
+        start = time.perf_counter()
+        while True:
+            await asyncio.sleep(PROGRESS_S)
+            elapsed = time.perf_counter() - start
+            tasks = [task for tasks in sent.values() for task in tasks]
+            streaming = sum(not task.done() for task in tasks)
+            doing = f"sending for {seconds:g} s" if elapsed < seconds else "sending done"
+            print(
+                f"[{elapsed:4.0f} s] {doing}: {len(tasks)} requests sent, {streaming} streaming",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    reporter = asyncio.create_task(progress())
+    try:
+        *_, contended = await asyncio.gather(*(tenant(name) for name in PLANS), snapshot())
+    finally:
+        reporter.cancel()
     return outcomes, contended
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from tokenpace_client.headers import resolve
 from tokenpace_client.reader import Event
-from tokenpace_client.settings import resolve
 from tokenpace_client.stream import AsyncPacedStream, PacedStream
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +27,9 @@ from tokenpace_client.telemetry import (
 from tokenpace_client.timeline import Timeline, ceil_us
 
 RID = "0123456789abcdef0123456789abcdef"
+COALESCE_VECTORS = json.loads(
+    (Path(__file__).resolve().parents[2] / "tests" / "vectors" / "coalesce.json").read_text()
+)
 
 
 # -- coalescing -----------------------------------------------------------------------
@@ -52,6 +56,21 @@ def test_coalescing_keeps_tokens_and_never_flatters_the_qoe():
         assert monotone_qoe(short, 1.0, 4.8) <= monotone_qoe(timeline, 1.0, 4.8) + 1e-12
     with pytest.raises(ValueError, match="limit"):
         coalesce(timeline, 1)
+
+
+@pytest.mark.parametrize("vec", COALESCE_VECTORS["coalesce"], ids=lambda v: v["name"])
+def test_the_shared_coalescing_vectors_are_what_this_client_computes(vec):
+    # tests/vectors/coalesce.json is written from this client (scripts/make_coalesce_vectors.py)
+    # and the web SDK checks its copy against it: a rule changed here without rewriting
+    # the file fails.
+    timeline = [(t, n) for t, n in vec["timeline"]]
+    assert coalesce(timeline, vec["limit"]) == [(t, n) for t, n in vec["coalesced"]]
+
+
+def test_the_shared_rounding_vectors_are_what_this_client_computes():
+    rounding = COALESCE_VECTORS["rounding"]
+    assert len(rounding) >= 50
+    assert [ceil_us(seconds) for seconds, _ in rounding] == [up for _, up in rounding]
 
 
 def test_times_are_rounded_up_to_the_microsecond():

@@ -14,12 +14,16 @@ from typing import Any
 from tokenpace_client.qoe import andes_qoe, digestion_starts, monotone_qoe
 from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
 from tokenpace_client.telemetry import TelemetrySender, default_sender
+from tokenpace_client.tiers import DEFAULT_TIER, TIERS, Expectation
 from tokenpace_client.timeline import QoE, Timeline
 from tokenpace_client.version import __version__
 
 __all__ = [
+    "DEFAULT_TIER",
+    "TIERS",
     "AsyncOpenAI",
     "AsyncPacedStream",
+    "Expectation",
     "OpenAI",
     "PacedStream",
     "QoE",
@@ -39,10 +43,10 @@ def __getattr__(name: str) -> Any:
     """``OpenAI`` and ``AsyncOpenAI`` need the ``openai`` extra; imported on first use."""
     if name in ("OpenAI", "AsyncOpenAI"):
         try:
-            from tokenpace_client import clients
+            from tokenpace_client import client
         except ImportError as exc:
             raise ImportError(
                 f"tokenpace_client.{name} needs openai: pip install 'tokenpace-client[openai]'"
             ) from exc
-        return getattr(clients, name)
+        return getattr(client, name)
     raise AttributeError(f"module 'tokenpace_client' has no attribute {name!r}")

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-Entry = tuple[float, int]
+from tokenpace_client.qoe import TimelineEntry
 
 
-def coalesce(timeline: Sequence[Entry], limit: int) -> list[Entry]:
+def coalesce(timeline: Sequence[TimelineEntry], limit: int) -> list[TimelineEntry]:
     """``timeline`` in at most ``limit`` entries (``limit`` >= 2), by the shared rule above."""
     if limit < 2:
         raise ValueError(f"limit: must be at least 2, got {limit}")

@@ -2,7 +2,7 @@
 
 The reader (a thread or a task) timestamps every chunk as it reads it; the stream hands
 each one to :meth:`Pacer.arrive`, which counts its tokens, splits it into pieces
-(:mod:`tokenpace_client.splitting`) and gives each piece its release time
+(:mod:`tokenpace_client.segment`) and gives each piece its release time
 (:mod:`tokenpace_client.schedule`). :meth:`Pacer.pop` hands out the pieces that are
 due; the stream sleeps until :meth:`Pacer.next_release` or the next arrival.
 """
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from tokenpace_client.chunks import chunk_tokens
 from tokenpace_client.schedule import ReleaseSchedule
-from tokenpace_client.splitting import Piece, Unit, make_splitter
+from tokenpace_client.segment import Piece, Unit, make_splitter
 from tokenpace_client.timeline import Timeline, ceil_us
 
 End = Literal["drain", "flush"]

@@ -9,7 +9,8 @@ vectors ``tests/vectors/qoe.json`` that are generated from ``qos.metrics``:
 - Andes QoE, Andes (Liu et al.) §3.1 Eq. 1, in closed form;
 - the monotone QoE of docs/qoe.md, which delaying a token can never raise.
 
-A timeline is ``[(seconds since the request, tokens), ...]`` per chunk, or per-token times.
+The entries of a timeline are ``[(seconds since the request, tokens), ...]`` per chunk,
+or per-token times.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-Timeline = Sequence[tuple[float, int]] | Sequence[float]
+TimelineEntry = tuple[float, int]
+"""(seconds since the request was sent, tokens): one chunk read, or one piece shown."""
+
+Entries = Sequence[TimelineEntry] | Sequence[float]
+"""One timeline's entries, per chunk or as per-token times."""
 
 
-def token_times(timeline: Timeline) -> list[float]:
+def token_times(timeline: Entries) -> list[float]:
     """Per-token arrival times of ``timeline``, validated as ``qos.timeline.token_times`` does.
 
     Raises ``ValueError`` when it is empty, has negative or non-finite times, is not
@@ -82,7 +87,7 @@ def _expected_area(until: float, ttft: float, tds: float, length: float) -> floa
     return 0.5 * tds * u * u if u <= ramp else 0.5 * length * ramp + length * (u - ramp)
 
 
-def andes_qoe(timeline: Timeline, ttft: float, tds: float) -> float:
+def andes_qoe(timeline: Entries, ttft: float, tds: float) -> float:
     """Andes QoE, Andes (Liu et al.) §3.1 Eq. 1: S_actual / S_expected up to the last token.
 
     A is the reader's digestion curve, T the expected curve; clamped to [0, 1]; a reply
@@ -104,7 +109,7 @@ def andes_of_times(times: Sequence[float], ttft: float, tds: float) -> float:
     return min(max(s_actual / s_expected, 0.0), 1.0)
 
 
-def monotone_qoe(timeline: Timeline, ttft: float, tds: float) -> float:
+def monotone_qoe(timeline: Entries, ttft: float, tds: float) -> float:
     """Monotone QoE (docs/qoe.md): E / (E + deficit), E = l²/(2·TDS).
 
     deficit = Σ_k (d'_k - e_k): d'_k the digestion start with tokens held until the

@@ -26,9 +26,9 @@ from typing import Any
 from tokenpace_client import otel
 from tokenpace_client.chunks import get_field
 from tokenpace_client.clock import MONOTONIC, Clock
+from tokenpace_client.headers import Settings, resolve
 from tokenpace_client.pacer import Pacer
 from tokenpace_client.reader import Event, TaskReader, ThreadReader
-from tokenpace_client.settings import Settings, resolve
 from tokenpace_client.telemetry import (
     Delivery,
     TelemetrySender,

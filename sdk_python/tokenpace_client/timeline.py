@@ -8,11 +8,10 @@ one the gateway recomputes from the report.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tokenpace_client.qoe import andes_of_times, monotone_of_times, token_times
-
-Entries = tuple[tuple[float, int], ...]
+from tokenpace_client.qoe import TimelineEntry, andes_of_times, monotone_of_times, token_times
 
 
 def ceil_us(seconds: float) -> float:
@@ -25,8 +24,8 @@ def ceil_us(seconds: float) -> float:
 class Timeline:
     """``arrivals``: (time, tokens) per chunk read; ``displayed``: per piece released."""
 
-    arrivals: Entries
-    displayed: Entries
+    arrivals: tuple[TimelineEntry, ...]
+    displayed: tuple[TimelineEntry, ...]
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class QoE:
 
     @classmethod
     def of(cls, timeline: Timeline, ttft: float, tds: float) -> QoE:
-        def score(entries: Entries) -> tuple[float, float]:
+        def score(entries: tuple[TimelineEntry, ...]) -> tuple[float, float]:
             if not entries:
                 return 0.0, 0.0
             times = token_times(entries)
@@ -53,7 +52,7 @@ class QoE:
         return cls(arrived[0], arrived[1], shown[0], shown[1])
 
 
-def gaps_over(entries: Entries, limit: float) -> int:
+def gaps_over(entries: Sequence[TimelineEntry], limit: float) -> int:
     """How many times consecutive entries are more than ``limit`` seconds apart (rebuffering)."""
     times = [t for t, _ in entries]
     return sum(b - a > limit for a, b in itertools.pairwise(times)) if times else 0

@@ -12,7 +12,7 @@
 import { openAIChunks } from "./chunks.js";
 import { systemClock } from "./clock.js";
 import { errorBody, TokenPaceError } from "./errors.js";
-import { pace, type PacedStream, type PaceOptions } from "./pace.js";
+import { pace, type PacedStream, type PaceOptions } from "./stream.js";
 import { parseSSE } from "./sse.js";
 import type { TelemetryOptions } from "./telemetry.js";
 import type { ChatCompletionChunk } from "./types.js";

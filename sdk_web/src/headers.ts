@@ -2,11 +2,8 @@
  * What the gateway's response headers say about a request (docs/protocol.md,
  * "Gateway → client"): its id, the tier served and what to pace to, and the telemetry token.
  */
+import { DEFAULT_EXPECTATION, DEFAULT_TIER } from "./tiers.js";
 import type { Expectation } from "./types.js";
-
-/** Pacing without headers or arguments: the chat tier. */
-export const DEFAULT_TIER = "chat";
-export const DEFAULT_EXPECTATION: Expectation = { ttft: 1.0, tds: 4.8 };
 
 /** A request as the SDK paces and reports it. */
 export interface RequestInfo {
@@ -24,7 +21,7 @@ function positiveNumber(value: string | null): number | undefined {
 
 /**
  * Numbers given as arguments win, then the `X-TokenPace-TTFT`/`-TDS` headers, then the
- * chat tier's defaults. The tier is the header's, else `custom` when numbers were given,
+ * default tier's (src/tiers.ts). The tier is the header's, else `custom` when numbers were given,
  * else `chat`.
  */
 export function requestInfo(headers: Headers | undefined, given: { ttft?: number; tds?: number } = {}): RequestInfo {

@@ -6,8 +6,9 @@ export { createClient } from "./client.js";
 export type { ChatCompletionCreateParams, ClientOptions, RequestOptions, TokenPaceClient } from "./client.js";
 export { paceOpenAI, telemetryURL } from "./openai.js";
 export type { OpenAIStream, OpenAIStreamWithResponse } from "./openai.js";
-export { paceStream } from "./pace.js";
-export type { ChunkSource, PacedStream, PaceOptions } from "./pace.js";
+export { paceStream } from "./stream.js";
+export type { PacedStream, PaceOptions } from "./stream.js";
+export type { ChunkSource } from "./reader.js";
 export { systemClock } from "./clock.js";
 export type { Clock } from "./clock.js";
 export { TokenPaceError } from "./errors.js";
@@ -32,7 +33,8 @@ export {
   postReport,
 } from "./telemetry.js";
 export type { ReportAuth, TelemetryOptions, TelemetryReport, TelemetryResult } from "./telemetry.js";
-export { DEFAULT_EXPECTATION, DEFAULT_TIER, requestInfo } from "./headers.js";
+export { requestInfo } from "./headers.js";
+export { DEFAULT_EXPECTATION, DEFAULT_TIER, TIERS } from "./tiers.js";
 export type { RequestInfo } from "./headers.js";
 export { SDK_NAME, SDK_VERSION } from "./version.js";
 export type { ChatCompletionChunk, ChunkChoice, ChunkDelta, Expectation, Outcome, QoE, Timeline, TimelineEntry } from "./types.js";

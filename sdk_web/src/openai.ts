@@ -13,7 +13,7 @@
  * Structural types keep the `openai` package out of this SDK's dependencies.
  */
 import { systemClock } from "./clock.js";
-import { pace, type PacedStream, type PaceOptions } from "./pace.js";
+import { pace, type PacedStream, type PaceOptions } from "./stream.js";
 import type { TelemetryOptions } from "./telemetry.js";
 import type { ChatCompletionChunk } from "./types.js";
 

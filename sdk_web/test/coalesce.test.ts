@@ -1,9 +1,28 @@
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { test } from "node:test";
 import { ceilMicroseconds, coalesce, reportTimeline } from "../src/coalesce.js";
 import { monotoneQoE } from "../src/qoe.js";
 import { buildReport, MAX_BODY_BYTES, MAX_POINTS } from "../src/telemetry.js";
 import type { TimelineEntry } from "../src/types.js";
+import { REPO_ROOT } from "./helpers.js";
+
+/** The shared rule's vectors, generated from the Python client (scripts/make_coalesce_vectors.py). */
+const vectors = JSON.parse(readFileSync(join(REPO_ROOT, "tests/vectors/coalesce.json"), "utf8")) as {
+  coalesce: Array<{ name: string; timeline: TimelineEntry[]; limit: number; coalesced: TimelineEntry[] }>;
+  rounding: Array<[number, number]>;
+};
+
+test("the shared coalescing vectors", () => {
+  assert.ok(vectors.coalesce.length >= 20, `only ${vectors.coalesce.length} vectors`);
+  for (const v of vectors.coalesce) assert.deepEqual(coalesce(v.timeline, v.limit), v.coalesced, v.name);
+});
+
+test("the shared rounding vectors", () => {
+  assert.ok(vectors.rounding.length >= 50, `only ${vectors.rounding.length} vectors`);
+  for (const [seconds, up] of vectors.rounding) assert.equal(ceilMicroseconds(seconds), up, `${seconds}`);
+});
 
 test("the coalescing rule: the first entry alone, the rest in L - 1 runs at their last time", () => {
   const timeline: TimelineEntry[] = Array.from({ length: 10 }, (_, i) => [i + 1, i + 1]);

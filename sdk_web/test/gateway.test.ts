@@ -13,7 +13,7 @@ import { after, before, test } from "node:test";
 import OpenAI from "openai";
 import { createClient } from "../src/client.js";
 import { paceOpenAI } from "../src/openai.js";
-import type { PacedStream } from "../src/pace.js";
+import type { PacedStream } from "../src/stream.js";
 import type { ChatCompletionChunk } from "../src/types.js";
 import { REPO_ROOT } from "./helpers.js";
 

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { TokenPaceError } from "../src/errors.js";
-import { paceStream } from "../src/pace.js";
+import { paceStream } from "../src/stream.js";
 import type { TelemetryReport } from "../src/telemetry.js";
 import type { ChatCompletionChunk } from "../src/types.js";
 import { SDK_NAME, SDK_VERSION } from "../src/version.js";

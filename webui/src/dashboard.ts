@@ -2,13 +2,18 @@
  * The operator's dashboard (/dashboard): behind the admin key, it polls the gateway's
  * own APIs every few seconds (GET /v1/tokenpace/qoe for every tenant's QoE, client side
  * and gateway side; GET /v1/tokenpace/admin/status for backends, load and fair share)
- * and plots them over time.
+ * and plots them over time. On open, the QoE charts start with the last minutes'
+ * history, rebuilt from the QoE endpoint's nested windows (src/qoe_history.ts); the
+ * gateway keeps no history of load or fair share, so those start at the first poll.
  */
-import { LiveChart } from "./live_chart.js";
+import { LiveChart, SeriesColors } from "./live_chart.js";
+import { history, historyWindows, totals, type QoESummary } from "./qoe_history.js";
 import { askAgain, askForKey, byId, getJSON, HttpError, KeyStore } from "./session.js";
 
 const POLL_MS = 2000;
 const WINDOW_S = 300; // the QoE window: the last 5 minutes
+const HISTORY_S = 300; // QoE history shown on open
+const HISTORY_STEP_S = 30;
 const KEEP = 900; // samples kept per chart: 30 minutes at POLL_MS
 
 interface Stats {
@@ -30,8 +35,7 @@ interface Pair {
   client: Side;
 }
 
-interface QoESummary {
-  window_s: number;
+interface QoEDetails extends QoESummary {
   tenants: Record<string, { overall: Pair; tiers: Record<string, Pair> }>;
 }
 
@@ -53,12 +57,13 @@ interface Status {
 const keys = new KeyStore("tokenpace.adminKey");
 const keyForm = byId<HTMLFormElement>("key-form");
 const problem = byId<HTMLParagraphElement>("problem");
-const qoeChart = new LiveChart(byId("qoe-chart"), {
-  title: `Andes QoE, mean over the last ${WINDOW_S / 60} min`,
-  unit: "QoE",
-  keep: KEEP,
-  range: [0, 1],
-});
+const colors = new SeriesColors(); // a tenant/tier has one colour on both sides
+const qoeChart = (id: string, title: string): LiveChart =>
+  new LiveChart(byId(id), { title, unit: `Andes QoE, ${WINDOW_S / 60} min mean`, keep: KEEP, range: [0, 1], colors });
+const qoeCharts = {
+  gateway: qoeChart("qoe-gateway-chart", "Gateway side"),
+  client: qoeChart("qoe-client-chart", "Client side (the SDKs' reports)"),
+};
 const serviceChart = new LiveChart(byId("service-chart"), {
   title: "Fair share: output tokens/s served per tenant",
   unit: "tokens/s",
@@ -93,14 +98,14 @@ function fillTable(id: string, rows: Array<{ key: string; cells: Array<[string, 
   }
 }
 
-function showQoE(summary: QoESummary, time: number): void {
-  const sample: Record<string, number | null> = {};
+function showQoE(summary: QoEDetails, time: number): void {
+  const samples: Record<"gateway" | "client", Record<string, number | null>> = { gateway: {}, client: {} };
   const rows: Array<{ key: string; cells: Array<[string, string]> }> = [];
   for (const [tenant, { tiers }] of Object.entries(summary.tenants)) {
     for (const [tier, { gateway, client }] of Object.entries(tiers)) {
       const key = `${tenant}/${tier}`;
-      sample[`${key} client`] = client.andes?.mean ?? null;
-      sample[`${key} gateway`] = gateway.andes?.mean ?? null;
+      samples.client[key] = client.andes?.mean ?? null;
+      samples.gateway[key] = gateway.andes?.mean ?? null;
       rows.push({
         key,
         cells: [
@@ -116,7 +121,8 @@ function showQoE(summary: QoESummary, time: number): void {
       });
     }
   }
-  qoeChart.push(time, sample);
+  qoeCharts.gateway.push(time, samples.gateway);
+  qoeCharts.client.push(time, samples.client);
   fillTable("qoe-rows", rows);
 }
 
@@ -162,10 +168,26 @@ function showStatus(status: Status): void {
   );
 }
 
+/** The QoE charts' last `HISTORY_S` seconds, before the first live sample. */
+async function loadHistory(key: string): Promise<void> {
+  const windows = historyWindows(WINDOW_S, HISTORY_S, HISTORY_STEP_S);
+  const [status, ...summaries] = await Promise.all([
+    getJSON<Status>("/v1/tokenpace/admin/status", key),
+    ...windows.map((w) => getJSON<QoESummary>(`/v1/tokenpace/qoe?window=${w}`, key)),
+  ]);
+  const sides = summaries.map(totals);
+  for (const side of ["gateway", "client"] as const) {
+    const byWindow = new Map(windows.map((w, i) => [w, sides[i]![side]]));
+    for (const { ago, sample } of history(byWindow, WINDOW_S, HISTORY_S, HISTORY_STEP_S)) {
+      qoeCharts[side].push(status.time - ago, sample);
+    }
+  }
+}
+
 async function poll(key: string): Promise<void> {
   try {
     const [summary, status] = await Promise.all([
-      getJSON<QoESummary>(`/v1/tokenpace/qoe?window=${WINDOW_S}`, key),
+      getJSON<QoEDetails>(`/v1/tokenpace/qoe?window=${WINDOW_S}`, key),
       getJSON<Status>("/v1/tokenpace/admin/status", key),
     ]);
     showStatus(status);
@@ -184,11 +206,18 @@ async function poll(key: string): Promise<void> {
   }
 }
 
-askForKey(keys, keyForm, (key) => {
+async function open(key: string): Promise<void> {
   window.clearInterval(timer);
-  void poll(key);
+  try {
+    await loadHistory(key);
+  } catch {
+    // no history (a refused key is told by the first poll): the charts start now
+  }
+  await poll(key);
   timer = window.setInterval(() => void poll(key), POLL_MS);
-});
+}
+
+askForKey(keys, keyForm, (key) => void open(key));
 byId("forget-key").addEventListener("click", () => {
   window.clearInterval(timer);
   askAgain(keys, keyForm);

@@ -5,11 +5,12 @@
  * clock (the headers say which) and, once the reply ends, reports its QoE to the gateway
  * with the response's telemetry token, never with the key. The plot shows arrivals
  * against what was displayed and the tier's expected line; the QoE appears at the end.
- * On the voice tier the reply is spoken sentence by sentence where the browser can.
+ * On the voice tier the reply is spoken sentence by sentence where the browser can, and
+ * the page says whether it can. Send stays disabled until a key is accepted.
  */
 import { openAIChunks, paceStream, parseSSE, type ChatCompletionChunk, type PacedStream } from "../../sdk_web/src/index.js";
 import { askAgain, askForKey, byId, errorMessage, KeyStore } from "./session.js";
-import { SentenceSpeaker } from "./speech.js";
+import { onVoicesChanged, SentenceSpeaker, speechSupport } from "./speech.js";
 import { TimelinePlot } from "./timeline_plot.js";
 
 type Tier = "chat" | "voice" | "fast";
@@ -29,6 +30,7 @@ const stop = byId<HTMLButtonElement>("stop");
 const status = byId<HTMLSpanElement>("status");
 const reply = byId<HTMLDivElement>("reply");
 const problem = byId<HTMLParagraphElement>("problem");
+const speech = byId<HTMLParagraphElement>("speech");
 const plot = new TimelinePlot(byId("plot"));
 
 const history: Message[] = [];
@@ -36,15 +38,29 @@ let apiKey: string | null = null;
 let model: string | null = null;
 let current: AbortController | null = null;
 
-function setStatus(state: "idle" | "waiting" | "streaming" | "done" | "aborted" | "error", text: string): void {
+function setStatus(state: "no-key" | "idle" | "waiting" | "streaming" | "done" | "aborted" | "error", text: string): void {
   status.dataset["state"] = state;
   status.textContent = text;
+}
+
+/** No usable key: ask for one, and nothing can be sent until it is given. */
+function needKey(): void {
+  askAgain(keys, keyForm);
+  apiKey = null;
+  send.disabled = true;
+  setStatus("no-key", "Give the API key above to send a message.");
+}
+
+/** On the voice tier: whether this browser can speak the reply. */
+function showSpeech(): void {
+  speech.hidden = tierSelect.value !== "voice";
+  speech.textContent = speechSupport();
 }
 
 async function loadModel(key: string): Promise<void> {
   const response = await fetch("/v1/models", { headers: { Authorization: `Bearer ${key}` } });
   if (response.status === 401) {
-    askAgain(keys, keyForm);
+    needKey();
     problem.textContent = `The key was refused: ${await errorMessage(response)}`;
     return;
   }
@@ -58,6 +74,7 @@ async function loadModel(key: string): Promise<void> {
   apiKey = key;
   problem.textContent = "";
   send.disabled = model === null;
+  if (model !== null) setStatus("idle", "Ready.");
 }
 
 function showQoE(stream: PacedStream<ChatCompletionChunk>): void {
@@ -118,8 +135,9 @@ async function converse(text: string, tier: Tier): Promise<void> {
       signal: controller.signal,
     });
     if (!response.ok || response.body === null) {
-      if (response.status === 401) askAgain(keys, keyForm);
-      throw new Error(await errorMessage(response));
+      const message = await errorMessage(response);
+      if (response.status === 401) needKey();
+      throw new Error(message);
     }
     const requestId = response.headers.get("X-Request-Id") ?? undefined;
     const stream = paceStream(arriving(response.body, requestId, sentAt), {
@@ -151,13 +169,16 @@ async function converse(text: string, tier: Tier): Promise<void> {
   } finally {
     history.push({ role: "assistant", content: answer });
     current = null;
-    send.disabled = false;
+    send.disabled = apiKey === null || model === null;
     stop.disabled = true;
   }
 }
 
 askForKey(keys, keyForm, (key) => void loadModel(key));
-byId("forget-key").addEventListener("click", () => askAgain(keys, keyForm));
+byId("forget-key").addEventListener("click", needKey);
+tierSelect.addEventListener("change", showSpeech);
+onVoicesChanged(showSpeech);
+showSpeech();
 ask.addEventListener("submit", (event) => {
   event.preventDefault();
   const text = message.value.trim();

@@ -8,6 +8,19 @@ export function canSpeak(): boolean {
   return typeof window !== "undefined" && "speechSynthesis" in window;
 }
 
+/** What this browser can do for the voice tier, in a sentence for the page. */
+export function speechSupport(): string {
+  if (!canSpeak()) return "This browser has no speech synthesis: the voice tier's reply is shown, not spoken.";
+  const voices = speechSynthesis.getVoices().length;
+  if (voices === 0) return "This browser has speech synthesis but no voices installed: the voice tier's reply is shown, not spoken.";
+  return `This browser speaks the voice tier's reply, sentence by sentence (${voices} voice${voices === 1 ? "" : "s"} installed).`;
+}
+
+/** Calls `onChange` when the browser's voices load or change (they load after the page). */
+export function onVoicesChanged(onChange: () => void): void {
+  if (canSpeak()) speechSynthesis.addEventListener("voiceschanged", onChange);
+}
+
 /** The complete sentences at the start of `text`, and the rest (a sentence still open). */
 export function completeSentences(text: string, locale?: string): [string[], string] {
   const segments = [...new Intl.Segmenter(locale, { granularity: "sentence" }).segment(text)];

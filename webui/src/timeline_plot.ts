@@ -31,14 +31,17 @@ export function expectedTokens(t: number, expected: Expected): number | null {
   return t < expected.ttft ? null : 1 + (t - expected.ttft) * expected.tds;
 }
 
+/** The plot of one reply; the target's `.placeholder` shows until a reply is under way. */
 export class TimelinePlot {
   private readonly chart: uPlot;
+  private readonly placeholder: HTMLElement | null;
   private arrived: Point[] = [];
   private shown: Point[] = [];
   private expected: Expected | null = null;
   private pending = false;
 
   constructor(target: HTMLElement) {
+    this.placeholder = target.querySelector<HTMLElement>(".placeholder");
     const stepped = uPlot.paths.stepped?.({ align: 1 });
     this.chart = new uPlot(
       {
@@ -109,5 +112,6 @@ export class TimelinePlot {
     const expected = this.expected;
     const line = xs.map((x) => (expected ? expectedTokens(x, expected) : null));
     this.chart.setData([xs, cumulative(this.arrived, xs), cumulative(this.shown, xs), line]);
+    if (this.placeholder) this.placeholder.hidden = expected !== null || this.arrived.length + this.shown.length > 0;
   }
 }

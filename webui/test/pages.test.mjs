@@ -3,13 +3,19 @@
 // tolerances that hold on a loaded 2-core machine; the pacing logic itself is tested on
 // an injectable clock in sdk_web's unit tests.
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { counter, eventually, launchBrowser, screenshot, startGateway } from "./support.mjs";
 
-const TIERS = { chat: { ttft: 1.0, tds: 4.8 }, voice: { ttft: 1.0, tds: 3.3 } };
+/** The gateway's default tiers (generated from its table by scripts/make_tier_vectors.py). */
+const TIERS = JSON.parse(readFileSync(new URL("../../tests/vectors/tiers.json", import.meta.url), "utf8")).tiers;
+/** The dashboard's QoE history on open: 5 minutes in steps of 30 s (src/dashboard.ts). */
+const HISTORY_SAMPLES = 10;
+const HISTORY_STEP_MS = 30_000;
 
 let gw;
 let browser;
+let firstReplyAt; // when the first demo reply ended: the dashboard's history holds it 30 s later
 
 before(async () => {
   gw = await startGateway();
@@ -21,9 +27,20 @@ after(async () => {
   await gw?.stop();
 });
 
+/** Every response of `page` that failed (a 404 favicon included), as "status url". */
+function failures(page) {
+  const failed = [];
+  page.on("response", (response) => {
+    if (response.status() >= 400) failed.push(`${response.status()} ${response.url()}`);
+  });
+  page.on("requestfailed", (request) => failed.push(`failed ${request.url()}`));
+  return failed;
+}
+
 /** A new tab on /demo that records when the reply's text grows and what it speaks. */
 async function openDemo() {
   const page = await browser.context.newPage();
+  const failed = failures(page);
   await page.addInitScript(() => {
     window.__shown = [];
     window.__spoken = [];
@@ -46,7 +63,7 @@ async function openDemo() {
     if (request.url().endsWith("/v1/tokenpace/telemetry")) reports.push(request);
   });
   await page.goto(`${gw.url}/demo`);
-  return { page, reports };
+  return { page, reports, failed };
 }
 
 async function enterKey(page, key) {
@@ -79,6 +96,48 @@ function median(values) {
 }
 
 describe("demo page", () => {
+  test("before a key: Send disabled, a placeholder in the plot box, an icon and no failed request", { timeout: 60_000 }, async () => {
+    const { page, failed } = await openDemo();
+    assert.equal(await page.isVisible("#key-form"), true);
+    assert.equal(await page.isDisabled("#send"), true, "nothing can be sent without a key");
+    assert.equal(await page.getAttribute("#status", "data-state"), "no-key");
+    assert.match(await page.textContent("#status"), /API key/);
+    const placeholder = page.locator("#plot .placeholder");
+    assert.equal(await placeholder.isVisible(), true);
+    assert.match(await placeholder.textContent(), /delivery timeline is drawn here/);
+    const icon = await page.evaluate(async () => {
+      const href = document.querySelector("link[rel=icon]").href;
+      const response = await fetch(href);
+      return { status: response.status, type: response.headers.get("content-type") };
+    });
+    assert.deepEqual(icon, { status: 200, type: "image/svg+xml" });
+    await screenshot(page, "demo-no-key.png");
+
+    await enterKey(page, gw.demoKey);
+    assert.equal(await page.isEnabled("#send"), true, "a key: Send is enabled");
+    assert.equal(await page.getAttribute("#status", "data-state"), "idle");
+    assert.equal(await placeholder.isVisible(), true, "the placeholder stays until a reply starts");
+    await page.click("#forget-key");
+    assert.equal(await page.isDisabled("#send"), true, "a forgotten key disables Send again");
+    assert.deepEqual(failed, [], "no request of the page failed (no favicon 404)");
+    await page.close();
+  });
+
+  test("the voice tier says whether this browser can speak", { timeout: 60_000 }, async () => {
+    const { page } = await openDemo();
+    await enterKey(page, gw.demoKey);
+    assert.equal(await page.isVisible("#speech"), false, "said on the voice tier only");
+    await page.selectOption("#tier", "voice");
+    assert.equal(await page.isVisible("#speech"), true);
+    const voices = await page.evaluate(() => ("speechSynthesis" in window ? speechSynthesis.getVoices().length : -1));
+    const said = await page.textContent("#speech");
+    if (voices < 0) assert.match(said, /no speech synthesis/);
+    else if (voices === 0) assert.match(said, /no voices installed: the voice tier's reply is shown, not spoken/);
+    else assert.match(said, /speaks the voice tier's reply/);
+    await screenshot(page, "demo-voice-tier.png");
+    await page.close();
+  });
+
   test("asks for the key once, paces the reply at the tier's speed and reports with the token", { timeout: 60_000 }, async (t) => {
     const { page, reports } = await openDemo();
     assert.equal(await page.isVisible("#key-form"), true);
@@ -89,6 +148,8 @@ describe("demo page", () => {
 
     await sendMessage(page, { tier: "chat", maxTokens: 16, text: "Hello from Chromium" });
     await page.waitForSelector("#status[data-state=done]", { timeout: 30_000 });
+    firstReplyAt = Date.now();
+    assert.equal(await page.isVisible("#plot .placeholder"), false, "the plot replaced the placeholder");
     const steps = await growth(page);
     assert.equal(steps.length, 16, "one step on screen per token");
     const gaps = steps.slice(1).map(([t], i) => (t - steps[i][0]) / 1000);
@@ -207,8 +268,12 @@ describe("demo page", () => {
 });
 
 describe("dashboard", () => {
-  test("shows the QoE reports, fair share, load and backends, live", { timeout: 60_000 }, async () => {
+  test("shows the QoE reports, fair share, load and backends, live", { timeout: 90_000 }, async () => {
+    // the history on open holds a reply once it is a history step old
+    const wait = (firstReplyAt ?? Date.now()) + HISTORY_STEP_MS + 2_000 - Date.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
     const page = await browser.context.newPage();
+    const failed = failures(page);
     await page.goto(`${gw.url}/dashboard`);
     await page.fill("#key-form input[name=key]", gw.demoKey);
     await page.click("#key-form button[type=submit]");
@@ -227,8 +292,32 @@ describe("dashboard", () => {
     // it refreshes by itself
     const polls = Number(await page.getAttribute("body", "data-polls"));
     await page.waitForFunction((n) => Number(document.body.dataset.polls) > n + 1, polls, { timeout: 10_000 });
-    assert.equal(await page.locator(".uplot").count(), 3);
+    assert.equal(await page.locator(".uplot").count(), 4, "QoE gateway side, QoE client side, fair share, load");
+
+    // the QoE charts began with the last minutes' history, before the first poll
+    const drawn = await page.evaluate(() => {
+      const of = (id) => ({ ...document.getElementById(id).dataset });
+      return { polls: Number(document.body.dataset.polls), gateway: of("qoe-gateway-chart"), client: of("qoe-client-chart") };
+    });
+    for (const side of ["gateway", "client"]) {
+      assert.equal(Number(drawn[side].samples), HISTORY_SAMPLES + drawn.polls, `${side}: history, then one sample a poll`);
+      assert.ok(Number(drawn[side].values) > drawn.polls, `${side}: the history has values (${drawn[side].values})`);
+    }
+
+    // the legends show the latest values without hovering
+    for (const id of ["qoe-gateway-chart", "qoe-client-chart", "service-chart", "load-chart"]) {
+      const values = await page.locator(`#${id} .u-legend .u-series:not(:first-child) .u-value`).allTextContents();
+      assert.ok(values.length >= 1, `${id}: a legend`);
+      assert.ok(values.every((v) => v !== "--" && Number.isFinite(Number(v))), `${id}: legend values ${values}`);
+    }
+    // throughput axes start at zero
+    for (const id of ["service-chart", "load-chart"]) {
+      assert.equal(await page.getAttribute(`#${id}`, "data-y-min"), "0", `${id} starts at zero`);
+    }
+    assert.match(await page.textContent("#load-hint"), /nearly always 0/);
     await screenshot(page, "dashboard.png");
+    const pageFailures = failed.filter((f) => !f.includes("/v1/")); // the tenant key's 401s were meant
+    assert.deepEqual(pageFailures, [], "no request for the page failed (no favicon 404)");
     assert.deepEqual(browser.refused, []);
     await page.close();
   });

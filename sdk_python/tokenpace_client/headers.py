@@ -2,8 +2,8 @@
 
 The gateway announces the tier it serves in ``X-TokenPace-Tier``, ``X-TokenPace-TTFT``
 and ``X-TokenPace-TDS`` (docs/protocol.md, "Gateway → client"), and the request id in
-``X-Request-Id``. Without headers or arguments: the chat tier, TTFT 1.0 s, TDS 4.8
-tokens/s (Andes (Liu et al.) Table 1's reading speed).
+``X-Request-Id``. Without headers or arguments: the default tier of
+:mod:`tokenpace_client.tiers` (chat).
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tokenpace_client.pacer import ENDS, End
-from tokenpace_client.splitting import UNITS, Unit
-
-DEFAULT_TIER = "chat"
-DEFAULT_TTFT = 1.0
-DEFAULT_TDS = 4.8
+from tokenpace_client.segment import UNITS, Unit
+from tokenpace_client.tiers import DEFAULT_TIER, TIERS
 
 
 @dataclass(frozen=True)
@@ -69,10 +66,11 @@ def resolve(
     tier = headers.get("X-TokenPace-Tier")
     if tier is None:
         tier = DEFAULT_TIER if tds is None and ttft is None else "custom"
+    default = TIERS[DEFAULT_TIER]
     return Settings(
         tier=tier,
-        ttft=ttft if ttft is not None else header_ttft if header_ttft is not None else DEFAULT_TTFT,
-        tds=tds if tds is not None else header_tds if header_tds is not None else DEFAULT_TDS,
+        ttft=ttft if ttft is not None else header_ttft if header_ttft is not None else default.ttft,
+        tds=tds if tds is not None else header_tds if header_tds is not None else default.tds,
         unit=unit,
         end=end,
         request_id=headers.get("X-Request-Id"),

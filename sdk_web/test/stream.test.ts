@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { paceStream } from "../src/pace.js";
+import { paceStream } from "../src/stream.js";
 import { tokenTimes } from "../src/qoe.js";
 import type { ChatCompletionChunk, TimelineEntry } from "../src/types.js";
 import {

@@ -18,7 +18,7 @@ from typing import Any
 import openai
 from openai.resources.chat import AsyncChat, AsyncCompletions, Chat, Completions
 
-from tokenpace_client.settings import resolve
+from tokenpace_client.headers import resolve
 from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
 
 _TIER_HEADER = "x-tokenpace-tier"

@@ -1,9 +1,9 @@
 /**
  * `paceStream`: the client-side pacing buffer of Andes (Liu et al.) §5. Chunks are read
- * from the network as fast as they come (no back-pressure: the read never waits for the
- * reader) into a buffer, and released to the caller on the digestion schedule
- * (src/schedule.ts): the first token the moment it arrives, each next token 1/TDS after
- * the previous one, or when it arrives if that is later.
+ * from the network as fast as they come (src/reader.ts: no back-pressure, the read never
+ * waits for the reader) into a buffer (src/pacer.ts), and released to the caller on the
+ * digestion schedule (src/schedule.ts): the first token the moment it arrives, each next
+ * token 1/TDS after the previous one, or when it arrives if that is later.
  *
  * `unit` chooses what is released at a time: a token (a chunk that carries several is
  * split into one copy per token), a word, or a sentence (src/segment.ts). `end` chooses
@@ -14,13 +14,12 @@
  * Once the stream ends it records when tokens arrived and when they were displayed
  * (seconds since the request was sent), their QoE, and sends the telemetry report.
  */
-import { chunkTexts, chunkTokens, withoutText, withText, type ChunkText, type TextSlot } from "./chunks.js";
 import { systemClock, type Clock } from "./clock.js";
 import { requestInfo, type RequestInfo } from "./headers.js";
+import { Pacer } from "./pacer.js";
 import { timelineQoE } from "./qoe.js";
-import { ReleaseSchedule } from "./schedule.js";
-import { splitTokens, TextCutter, type Unit } from "./segment.js";
-import { isReadableStream } from "./sse.js";
+import { Reader, type ChunkSource } from "./reader.js";
+import type { Unit } from "./segment.js";
 import {
   beaconReport,
   buildReport,
@@ -31,13 +30,13 @@ import {
   type TelemetryReport,
   type TelemetryResult,
 } from "./telemetry.js";
-import type { ChatCompletionChunk, Expectation, Outcome, QoE, Timeline, TimelineEntry } from "./types.js";
+import type { ChatCompletionChunk, Expectation, Outcome, QoE, Timeline } from "./types.js";
 
 /** Options of `paceStream` (and of the client and the adapter). */
 export interface PaceOptions {
-  /** Tokens per second to release at (default: the `X-TokenPace-TDS` header, else 4.8). */
+  /** Tokens per second to release at (default: the `X-TokenPace-TDS` header, else the chat tier's, src/tiers.ts). */
   tds?: number;
-  /** Expected time to first token in seconds, for QoE (default: `X-TokenPace-TTFT`, else 1.0). */
+  /** Expected time to first token in seconds, for QoE (default: `X-TokenPace-TTFT`, else the chat tier's). */
   ttft?: number;
   /** What is released at a time (default `token`). */
   unit?: Unit;
@@ -73,26 +72,18 @@ export interface PacedStream<T> extends AsyncIterable<T> {
   readonly reported: Promise<TelemetryResult | undefined>;
 }
 
-/** What chunks come from: an async iterable or a `ReadableStream` of chunk objects. */
-export type ChunkSource<T> = AsyncIterable<T> | ReadableStream<T>;
-
-interface Item<T> {
-  chunk: T;
-  tokens: number;
-  ready: number;
-}
-
 /** Pace `source` (see the module documentation). */
 export function paceStream<T extends ChatCompletionChunk>(source: ChunkSource<T>, options: PaceOptions = {}): PacedStream<T> {
-  return new Pacer(source, options);
+  return new PacedChunks(source, options);
 }
 
 /** Pace `source`, calling `close` to close the underlying request when aborted. */
 export function pace<T extends ChatCompletionChunk>(source: ChunkSource<T>, options: PaceOptions, close: () => void): PacedStream<T> {
-  return new Pacer(source, options, close);
+  return new PacedChunks(source, options, close);
 }
 
-class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
+/** The reader and the pacer of one stream, its iteration, and its ending. */
+class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
   readonly headers: Headers | undefined;
   readonly reported: Promise<TelemetryResult | undefined>;
   timeline: Timeline | undefined;
@@ -101,27 +92,15 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
 
   private readonly info: RequestInfo;
   private readonly clock: Clock;
-  private readonly unit: Unit;
-  private readonly flushAtEnd: boolean;
-  private readonly start: number;
-  private readonly schedule: ReleaseSchedule;
+  private readonly pacer: Pacer<T>;
+  private readonly reader: Reader<T>;
   private readonly telemetry: TelemetryOptions | undefined;
-  /** The buffer: items not yet released are `queue[head...]`. */
-  private queue: Array<Item<T>> = [];
-  private head = 0;
-  /** Word and sentence cutters, one per text slot (choice and field). */
-  private readonly cutters = new Map<string, { slot: TextSlot; cutter: TextCutter<T> }>();
-  private readonly arrivals: TimelineEntry[] = [];
-  private readonly displayed: TimelineEntry[] = [];
-  private counted = 0;
-  private sourceDone = false;
   private sourceError: unknown = undefined;
   private aborted = false;
   private iterating = false;
   private wakeup: AbortController | undefined;
   private waitingForData = false;
   private pull: Promise<unknown> = Promise.resolve();
-  private closeSource: () => void = () => undefined;
   private reportSent = false;
   private resolveReported: (result: TelemetryResult | undefined) => void = () => undefined;
   private stopWatchingPage: () => void = () => undefined;
@@ -133,28 +112,28 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
     private readonly closeRequest: () => void = () => undefined,
   ) {
     this.clock = options.clock ?? systemClock;
-    this.start = options.requestStart ?? this.clock.now();
     this.headers = options.headers;
     this.info = requestInfo(options.headers, {
       ...(options.ttft !== undefined && { ttft: options.ttft }),
       ...(options.tds !== undefined && { tds: options.tds }),
     });
-    this.schedule = new ReleaseSchedule(this.info.expected.tds);
-    this.unit = options.unit ?? "token";
-    if (!["token", "word", "sentence"].includes(this.unit)) {
-      throw new RangeError(`unit: must be "token", "word" or "sentence", got ${JSON.stringify(this.unit)}`);
-    }
-    if (options.end !== undefined && options.end !== "drain" && options.end !== "flush") {
-      throw new RangeError(`end: must be "drain" or "flush", got ${JSON.stringify(options.end)}`);
-    }
-    this.flushAtEnd = options.end === "flush";
+    this.pacer = new Pacer<T>({
+      tds: this.info.expected.tds,
+      unit: options.unit ?? "token",
+      end: options.end ?? "drain",
+      start: options.requestStart ?? this.clock.now(),
+    });
     this.telemetry = options.telemetry && options.telemetry.url !== undefined ? options.telemetry : undefined;
     this.reported = new Promise((resolve) => {
       this.resolveReported = resolve;
     });
     if (this.telemetry === undefined) this.resolveReported(undefined);
     else this.stopWatchingPage = onPageExit(() => this.reportOnExit());
-    void this.read(source); // sets closeSource before its first await
+    this.reader = new Reader(
+      source,
+      (chunk) => this.arrive(chunk),
+      (error) => this.sourceEnded(error),
+    );
     const signal = options.signal;
     if (signal?.aborted) this.abort();
     else if (signal !== undefined) {
@@ -179,7 +158,7 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
   abort(): void {
     if (this.aborted || this.outcome !== undefined) return;
     this.aborted = true;
-    this.closeSource();
+    this.reader.stop();
     try {
       this.closeRequest();
     } catch {
@@ -205,119 +184,31 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
     };
   }
 
-  // -- reading: as fast as the source delivers ------------------------------------------
-  private async read(source: ChunkSource<T>): Promise<void> {
-    try {
-      if (isReadableStream(source)) {
-        const reader = source.getReader();
-        this.closeSource = () => void reader.cancel().catch(() => undefined);
-        for (;;) {
-          const { done, value } = await reader.read();
-          if (done || this.aborted) break;
-          this.arrive(value);
-        }
-      } else {
-        const iterator = source[Symbol.asyncIterator]();
-        this.closeSource = () => void iterator.return?.()?.catch(() => undefined);
-        for (;;) {
-          const { done, value } = await iterator.next();
-          if (done || this.aborted) break;
-          this.arrive(value);
-        }
-      }
-    } catch (error) {
-      if (!this.aborted) {
-        this.sourceError = error;
-        this.closeSource(); // a chunk we could not read: let go of the request
-      }
-    }
-    if (!this.aborted) this.flushCutters(this.clock.now());
-    this.sourceDone = true;
-    this.notify();
-  }
-
+  // -- reading: as fast as the source delivers (src/reader.ts) --------------------------
   private arrive(chunk: T): void {
-    if (typeof chunk !== "object" || chunk === null || !Array.isArray(chunk.choices)) {
-      throw new TypeError(`Not a chat completion chunk (no choices array): ${JSON.stringify(chunk)?.slice(0, 200)}`);
-    }
-    const now = this.clock.now();
-    const tokens = chunkTokens(chunk, this.counted);
-    this.counted += tokens;
-    if (tokens > 0) this.arrivals.push([this.seconds(now), tokens]);
-    const texts = chunkTexts(chunk);
-    if (texts.length === 0) {
-      if (this.unit !== "token") this.flushCutters(now);
-      this.enqueue(chunk, tokens, now);
-    } else if (this.unit === "token") {
-      if (texts.length === 1 && tokens > 1) {
-        const where = texts[0] as ChunkText;
-        for (const piece of splitTokens(where.text, tokens)) this.enqueue(withText(chunk, where, piece.text), piece.tokens, now);
-        this.enqueueRest(chunk, now);
-      } else {
-        this.enqueue(chunk, tokens, now);
-      }
-    } else {
-      texts.forEach((where, i) => {
-        const share = Math.floor(((i + 1) * tokens) / texts.length) - Math.floor((i * tokens) / texts.length);
-        const key = `${where.choice}:${where.field}`;
-        let entry = this.cutters.get(key);
-        if (entry === undefined) {
-          entry = { slot: { choice: where.choice, field: where.field }, cutter: new TextCutter<T>(this.unit as "word" | "sentence") };
-          this.cutters.set(key, entry);
-        }
-        for (const piece of entry.cutter.push(where.text, share, chunk)) {
-          this.enqueue(withText(piece.source, where, piece.text), piece.tokens, now);
-        }
-      });
-      if (chunk.choices.some((c) => c.finish_reason != null)) this.flushCutters(now);
-      this.enqueueRest(chunk, now);
-    }
+    this.pacer.arrive(chunk, this.clock.now());
     if (this.waitingForData) this.notify();
   }
 
-  /** The role, finish reason or usage of a chunk whose text went out in pieces. */
-  private enqueueRest(chunk: T, now: number): void {
-    const rest = withoutText(chunk);
-    if (rest !== undefined) this.enqueue(rest, 0, now);
+  private sourceEnded(error: unknown): void {
+    this.sourceError = error;
+    this.pacer.end(this.clock.now());
+    this.notify();
   }
 
-  private flushCutters(now: number): void {
-    for (const { slot, cutter } of this.cutters.values()) {
-      for (const piece of cutter.flush()) this.enqueue(withText(piece.source, slot, piece.text), piece.tokens, now);
-    }
-  }
-
-  private enqueue(chunk: T, tokens: number, ready: number): void {
-    this.queue.push({ chunk, tokens, ready });
-  }
-
-  /** Take the head of the buffer (dropping released items in bulk, not one shift at a time). */
-  private dequeue(): void {
-    this.head++;
-    if (this.head >= 1024 && this.head * 2 >= this.queue.length) {
-      this.queue = this.queue.slice(this.head);
-      this.head = 0;
-    }
-  }
-
-  // -- releasing: on the schedule -------------------------------------------------------
+  // -- releasing: on the schedule (src/pacer.ts) ----------------------------------------
   private async next(): Promise<IteratorResult<T>> {
     for (;;) {
       if (this.aborted) return { done: true, value: undefined };
-      const item = this.queue[this.head];
-      if (item !== undefined) {
-        const now = this.clock.now();
-        const at = this.sourceDone && this.flushAtEnd ? now : this.schedule.releaseAt(item.ready, item.tokens);
-        if (at > now) {
-          await this.wait(at - now);
-          continue;
-        }
-        this.dequeue();
-        this.schedule.released(now, item.tokens);
-        if (item.tokens > 0) this.displayed.push([this.seconds(now), item.tokens]);
-        return { done: false, value: item.chunk };
+      const now = this.clock.now();
+      const chunk = this.pacer.pop(now);
+      if (chunk !== undefined) return { done: false, value: chunk };
+      const at = this.pacer.nextRelease(now);
+      if (at !== undefined) {
+        await this.wait(at - now);
+        continue;
       }
-      if (this.sourceDone) {
+      if (this.pacer.ended) {
         if (this.sourceError !== undefined) {
           const error = this.sourceError;
           this.sourceError = undefined; // thrown once; the iteration is then done
@@ -348,15 +239,11 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
     this.wakeup?.abort();
   }
 
-  private seconds(ms: number): number {
-    return Math.max(ms - this.start, 0) / 1000;
-  }
-
   // -- ending: timeline, QoE, report -----------------------------------------------------
   private finish(outcome: Outcome): void {
     if (this.outcome !== undefined) return;
     this.outcome = outcome;
-    this.timeline = { arrivals: [...this.arrivals], displayed: [...this.displayed] };
+    this.timeline = this.pacer.timeline();
     this.qoe = timelineQoE(this.timeline, this.info.expected);
     this.stopWatchingPage();
     this.detachSignal();
@@ -373,10 +260,8 @@ class Pacer<T extends ChatCompletionChunk> implements PacedStream<T> {
       this.resolveReported(undefined);
       return undefined;
     }
-    const timeline = this.timeline ?? { arrivals: [...this.arrivals], displayed: [...this.displayed] };
-    return buildReport(this.info.requestId, this.info.expected, timeline, outcome);
+    return buildReport(this.info.requestId, this.info.expected, this.timeline ?? this.pacer.timeline(), outcome);
   }
-
   private async post(report: TelemetryReport): Promise<void> {
     const telemetry = this.telemetry as TelemetryOptions & { url: string };
     try {
