@@ -8,6 +8,7 @@ as processes on this machine, with the manifests' arguments and environment.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import promql_parser
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +33,9 @@ KUSTOMIZATIONS = sorted(
     for p in KUBERNETES.rglob("kustomization.yaml")
     if "Component" not in p.read_text()
 )
+sys.path.insert(0, str(DEPLOY / "grafana"))
+import dashboard  # noqa: E402  (deploy/grafana/dashboard.py, the dashboard's generator)
+
 # Values the tests give the Secrets the manifests reference (the operator creates them).
 SECRET_VALUES: dict[tuple[str, str], str] = {
     ("tokenpace-gateway", "admin-key"): "tp-admin-deploy-test-0001",
@@ -139,3 +144,49 @@ def stage_context(containerfile: Path, stage: str | None, root: Path) -> Path:
             else:
                 shutil.copy2(ROOT / source, into)
     return root / workdir.relative_to("/")
+
+
+# Grafana's own variables, as a query reaches Prometheus.
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
+LABEL_VALUES = re.compile(r"label_values\((\w+),\s*\w+\)")
+
+
+def shipped() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(dashboard.OUT.read_text())
+    return data
+
+
+def queries() -> list[str]:
+    exprs = [t["expr"] for p in shipped()["panels"] for t in p.get("targets", [])]
+    for name, value in GRAFANA_VARIABLES.items():
+        exprs = [e.replace(name, value) for e in exprs]
+    return exprs
+
+
+def names_in(expr: str) -> set[str]:
+    """The series a PromQL expression selects, from its syntax tree."""
+    found: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            assert node.name, f"a selector without a metric name in {expr!r}"
+            found.add(node.name)
+        for child in ("expr", "lhs", "rhs", "vector_selector"):
+            if hasattr(node, child) and getattr(node, child) is not None:
+                visit(getattr(node, child))
+        for arg in getattr(node, "args", None) or []:
+            visit(arg)
+        if isinstance(node, promql_parser.AggregateExpr) and node.param is not None:
+            visit(node.param)
+
+    visit(promql_parser.parse(expr))
+    return found
+
+
+def dashboard_series() -> set[str]:
+    """Every series the dashboard's panels and variables query."""
+    names = set().union(*(names_in(e) for e in queries()))
+    for variable in shipped()["templating"]["list"]:
+        if variable["type"] == "query":
+            names |= set(LABEL_VALUES.findall(variable["definition"]))
+    return names
