@@ -40,6 +40,9 @@ from deploy_support import render as render_manifests
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import free_port
 
+sys.path.insert(0, str(ROOT / "bench"))
+from soak import wait_http
+
 EXAMPLE = "overlays/example"
 MODEL = "llama-3.1-8b"
 ENGINES = {"vllm-llama-a:8000", "vllm-llama-b:8000"}
@@ -65,19 +68,6 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return prefix
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} not ready within {timeout} s")
 
 
 @dataclass
@@ -223,7 +213,7 @@ def replicas(
                 )
             started.append(Replica(proc, port, metrics_port))
         for replica in started:
-            wait_http(replica.url + "/readyz", replica.proc)
+            wait_http(replica.url + "/readyz", replica.proc, timeout=60)
         yield started
     finally:
         for replica in started:

@@ -19,12 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from deploy_support import DEPLOY, container, environment, find, render, stage_context
 from redis_server import free_port
-from vllm_support import local_model, vllm_python
+from vllm_support import ROOT, local_model, vllm_python
+
+sys.path.insert(0, str(ROOT / "bench"))
+from soak import wait_http
 
 
 def site_packages(python: str) -> str:
@@ -129,16 +131,10 @@ def test_entrypoint_serves_with_the_scheduler_plugin(engine_python: str, tmp_pat
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", proc, timeout=300)
+        except RuntimeError as exc:
+            raise AssertionError(f"{exc}:\n{log.read_text()[-3000:]}") from None
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key=env["VLLM_API_KEY"], max_retries=0
         )
