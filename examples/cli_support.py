@@ -1,7 +1,7 @@
 """What the client examples share: where the gateway is, and what to fix when a call fails.
 
 The base URL comes from ``TOKENPACE_BASE_URL``, else openai's own ``OPENAI_BASE_URL``,
-else a gateway on this machine's port 8000 (``tokenpace serve``, ``make run``); the API
+else a gateway on localhost's port 8000 (``tokenpace serve``, ``make run``); the API
 key from ``TOKENPACE_API_KEY``. A failed call is told in one line that names the fix, as
 the openai SDKs' own messages do, instead of a traceback.
 """

@@ -3,7 +3,7 @@ pieces of a rendered pod spec, a build context staged from a Containerfile's COP
 and the kubelet's ``$(VAR)`` expansion.
 
 Nothing here runs a container: the tests run the images' install and entrypoint scripts
-as processes on this machine, with the manifests' arguments and environment.
+as local processes, with the manifests' arguments and environment.
 """
 
 from __future__ import annotations

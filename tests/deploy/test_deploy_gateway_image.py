@@ -82,7 +82,7 @@ def store(
     manifests: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Store]:
     """redis-server with the StatefulSet's command and arguments (its port and data
-    directory moved to this machine's)."""
+    directory moved to the local one)."""
     redis = container(find(manifests, "StatefulSet", "tokenpace-redis"), "redis")
     env = environment(redis)
     args = [expand(a, env) for a in redis["command"] + redis["args"]]
