@@ -66,6 +66,9 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     started = time.perf_counter()
     pause = policy_name not in STOCK_POLICIES
     options = {"lend_after_s": cfg["lend_after_s"]} if cfg.get("lend_after_s") else {}
+    if cfg.get("overdue_after_ttfts") is not None:
+        overdue = cfg["overdue_after_ttfts"]
+        options["overdue_after_ttfts"] = None if overdue == "off" else float(overdue)
     result = simulate(
         workload,
         make_policy(policy_name, profile, **options),
@@ -211,9 +214,9 @@ def stall_free_capacity(runs: list[dict]) -> float:
 
 def analyse_reader(by_policy: dict[str, list[dict]]) -> dict:
     """What the readers saw, against FCFS in the same run: stall-free capacity, peak
-    smooth goodput, and, for every other policy, the light-load and overload checks
-    (rates where FCFS keeps QoE ≥ 0.9; every rate up to twice FCFS's stall-free
-    capacity)."""
+    smooth goodput, and, for every other policy, the light-load checks (rates where FCFS
+    keeps QoE ≥ 0.9) and the overload checks (rates past FCFS's stall-free capacity, up
+    to twice it)."""
     out: dict = {
         "stall_free_capacity_req_s": {n: stall_free_capacity(rs) for n, rs in by_policy.items()},
         "peak_smooth_goodput": {
@@ -223,7 +226,8 @@ def analyse_reader(by_policy: dict[str, list[dict]]) -> dict:
     fcfs = {r["rate"]: r for r in by_policy.get("fcfs", [])}
     if not fcfs:
         return out
-    limit = 2 * out["stall_free_capacity_req_s"]["fcfs"]
+    fcfs_cap = out["stall_free_capacity_req_s"]["fcfs"]
+    limit = 2 * fcfs_cap
     for name, rs in by_policy.items():
         if name == "fcfs":
             continue
@@ -243,7 +247,7 @@ def analyse_reader(by_policy: dict[str, list[dict]]) -> dict:
                     run["avg_qoe"] >= base["avg_qoe"] - 0.005 and row["throughput_vs_fcfs"] >= 0.97
                 )
                 light.append(row)
-            if run["rate"] <= limit:
+            if fcfs_cap < run["rate"] <= limit:
                 row = {
                     **row,
                     "frozen_over_5s": run["reader"]["frozen_over_5s"],
@@ -257,7 +261,6 @@ def analyse_reader(by_policy: dict[str, list[dict]]) -> dict:
                     and row["throughput_vs_fcfs"] >= 0.95
                 )
                 overload.append(row)
-        fcfs_cap = out["stall_free_capacity_req_s"]["fcfs"]
         fcfs_peak = out["peak_smooth_goodput"]["fcfs"]
         out[name] = {
             "stall_free_capacity_vs_fcfs": out["stall_free_capacity_req_s"][name] / fcfs_cap
@@ -468,6 +471,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="andes-tp: replies whose readers need nothing for this long lend their KV "
         "to fresh requests (default: every started reply keeps its KV reserved)",
     )
+    parser.add_argument(
+        "--overdue-after-ttfts",
+        default=None,
+        help="andes-tp: waiting requests past this many TTFTs go first, oldest first "
+        "('off': the solver's order only; default: the policy's, 10)",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="results/qoe")
 
@@ -499,6 +508,7 @@ def run(args: argparse.Namespace) -> int:
         "tenants": args.tenants,
         "preemption": args.preemption,
         "lend_after_s": args.lend_after_s,
+        "overdue_after_ttfts": args.overdue_after_ttfts,
     }
     try:
         if args.tier_mix:
