@@ -93,10 +93,22 @@ def test_andes_options_apply_to_the_named_policy() -> None:
     assert (policy.preemption_cap, policy.preemption_cost) == (0.3, 2.0)  # cap: andes-tp's
 
 
+def test_overdue_bound_reaches_the_reader_guard() -> None:
+    profile = get_profile("llama-3.1-8b-h100")
+    guard = PluginConfig.from_env({}).build_policy(profile).guard
+    assert guard is not None and guard.overdue_after_ttfts == 10.0
+    env = {"TOKENPACE_OVERDUE_AFTER_TTFTS": "30"}
+    assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_ttfts == 30.0
+    env = {"TOKENPACE_OVERDUE_AFTER_TTFTS": "off"}
+    assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_ttfts is None
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"TOKENPACE_POLICY": "lifo"}, "TOKENPACE_POLICY"),
+        ({"TOKENPACE_OVERDUE_AFTER_TTFTS": "0"}, "TOKENPACE_OVERDUE_AFTER_TTFTS"),
+        ({"TOKENPACE_OVERDUE_AFTER_TTFTS": "soon"}, "TOKENPACE_OVERDUE_AFTER_TTFTS"),
         ({"TOKENPACE_OBJECTIVE": "best"}, "TOKENPACE_OBJECTIVE"),
         ({"TOKENPACE_PROFILE": "a100"}, "TOKENPACE_PROFILE"),
         ({"TOKENPACE_KV_WATERMARK": "1.5"}, "TOKENPACE_KV_WATERMARK"),

@@ -20,7 +20,9 @@ its settings from the engine's environment (defaults in brackets):
   policy's own settings apply. ``TOKENPACE_FAIR_SHARE_SLACK``: how far (in VTC service
   units over weight) a tenant may run ahead before the weights act
   (:mod:`qos.policy.fair`; ``andes-tp``'s default 8,192 suits a GPU engine's output
-  rate, a small engine needs less).
+  rate, a small engine needs less). ``TOKENPACE_OVERDUE_AFTER_TTFTS``: a waiting request
+  that has waited this many times its TTFT is overdue and admitted in line, oldest
+  first (:mod:`qos.policy.reader`; ``andes-tp``'s default 10), or ``off``.
 - ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.05];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is
@@ -75,6 +77,7 @@ class PluginConfig:
     preemption_cost: float | None = None
     horizon_s: float | None = None
     fair_share_slack: float | None = None
+    overdue_after_ttfts: float | None = None  # None: the policy's default; inf: off
     decision_interval_s: float = 0.05
     pause: bool = True
     defaults: RequestTags = field(default_factory=RequestTags)
@@ -136,6 +139,16 @@ class PluginConfig:
             slack = _number(env, "TOKENPACE_FAIR_SHARE_SLACK", 0.0)
             if slack < 0:
                 raise ValueError(f"TOKENPACE_FAIR_SHARE_SLACK: must be >= 0, got {slack}")
+        overdue = None
+        raw = env.get("TOKENPACE_OVERDUE_AFTER_TTFTS", "").strip().lower()
+        if raw == "off":
+            overdue = math.inf
+        elif raw:
+            overdue = _number(env, "TOKENPACE_OVERDUE_AFTER_TTFTS", 0.0)
+            if overdue <= 0:
+                raise ValueError(
+                    f"TOKENPACE_OVERDUE_AFTER_TTFTS: must be > 0 (TTFTs) or off, got {raw!r}"
+                )
         interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
         if interval < 0:
             raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
@@ -151,6 +164,7 @@ class PluginConfig:
             preemption_cost=cost,
             horizon_s=horizon,
             fair_share_slack=slack,
+            overdue_after_ttfts=overdue,
             decision_interval_s=interval,
             pause=_FLAGS[pause],
             defaults=defaults,
@@ -168,9 +182,11 @@ class PluginConfig:
             "preemption_cost": self.preemption_cost,
             "fair_share_slack": self.fair_share_slack,
         }
-        return make_policy(
-            self.policy, profile, **{k: v for k, v in options.items() if v is not None}
-        )
+        chosen = {k: v for k, v in options.items() if v is not None}
+        if self.overdue_after_ttfts is not None:
+            off = math.isinf(self.overdue_after_ttfts)
+            chosen["overdue_after_ttfts"] = None if off else self.overdue_after_ttfts
+        return make_policy(self.policy, profile, **chosen)
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:
