@@ -182,7 +182,7 @@ class PluginConfig:
             "preemption_cost": self.preemption_cost,
             "fair_share_slack": self.fair_share_slack,
         }
-        chosen = {k: v for k, v in options.items() if v is not None}
+        chosen: dict[str, str | float | None] = {k: v for k, v in options.items() if v is not None}
         if self.overdue_after_ttfts is not None:
             off = math.isinf(self.overdue_after_ttfts)
             chosen["overdue_after_ttfts"] = None if off else self.overdue_after_ttfts
