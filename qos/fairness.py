@@ -12,15 +12,43 @@ has its counter lifted so it can neither bank idle time nor be punished for it:
 For two backlogged tenants f, g the slides bound |W_f/w_f - W_g/w_g| by
 2·max(w_p·L_input, w_q·M) (L_input the longest prompt, M the most tokens in a batch).
 Pure bookkeeping: the gateway, the simulator and the vLLM plugin all use this class.
+
+:func:`water_fill` is the weighted max-min split of a capacity that the plans' rule
+(what each weight is guaranteed) and the benchmarks' fair shares are built on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 W_PROMPT = 1.0
 W_OUTPUT = 2.0
+
+
+def water_fill(asked: Sequence[float], weights: Sequence[float], total: float) -> list[float]:
+    """Weighted max-min split of ``total``: shares in proportion to the weights, each
+    capped at what its tenant asks, a capped tenant's excess divided among the others
+    in proportion to their weights (the "weighted max-min fair share" of the VTC slides)."""
+    if len(asked) != len(weights):
+        raise ValueError(f"weights: {len(weights)} weights for {len(asked)} tenants")
+    if any(not w > 0 for w in weights):
+        raise ValueError(f"weights: must be > 0, got {list(weights)}")
+    share = [0.0] * len(asked)
+    open_ = [a > 0 for a in asked]
+    left = float(total)
+    while any(open_) and left > 1e-12:
+        weight = sum(w for w, o in zip(weights, open_, strict=True) if o)
+        offer = [left * w / weight if o else 0.0 for w, o in zip(weights, open_, strict=True)]
+        capped = [o and share[i] + offer[i] >= asked[i] for i, o in enumerate(open_)]
+        if not any(capped):
+            return [s + x for s, x in zip(share, offer, strict=True)]
+        for i, cap in enumerate(capped):
+            if cap:
+                left -= asked[i] - share[i]
+                share[i] = float(asked[i])
+                open_[i] = False
+    return share
 
 
 @dataclass

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from gateway.config import DEFAULT_TIERS
-from qos.fairness import W_OUTPUT, W_PROMPT
+from qos.fairness import W_OUTPUT, W_PROMPT, water_fill
 from qos.metrics import Freezes
 from qos.sim import TIERS, parse_tenants, parse_tier_mix
 from qos.sim.engine import RequestResult
-from qos.sim.shares import service_shares, water_fill
+from qos.sim.shares import service_shares
 from tokenpace.bench_qoe import main
 
 

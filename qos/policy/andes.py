@@ -120,7 +120,12 @@ class Andes(Policy):
         self.shares = None if fair_share_slack is None else TenantShares(fair_share_slack, counter)
         self.wait_for_room = wait_for_room
         self.guard = (
-            ReaderGuard(profile, overdue_after_ttfts=overdue_after_ttfts, lend_after_s=lend_after_s)
+            ReaderGuard(
+                profile,
+                overdue_after_ttfts=overdue_after_ttfts,
+                lend_after_s=lend_after_s,
+                weights=fair_share_slack is not None,
+            )
             if reader_guard
             else None
         )
@@ -153,6 +158,8 @@ class Andes(Policy):
         self.arrivals += 1
         if self.shares is not None:
             self.shares.on_arrival(table, row)
+        if self.guard is not None:
+            self.guard.on_arrival(table, row, now)
 
     def on_finish(self, table: RequestTable, row: int, now: float) -> None:
         if self.shares is not None:
@@ -227,17 +234,24 @@ class Andes(Policy):
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, now: float
     ) -> np.ndarray:
         """The reader guard's decision (:mod:`qos.policy.reader`): replies by their
-        readers' deadlines, requests with no token yet in this solve's packing order."""
+        readers' deadlines, requests with no token yet in this solve's priority order
+        (Eq. 5); tenant weights act through the plans of :mod:`qos.policy.plans` on
+        admissions, and through the VTC levels only on which due replies run first
+        when the engine cannot run them all (service itself is then the bottleneck)."""
         assert self.guard is not None and self._forecast is not None
         running = table.running
         fresh = ~running & (table.col("output") == 0)
         rows = fresh.nonzero()[0]
-        if self._levels is not None:
-            rows = rows[np.lexsort((-self._priority[rows], self._levels[rows]))]
-        else:
-            rows = rows[np.argsort(-self._priority[rows], kind="stable")]
+        rows = rows[np.argsort(-self._priority[rows], kind="stable")]
         run = self.guard.apply(
-            table, capacity, demand, rows, now, self._forecast[1], self.kv_watermark
+            table,
+            capacity,
+            demand,
+            rows,
+            now,
+            self._forecast[1],
+            self.kv_watermark,
+            levels=self._levels,
         )
         self.preemptions += int(np.count_nonzero(running & ~run))
         return run

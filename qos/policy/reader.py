@@ -45,11 +45,17 @@ derives this and docs/benchmarks.md measures it.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from qos.latency import LatencyProfile
+from qos.policy import plans
 from qos.policy.base import pack_in_order
 from qos.policy.table import Capacity, RequestTable
+
+PLAN_MEMORY_S = 10.0
+"""How far back a tenant's requests count towards the room kept for its plan."""
 
 
 class ReaderGuard:
@@ -62,6 +68,7 @@ class ReaderGuard:
         margin_s: float | None = None,
         overdue_after_ttfts: float | None = 10.0,
         lend_after_s: float | None = None,
+        weights: bool = True,
     ) -> None:
         if margin_s is not None and not margin_s > 0:
             raise ValueError(f"margin_s: must be > 0 seconds, got {margin_s}")
@@ -73,6 +80,9 @@ class ReaderGuard:
         self.fixed_margin = margin_s
         self.lend_after_s = lend_after_s
         self.overdue_after_ttfts = overdue_after_ttfts
+        self.weights = weights  # False: tenants' weights ignored (every plan alike)
+        # the KV each tenant's requests needed over the last PLAN_MEMORY_S (plans' headroom)
+        self._recent: deque[tuple[float, int, int, float]] = deque()
         self.forced = 0  # due rows the decision had left out
         self.held = 0  # fresh admissions deferred to keep a reader's deadline
 
@@ -101,6 +111,25 @@ class ReaderGuard:
         slack: np.ndarray = np.where(started, table.col("dig_last") + step - now - lead, np.inf)
         return slack
 
+    def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
+        """Remember what a tenant's new request needs (the plans' headroom)."""
+        if self.weights:
+            tenant = int(table.col("tenant")[row])
+            self._recent.append(
+                (now, tenant, int(table.demand[row]), float(table.col("weight")[row]))
+            )
+
+    def _recent_needs(self, table: RequestTable, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per tenant id: the KV its requests of the last PLAN_MEMORY_S needed, its weight."""
+        while self._recent and self._recent[0][0] < now - PLAN_MEMORY_S:
+            self._recent.popleft()
+        count = len(table.tenant_names)
+        need, weight = np.zeros(count), np.zeros(count)
+        for _, tenant, kv, w in self._recent:
+            need[tenant] += kv
+            weight[tenant] = max(weight[tenant], w)
+        return need, weight
+
     def apply(
         self,
         table: RequestTable,
@@ -110,9 +139,13 @@ class ReaderGuard:
         now: float,
         tau: float,
         kv_watermark: float,
+        *,
+        levels: np.ndarray | None = None,
     ) -> np.ndarray:
         """The rows that run next under rules 1-3 (module doc). ``admissions_in_order``:
-        the requests the policy would admit, in its order of preference."""
+        the requests the policy would admit, in its order of preference; ``levels``:
+        tenants' VTC levels (:mod:`qos.policy.fair`), which order the due replies,
+        lowest level first, should more be due than the engine can run."""
         running = table.running
         started = table.col("output") > 0
         committed = started | running
@@ -127,11 +160,20 @@ class ReaderGuard:
         self.forced += _count(must & ~running)
         watermark = int(kv_watermark * capacity.kv_tokens)
         batch = _Batch(table, demand, capacity.max_batch, self.profile)
-        batch.take(_by(slack, must), capacity.kv_tokens)
+        due = _by(slack, must)
+        if levels is not None:
+            due = due[np.argsort(levels[due], kind="stable")]
+        batch.take(due, capacity.kv_tokens)
         batch.budget = self._prefill_budget(slack, batch.keep, committed, tau)
         rest = committed & ~batch.keep
         fresh = admissions_in_order[~committed[admissions_in_order]]
         overdue, fresh = self.overdue(table, fresh, now)
+        lines = [(overdue, fresh, 0)]
+        if self.weights:
+            recent = self._recent_needs(table, now)
+            # what the running replies grow by within a TTFT, one token an iteration each
+            growth = int(_count(running) * float(np.median(table.col("ttft"))) / tau)
+            lines = self._plans(table, overdue, fresh, committed, demand, watermark, recent, growth)
         reserved = committed
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
@@ -142,7 +184,7 @@ class ReaderGuard:
             # is in the cache, then, into what the paused ones leave free, those that
             # lost it (a reply brought back early must not push a paused one out).
             resident = running | (table.col("computed") > 0)
-            self._admit(batch, overdue, fresh, min(room, watermark - batch.kv))
+            self._admit(batch, lines, min(room, watermark - batch.kv))
             batch.take(_by(slack, rest & resident), capacity.kv_tokens - batch.kv)
             paused = int(demand @ (resident & ~batch.keep))
             batch.take(_by(slack, rest & ~resident), capacity.kv_tokens - batch.kv - paused)
@@ -151,7 +193,7 @@ class ReaderGuard:
             # back, then fresh requests take the room left.
             batch.take(_by(slack, rest & running), capacity.kv_tokens - batch.kv)
             batch.take(_by(slack, rest & ~running), watermark - batch.kv)
-            self._admit(batch, overdue, fresh, min(room, watermark - batch.kv))
+            self._admit(batch, lines, min(room, watermark - batch.kv))
         waiting = np.concatenate((overdue, fresh))
         self.held += int(waiting.size - np.count_nonzero(batch.keep[waiting]))
         return batch.keep
@@ -170,12 +212,47 @@ class ReaderGuard:
         return oldest, rows[~late]
 
     @staticmethod
-    def _admit(batch: _Batch, overdue: np.ndarray, fresh: np.ndarray, kv_tokens: int) -> None:
-        """Overdue requests in line (the oldest first; one that does not fit holds the
-        room for itself, as FCFS would), then, if they all went in, the others."""
-        if overdue.size and not batch.take_in_line(overdue, kv_tokens):
-            return
-        batch.take(fresh, kv_tokens - int(batch.demand[overdue].sum()))
+    def _plans(
+        table: RequestTable,
+        overdue: np.ndarray,
+        fresh: np.ndarray,
+        committed: np.ndarray,
+        demand: np.ndarray,
+        room: int,
+        recent: tuple[np.ndarray, np.ndarray],
+        growth: int,
+    ) -> list[tuple[np.ndarray, np.ndarray, int]]:
+        """The waiting requests as lines of admission, each (overdue, others, KV the line
+        must leave free): one line, or, when tenants' weights differ, the requests within
+        their plans, then the rest, the higher weights first, leaving the present
+        tenants' plans their headroom (:mod:`qos.policy.plans`)."""
+        waiting = np.concatenate((overdue, fresh))
+        present = committed.copy()
+        present[waiting] = True
+        if not waiting.size or not plans.weighted(table, present):
+            return [(overdue, fresh, 0)]
+        within = plans.within_plan(table, waiting, committed, demand, room)
+        early, late = within[: overdue.size], within[overdue.size :]
+        spare = plans.headroom(table, waiting, within, committed, demand, room, *recent)
+        spare += growth if spare else 0
+        beyond = plans.by_weight(table, overdue[~early]), plans.by_weight(table, fresh[~late])
+        return [(overdue[early], fresh[late], 0), (*beyond, spare)]
+
+    @staticmethod
+    def _admit(
+        batch: _Batch, lines: list[tuple[np.ndarray, np.ndarray, int]], kv_tokens: int
+    ) -> None:
+        """Each line in turn: its overdue requests in line (the oldest first; one that
+        does not fit holds the room for itself, as FCFS would), then, if they all went
+        in, the others; the next line only once this one is all in."""
+        start = batch.kv
+        for overdue, fresh, spare in lines:
+            limit = kv_tokens - spare - (batch.kv - start)
+            if overdue.size and not batch.take_in_line(overdue, limit):
+                return
+            batch.take(fresh, kv_tokens - spare - (batch.kv - start))
+            if not batch.keep[fresh].all():
+                return
 
     def _prefill_budget(
         self, slack: np.ndarray, keep: np.ndarray, committed: np.ndarray, tau: float

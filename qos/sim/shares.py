@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qos.fairness import W_OUTPUT, W_PROMPT
+from qos.fairness import W_OUTPUT, W_PROMPT, water_fill
 from qos.metrics import token_deadlines
 from qos.sim.engine import RequestResult
 from qos.timeline import digestion_starts
@@ -76,25 +76,6 @@ class ShareReport:
         """Each tenant's fair share as a fraction of the window's service."""
         fraction: np.ndarray = self.fair / self.fair.sum()
         return fraction
-
-
-def water_fill(asked: np.ndarray, weights: np.ndarray, total: float) -> np.ndarray:
-    """Weighted max-min split of ``total``: shares ∝ weights, each capped at ``asked``,
-    the excess of a capped tenant divided among the others in proportion to weights."""
-    share = np.zeros(asked.size)
-    open_ = asked > 0
-    left = float(total)
-    while open_.any() and left > 1e-12:
-        w = np.where(open_, weights, 0.0)
-        offer = left * w / w.sum()
-        capped = open_ & (share + offer >= asked)
-        if not capped.any():
-            filled: np.ndarray = share + offer
-            return filled
-        left -= float((asked[capped] - share[capped]).sum())
-        share[capped] = asked[capped]
-        open_ &= ~capped
-    return share
 
 
 def service_shares(
@@ -148,7 +129,7 @@ def service_shares(
         window=(start, last),
         asked=asked,
         delivered=delivered,
-        fair=water_fill(asked, w, float(delivered.sum()))
+        fair=np.asarray(water_fill(asked.tolist(), w.tolist(), float(delivered.sum())))
         if delivered.sum() < SHORT * asked.sum()
         else asked,
         bin_edges=edges,
