@@ -24,10 +24,9 @@ while the room its recent requests needed (:func:`headroom`, over the last
 ``PLAN_MEMORY_S`` of :mod:`qos.policy.reader`), and what the running replies grow by
 within a TTFT, stay free, so its next requests find room at once. A started reply is
 never taken away (no reply freezes to make room), so the first request of a tenant
-that sent nothing for a while waits for the next replies to end. Beyond the plans the shortfall lands on the
-lower weights first. With one tenant or equal weights, nothing changes: every request
-is within plan as far as the policy's own order goes, so the rule is skipped and the
-decisions are exactly the unweighted ones.
+that sent nothing for a while waits for the next replies to end. Beyond the plans the
+shortfall lands on the lower weights first. With one tenant or equal weights the rule is
+skipped and the decisions are exactly the unweighted ones.
 """
 
 from __future__ import annotations
