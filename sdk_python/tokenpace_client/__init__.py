@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenpace_client.qoe import andes_qoe, digestion_starts, monotone_qoe
+from tokenpace_client.qoe import (
+    Freezes,
+    andes_qoe,
+    digestion_starts,
+    freezes,
+    monotone_qoe,
+    user_idle_latency,
+)
 from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
 from tokenpace_client.telemetry import TelemetrySender, default_sender
 from tokenpace_client.tiers import DEFAULT_TIER, TIERS, Expectation
@@ -24,6 +31,7 @@ __all__ = [
     "AsyncOpenAI",
     "AsyncPacedStream",
     "Expectation",
+    "Freezes",
     "OpenAI",
     "PacedStream",
     "QoE",
@@ -34,8 +42,10 @@ __all__ = [
     "apace",
     "default_sender",
     "digestion_starts",
+    "freezes",
     "monotone_qoe",
     "pace",
+    "user_idle_latency",
 ]
 
 
