@@ -22,7 +22,18 @@ export type { ChunkText, TextField, TextSlot } from "./chunks.js";
 export { splitTokens, TextCutter } from "./segment.js";
 export type { Piece, Unit } from "./segment.js";
 export { ReleaseSchedule, releaseTimes } from "./schedule.js";
-export { andesQoE, digestionStarts, monotoneQoE, timelineQoE, tokenTimes } from "./qoe.js";
+export {
+  andesQoE,
+  digestionStarts,
+  displayGaps,
+  FREEZE_EPSILON_S,
+  freezes,
+  freezeSpans,
+  monotoneQoE,
+  timelineQoE,
+  tokenTimes,
+  userIdleLatency,
+} from "./qoe.js";
 export { ceilMicroseconds, coalesce, reportTimeline } from "./coalesce.js";
 export {
   beaconReport,
@@ -37,4 +48,14 @@ export { requestInfo } from "./headers.js";
 export { DEFAULT_EXPECTATION, DEFAULT_TIER, TIERS } from "./tiers.js";
 export type { RequestInfo } from "./headers.js";
 export { SDK_NAME, SDK_VERSION } from "./version.js";
-export type { ChatCompletionChunk, ChunkChoice, ChunkDelta, Expectation, Outcome, QoE, Timeline, TimelineEntry } from "./types.js";
+export type {
+  ChatCompletionChunk,
+  ChunkChoice,
+  ChunkDelta,
+  Expectation,
+  Freezes,
+  Outcome,
+  QoE,
+  Timeline,
+  TimelineEntry,
+} from "./types.js";
