@@ -16,7 +16,9 @@ export type { ErrorBody } from "./errors.js";
 
 // The composable parts, each usable on its own.
 export { parseSSE, SSEParser } from "./sse.js";
-export type { ByteSource, ServerSentEvent } from "./sse.js";
+export type { ByteSource, ServerSentEvent, SSEOptions } from "./sse.js";
+export { parseQueueNotice } from "./queue.js";
+export type { QueueNotice } from "./queue.js";
 export { chunkTexts, chunkTokens, openAIChunks, withoutText, withText } from "./chunks.js";
 export type { ChunkText, TextField, TextSlot } from "./chunks.js";
 export { splitTokens, TextCutter } from "./segment.js";
