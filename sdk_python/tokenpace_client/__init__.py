@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenpace_client.notices import QueueNotice, parse_queue_notice
 from tokenpace_client.qoe import (
     Freezes,
     andes_qoe,
@@ -35,6 +36,7 @@ __all__ = [
     "OpenAI",
     "PacedStream",
     "QoE",
+    "QueueNotice",
     "TelemetrySender",
     "Timeline",
     "__version__",
@@ -45,6 +47,7 @@ __all__ = [
     "freezes",
     "monotone_qoe",
     "pace",
+    "parse_queue_notice",
     "user_idle_latency",
 ]
 
