@@ -88,7 +88,15 @@ def paced(events: list[Event], **options: Any) -> tuple[PacedStream, ScriptedRea
         unit=options.pop("unit", "token"),
         end=options.pop("end", "drain"),
     )
-    stream = PacedStream(reader, settings, response=None, clock=clock, sent_at=0.0, telemetry=False)  # type: ignore[arg-type]
+    stream = PacedStream(
+        reader,  # type: ignore[arg-type]
+        settings,
+        response=None,
+        clock=clock,
+        sent_at=0.0,
+        telemetry=False,
+        on_queued=options.pop("on_queued", None),
+    )
     return stream, reader, clock
 
 

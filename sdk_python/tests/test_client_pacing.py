@@ -157,6 +157,35 @@ def test_timelines_and_qoe_match_the_formulas():
     assert token_times(stream.timeline.displayed) == pytest.approx(released)
 
 
+def test_the_qoe_carries_the_freezes_and_idle_latency_of_both_timelines():
+    # two tokens, a pause, two more: one freeze of 3.0 - (1.0 + 2/TDS), seen on both
+    items = [(1.0, chunk("a")), (1.0, chunk(" b")), (3.0, chunk(" c")), (3.0, chunk(" d"))]
+    stream, _, clock = paced(arrivals(*items, end=3.0), ttft=1.0)
+    drain(stream, clock)
+    qoe = stream.qoe
+    frozen = 3.0 - (1.0 + 2 / TDS)
+    for freezes in (qoe.freezes, qoe.displayed_freezes):
+        assert freezes.count == 1
+        assert freezes.longest_s == pytest.approx(frozen, abs=2e-6)  # timelines in µs
+        assert freezes.total_s == freezes.longest_s
+    # Wang et al. Eq. 9: token 3 (deadline 1 + 2/TDS) arrived at 3.0
+    assert qoe.idle_s == pytest.approx(frozen, abs=2e-6)
+    assert qoe.displayed_idle_s == pytest.approx(frozen, abs=2e-6)
+
+
+def test_a_reply_on_pace_has_no_freezes_and_nothing_shown_has_none_measured():
+    items = [(0.5 + k / TDS, chunk(f" t{k}")) for k in range(6)]
+    stream, _, clock = paced(arrivals(*items, end=2.0), ttft=1.0)
+    drain(stream, clock)
+    assert stream.qoe.freezes.count == 0 and stream.qoe.displayed_freezes.longest_s == 0.0
+    assert stream.qoe.idle_s == 0.0  # every token before its deadline
+
+    stream, _, clock = paced(arrivals((0.4, chunk("")), end=0.5))  # no token at all
+    drain(stream, clock)
+    assert stream.qoe.freezes is None and stream.qoe.displayed_idle_s is None
+    assert stream.qoe.andes == 0.0
+
+
 # -- arguments ---------------------------------------------------------------------
 
 

@@ -11,7 +11,15 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenpace_client.qoe import andes_qoe, digestion_starts, monotone_qoe, token_times
+from tokenpace_client.qoe import (
+    Freezes,
+    andes_qoe,
+    digestion_starts,
+    freezes,
+    monotone_qoe,
+    token_times,
+    user_idle_latency,
+)
 from tokenpace_client.schedule import ReleaseSchedule
 
 VECTORS = json.loads(
@@ -31,6 +39,12 @@ def test_formulas_match_the_vectors(vec):
     assert monotone_qoe(timeline, ttft, tds) == pytest.approx(vec["monotone"], rel=1e-9)
     starts = digestion_starts(token_times(timeline), tds)
     assert starts == pytest.approx(vec["digestion"], rel=1e-9, abs=1e-12)
+    frozen = freezes(timeline, tds)
+    assert isinstance(frozen, Freezes)
+    assert frozen.count == vec["freezes"]["count"]
+    assert frozen.longest_s == pytest.approx(vec["freezes"]["longest_s"], rel=1e-9, abs=1e-12)
+    assert frozen.total_s == pytest.approx(vec["freezes"]["total_s"], rel=1e-9, abs=1e-12)
+    assert user_idle_latency(timeline, ttft, tds) == pytest.approx(vec["idle"], rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize("vec", VECTORS, ids=lambda v: v["name"])
@@ -40,6 +54,11 @@ def test_release_schedule_is_the_digestion_schedule(vec):
         schedule.release_time(t, 1) for t, n in vec["timeline"] for _ in range(n)
     ]  # token unit: a chunk of n tokens is n pieces
     assert released == pytest.approx(vec["digestion"], rel=1e-9, abs=1e-12)
+
+
+def test_the_vectors_hold_freezes_and_replies_that_never_froze():
+    counts = [vec["freezes"]["count"] for vec in VECTORS]
+    assert any(counts) and not all(counts)  # both kinds, so neither branch goes untested
 
 
 def test_bad_timelines_and_expectations_name_what_is_wrong():
@@ -53,3 +72,7 @@ def test_bad_timelines_and_expectations_name_what_is_wrong():
         andes_qoe([(1.0, 1)], 1.0, 0.0)
     with pytest.raises(ValueError, match="ttft"):
         monotone_qoe([(1.0, 1)], -1.0, 4.8)
+    with pytest.raises(ValueError, match="tds"):
+        freezes([(1.0, 1)], 0.0)
+    with pytest.raises(ValueError, match="empty"):
+        user_idle_latency([], 1.0, 4.8)

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenpace_client.qoe import andes_qoe, digestion_starts, monotone_qoe
+from tokenpace_client.notices import QueueNotice, parse_queue_notice
+from tokenpace_client.qoe import (
+    Freezes,
+    andes_qoe,
+    digestion_starts,
+    freezes,
+    monotone_qoe,
+    user_idle_latency,
+)
 from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
 from tokenpace_client.telemetry import TelemetrySender, default_sender
 from tokenpace_client.tiers import DEFAULT_TIER, TIERS, Expectation
@@ -24,9 +32,11 @@ __all__ = [
     "AsyncOpenAI",
     "AsyncPacedStream",
     "Expectation",
+    "Freezes",
     "OpenAI",
     "PacedStream",
     "QoE",
+    "QueueNotice",
     "TelemetrySender",
     "Timeline",
     "__version__",
@@ -34,8 +44,11 @@ __all__ = [
     "apace",
     "default_sender",
     "digestion_starts",
+    "freezes",
     "monotone_qoe",
     "pace",
+    "parse_queue_notice",
+    "user_idle_latency",
 ]
 
 

@@ -4,9 +4,11 @@
 plus ``tier=`` (the default tier, sent as ``tokenpace.tier`` in the body of every
 completions request that names no tier of its own, by header or body) and the pacing
 options of :func:`tokenpace_client.pace` (``unit``, ``end``, ``telemetry``).
-``client.chat.completions.create(..., stream=True)`` returns a paced stream; everything
-else (non-streaming calls, ``with_raw_response``, other resources) is openai's, unchanged.
-The default tier goes through openai's ``_prepare_options`` hook (pinned: openai 3.x).
+``client.chat.completions.create(..., stream=True)`` returns a paced stream, and takes
+``on_queued=`` (a callback for the gateway's queue notices, :func:`tokenpace_client.pace`)
+besides openai's arguments; everything else (non-streaming calls, ``with_raw_response``,
+other resources) is openai's, unchanged. The default tier goes through openai's
+``_prepare_options`` hook, queue notices through a stream's SSE decoder (pinned: openai 3.x).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import openai
 from openai.resources.chat import AsyncChat, AsyncCompletions, Chat, Completions
 
 from tokenpace_client.headers import resolve
-from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
+from tokenpace_client.stream import AsyncPacedStream, OnQueued, PacedStream, apace, pace
 
 _TIER_HEADER = "x-tokenpace-tier"
 
@@ -46,15 +48,26 @@ def _pacing(client: object) -> dict[str, Any]:
     return client._tokenpace_pacing
 
 
+def _on_queued(kwargs: dict[str, Any]) -> OnQueued | None:
+    """Take ``on_queued`` out of a create call's arguments; only a stream gets notices."""
+    on_queued: OnQueued | None = kwargs.pop("on_queued", None)
+    if on_queued is not None and kwargs.get("stream") is not True:
+        raise TypeError("on_queued: queue notices come only with stream=True")
+    if on_queued is not None and not callable(on_queued):
+        raise TypeError(f"on_queued: expected a callable, got {type(on_queued).__name__}")
+    return on_queued
+
+
 class _PacedCompletions(Completions):
     def create(self, **kwargs: Any) -> Any:
+        on_queued = _on_queued(kwargs)
         if kwargs.get("stream") is not True:
             return super().create(**kwargs)
         sent_at = time.monotonic()
         stream = super().create(**kwargs)
         if not isinstance(stream, openai.Stream):  # e.g. a raw response: unchanged
             return stream
-        return pace(stream, sent_at=sent_at, **_pacing(self._client))
+        return pace(stream, sent_at=sent_at, on_queued=on_queued, **_pacing(self._client))
 
 
 class _PacedChat(Chat):
@@ -65,13 +78,14 @@ class _PacedChat(Chat):
 
 class _AsyncPacedCompletions(AsyncCompletions):
     async def create(self, **kwargs: Any) -> Any:
+        on_queued = _on_queued(kwargs)
         if kwargs.get("stream") is not True:
             return await super().create(**kwargs)
         sent_at = time.monotonic()
         stream = await super().create(**kwargs)
         if not isinstance(stream, openai.AsyncStream):
             return stream
-        return apace(stream, sent_at=sent_at, **_pacing(self._client))
+        return apace(stream, sent_at=sent_at, on_queued=on_queued, **_pacing(self._client))
 
 
 class _AsyncPacedChat(AsyncChat):

@@ -7,7 +7,11 @@ vectors ``tests/vectors/qoe.json`` that are generated from ``qos.metrics``:
   never before it arrives): d_k = max(t_k, d_(k-1) + 1/TDS), in the closed form
   d_k = (k-1)/TDS + max_(j<=k) (t_j - (j-1)/TDS);
 - Andes QoE, Andes (Liu et al.) §3.1 Eq. 1, in closed form;
-- the monotone QoE of docs/qoe.md, which delaying a token can never raise.
+- the monotone QoE of docs/qoe.md, which delaying a token can never raise;
+- the freezes of docs/qoe.md: display gaps beyond the reader's pace,
+  (d_k - d_(k-1)) - 1/TDS > 1e-6 s, the wait for the first token not counted;
+- user idle latency, Wang et al., "Revisiting SLOs and System Level Metrics in LLM
+  Serving", Eq. 9: l = max_i (t_i - (TTFT + (i-1)/TDS))⁺.
 
 The entries of a timeline are ``[(seconds since the request, tokens), ...]`` per chunk,
 or per-token times.
@@ -15,8 +19,10 @@ or per-token times.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 TimelineEntry = tuple[float, int]
 """(seconds since the request was sent, tokens): one chunk read, or one piece shown."""
@@ -127,3 +133,56 @@ def monotone_of_times(times: Sequence[float], ttft: float, tds: float) -> float:
     n = len(times)
     area = n * n / (2.0 * tds)
     return area / (area + deficit)
+
+
+@dataclass(frozen=True)
+class Freezes:
+    """The freezes of one reply: display gaps beyond the reader's pace (docs/qoe.md)."""
+
+    longest_s: float  # the longest freeze (0 when the reply never froze)
+    count: int  # how many freezes (gaps > FREEZE_EPSILON_S)
+    total_s: float  # time frozen in all
+
+
+FREEZE_EPSILON_S = 1e-6
+"""Display gaps up to this much beyond the reader's pace are float noise, not freezes."""
+
+
+def display_gaps(times: Sequence[float], tds: float) -> list[float]:
+    """(d_k - d_(k-1)) - 1/TDS for k = 2..n, d the digestion starts of validated ``times``:
+    how long the reader waited before each token after the first, beyond its own pace."""
+    starts = digestion_starts(times, tds)
+    return [(b - a) - 1.0 / tds for a, b in itertools.pairwise(starts)]
+
+
+def freezes(timeline: Entries, tds: float) -> Freezes:
+    """The freezes of ``timeline`` shown by the release rule (recursion D) at ``tds``.
+
+    The wait for the first token is the TTFT, not a freeze; from the first token on, the
+    reader is frozen whenever the next token is not there when the previous one has been
+    read.
+    """
+    times = token_times(timeline)
+    check_expectation(0.0, tds)
+    return freezes_of_times(times, tds)
+
+
+def freezes_of_times(times: Sequence[float], tds: float) -> Freezes:
+    """:func:`freezes` of validated per-token ``times``."""
+    frozen = [g for g in display_gaps(times, tds) if g > FREEZE_EPSILON_S]
+    if not frozen:
+        return Freezes(0.0, 0, 0.0)
+    return Freezes(max(frozen), len(frozen), math.fsum(frozen))
+
+
+def user_idle_latency(timeline: Entries, ttft: float, tds: float) -> float:
+    """User idle latency, Wang et al. Eq. 9: max_i (t_i - d_i)⁺ with deadlines
+    d_i = TTFT + (i-1)/TDS; equal for the arrivals and for their release by recursion D."""
+    times = token_times(timeline)
+    check_expectation(ttft, tds)
+    return idle_of_times(times, ttft, tds)
+
+
+def idle_of_times(times: Sequence[float], ttft: float, tds: float) -> float:
+    """:func:`user_idle_latency` of validated per-token ``times``."""
+    return max(0.0, *(t - (ttft + k / tds) for k, t in enumerate(times)))

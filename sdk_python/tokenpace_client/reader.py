@@ -6,8 +6,9 @@ upstream and closes it when it stops, whether the stream ended, failed or was cl
 (:meth:`ThreadReader.stop`, :meth:`TaskReader.cancel`). The paced stream waits on
 ``get(deadline)``: the next event, or ``None`` once ``deadline`` (clock time) passes.
 
-An event is ``(kind, at, payload)``: ``("chunk", at, chunk)``, ``("end", at, None)`` or
-``("error", at, exception)``.
+An event is ``(kind, at, payload)``: ``("chunk", at, chunk)``, ``("queued", at, notice)``
+(a :class:`~tokenpace_client.notices.QueueNotice` read from an openai stream while the
+request waits for an engine), ``("end", at, None)`` or ``("error", at, exception)``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any
 
 from tokenpace_client.clock import Clock
+from tokenpace_client.notices import QueueNotice, listen
 
 Event = tuple[str, float, Any]
 
@@ -52,10 +54,14 @@ class ThreadReader:
         self._stopped = threading.Event()
         self._close = close
         self._interrupt = interrupt
+        listen(iterable, self._queued)
         self._thread = threading.Thread(
             target=self._run, args=(iterable,), name="tokenpace-reader", daemon=True
         )
         self._thread.start()
+
+    def _queued(self, notice: QueueNotice) -> None:
+        self._events.put(("queued", self._clock.now(), notice))
 
     def _run(self, iterable: Iterable[Any]) -> None:
         clock, put = self._clock, self._events.put
@@ -118,10 +124,15 @@ class TaskReader:
         if not (self._timed and event[0] == "chunk"):
             _wake(self._waiter)
 
+    def _queued(self, notice: QueueNotice) -> None:
+        self._put(("queued", self._clock.now(), notice))
+
     async def _run(self, open_iterable: Callable[[], Awaitable[AsyncIterable[Any]]]) -> None:
         clock, put = self._clock, self._put
         try:
-            async for chunk in await open_iterable():
+            iterable = await open_iterable()
+            listen(iterable, self._queued)
+            async for chunk in iterable:
                 put(("chunk", clock.now(), chunk))
             put(("end", clock.now(), None))
         except Exception as exc:

@@ -3,7 +3,10 @@
 The reader (:mod:`tokenpace_client.reader`) reads the upstream eagerly; the paced stream
 releases what the :class:`~tokenpace_client.pacer.Pacer` says is due, sleeping until the
 next release or the next arrival, whichever comes first (no busy waiting, one monotonic
-clock). When the stream ends (completed, aborted or error) it exposes ``timeline`` and
+clock). While the request waits for an engine, the gateway's queue notices (SSE comments
+that openai's decoder drops, :mod:`tokenpace_client.notices`) go to ``on_queued(position,
+eta_s)``, called in the task or thread that iterates the stream; the last one is
+``queued``. When the stream ends (completed, aborted or error) it exposes ``timeline`` and
 ``qoe``, posts its report in the background (:mod:`tokenpace_client.telemetry`) and
 records the OpenTelemetry metrics (:mod:`tokenpace_client.otel`).
 
@@ -27,6 +30,7 @@ from tokenpace_client import otel
 from tokenpace_client.chunks import get_field
 from tokenpace_client.clock import MONOTONIC, Clock
 from tokenpace_client.headers import Settings, resolve
+from tokenpace_client.notices import QueueNotice
 from tokenpace_client.pacer import Pacer
 from tokenpace_client.reader import Event, TaskReader, ThreadReader
 from tokenpace_client.telemetry import (
@@ -40,6 +44,9 @@ from tokenpace_client.timeline import QoE, Timeline
 from tokenpace_client.version import __version__
 
 log = logging.getLogger("tokenpace_client")
+
+OnQueued = Callable[[int, float], object]
+"""Called with a queue notice's position (1: next to be admitted) and the gateway's eta_s."""
 
 CLOSE_WAIT_S = 1.0  # how long close() waits for the reader thread to let go of the upstream
 
@@ -76,6 +83,7 @@ class _Paced:
         clock: Clock,
         sent_at: float,
         telemetry: bool | TelemetrySender,
+        on_queued: OnQueued | None = None,
     ) -> None:
         self.request_id: str | None = settings.request_id
         self.tier: str = settings.tier
@@ -87,6 +95,8 @@ class _Paced:
         self.timeline: Timeline | None = None
         self.qoe: QoE | None = None
         self.outcome: str | None = None
+        self.queued: QueueNotice | None = None  # the last queue notice, if any came
+        self._on_queued = on_queued
         self._clock = clock
         self._pacer = Pacer(tds=settings.tds, unit=settings.unit, end=settings.end, sent_at=sent_at)
         self._sender = (
@@ -101,6 +111,10 @@ class _Paced:
             if self._model is None:
                 self._model = get_field(payload, "model")
             self._pacer.arrive(at, payload)
+        elif kind == "queued":
+            self.queued = payload
+            if self._on_queued is not None:
+                self._on_queued(payload.position, payload.eta_s)
         else:
             if kind == "error":
                 self._error = payload
@@ -267,6 +281,7 @@ def pace(
     telemetry: bool | TelemetrySender = True,
     clock: Clock | None = None,
     sent_at: float | None = None,
+    on_queued: OnQueued | None = None,
 ) -> PacedStream:
     """Release the chunks of ``stream`` at the reader's speed.
 
@@ -299,7 +314,13 @@ def pace(
         interrupt=lambda: _shutdown_socket(response),
     )
     return PacedStream(
-        reader, settings, response=response, clock=clock, sent_at=sent_at, telemetry=telemetry
+        reader,
+        settings,
+        response=response,
+        clock=clock,
+        sent_at=sent_at,
+        telemetry=telemetry,
+        on_queued=on_queued,
     )
 
 
@@ -313,6 +334,7 @@ def apace(
     telemetry: bool | TelemetrySender = True,
     clock: Clock | None = None,
     sent_at: float | None = None,
+    on_queued: OnQueued | None = None,
 ) -> AsyncPacedStream:
     """:func:`pace` for an openai ``AsyncStream`` or any async iterable of chunks.
 
@@ -353,4 +375,5 @@ def apace(
         clock=clock,
         sent_at=sent_at,
         telemetry=telemetry,
+        on_queued=on_queued,
     )

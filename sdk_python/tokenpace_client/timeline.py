@@ -11,7 +11,15 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tokenpace_client.qoe import TimelineEntry, andes_of_times, monotone_of_times, token_times
+from tokenpace_client.qoe import (
+    Freezes,
+    TimelineEntry,
+    andes_of_times,
+    freezes_of_times,
+    idle_of_times,
+    monotone_of_times,
+    token_times,
+)
 
 
 def ceil_us(seconds: float) -> float:
@@ -28,28 +36,50 @@ class Timeline:
     displayed: tuple[TimelineEntry, ...]
 
 
+_Scores = tuple[float, float, Freezes | None, float | None]
+
+
 @dataclass(frozen=True)
 class QoE:
-    """Andes (Liu et al.) §3.1 Eq. 1 and the monotone QoE (docs/qoe.md) of both timelines.
+    """What the user got, scored on both timelines (docs/qoe.md).
 
-    An empty timeline (nothing arrived, or nothing was shown) scores 0, as at the gateway.
+    ``andes``/``monotone``: Andes (Liu et al.) §3.1 Eq. 1 and the monotone QoE; an empty
+    timeline (nothing arrived, or nothing was shown) scores 0, as at the gateway.
+    ``freezes``: the display gaps beyond the reader's pace; ``idle_s``: the user idle
+    latency (Wang et al. Eq. 9); both None for an empty timeline. Of the arrivals, they
+    are what the release rule shows (what ``qos.metrics`` gives for the reported
+    arrivals); of the
+    displayed timeline, what was shown as measured, with the unit's grouping, ``flush``,
+    and the lateness of the timer that released each piece.
     """
 
     andes: float
     monotone: float
     displayed_andes: float
     displayed_monotone: float
+    freezes: Freezes | None = None
+    idle_s: float | None = None
+    displayed_freezes: Freezes | None = None
+    displayed_idle_s: float | None = None
 
     @classmethod
     def of(cls, timeline: Timeline, ttft: float, tds: float) -> QoE:
-        def score(entries: tuple[TimelineEntry, ...]) -> tuple[float, float]:
+        def score(entries: tuple[TimelineEntry, ...]) -> _Scores:
             if not entries:
-                return 0.0, 0.0
+                return 0.0, 0.0, None, None
             times = token_times(entries)
-            return andes_of_times(times, ttft, tds), monotone_of_times(times, ttft, tds)
+            return (
+                andes_of_times(times, ttft, tds),
+                monotone_of_times(times, ttft, tds),
+                freezes_of_times(times, tds),
+                idle_of_times(times, ttft, tds),
+            )
 
-        arrived, shown = score(timeline.arrivals), score(timeline.displayed)
-        return cls(arrived[0], arrived[1], shown[0], shown[1])
+        andes, monotone, frozen, idle = score(timeline.arrivals)
+        shown_andes, shown_monotone, shown_frozen, shown_idle = score(timeline.displayed)
+        return cls(
+            andes, monotone, shown_andes, shown_monotone, frozen, idle, shown_frozen, shown_idle
+        )
 
 
 def gaps_over(entries: Sequence[TimelineEntry], limit: float) -> int:

@@ -8,10 +8,14 @@
  * for await (const chunk of stream) show(chunk.choices[0]?.delta?.content ?? "");
  * stream.qoe; // once it ended
  * ```
+ *
+ * While the gateway holds the request for an engine, its queue notices go to the
+ * request's `onQueued` (src/queue.ts).
  */
 import { openAIChunks } from "./chunks.js";
 import { systemClock } from "./clock.js";
 import { errorBody, TokenPaceError } from "./errors.js";
+import { parseQueueNotice, type QueueNotice } from "./queue.js";
 import { pace, type PacedStream, type PaceOptions } from "./stream.js";
 import { parseSSE } from "./sse.js";
 import type { TelemetryOptions } from "./telemetry.js";
@@ -43,6 +47,8 @@ export interface ChatCompletionCreateParams {
 export interface RequestOptions extends Omit<PaceOptions, "headers" | "requestStart" | "telemetry"> {
   tier?: string;
   headers?: Record<string, string>;
+  /** Called with each queue notice while the gateway holds the request for an engine. */
+  onQueued?: (notice: QueueNotice) => void;
 }
 
 export interface TokenPaceClient {
@@ -87,7 +93,7 @@ async function streamChat(
   if (body.stream !== true) {
     throw new TypeError("stream: must be true; tokenpace-web paces streamed replies only");
   }
-  const { tier = client.tier, headers: extraHeaders, signal, ...paceOptions } = request;
+  const { tier = client.tier, headers: extraHeaders, signal, onQueued, ...paceOptions } = request;
   const headers: Record<string, string> = {
     "Content-Type": "application/json",
     Accept: "text/event-stream",
@@ -125,7 +131,11 @@ async function streamChat(
       requestId,
     );
   }
-  const chunks = openAIChunks(parseSSE(response.body), requestId);
+  const onComment = (comment: string): void => {
+    const notice = parseQueueNotice(comment);
+    if (notice !== undefined) onQueued?.(notice);
+  };
+  const chunks = openAIChunks(parseSSE(response.body, { onComment }), requestId);
   const stream = pace(
     chunks,
     { ...paceOptions, ...(signal !== undefined && { signal }), clock, headers: response.headers, requestStart, telemetry },

@@ -16,13 +16,26 @@ export type { ErrorBody } from "./errors.js";
 
 // The composable parts, each usable on its own.
 export { parseSSE, SSEParser } from "./sse.js";
-export type { ByteSource, ServerSentEvent } from "./sse.js";
+export type { ByteSource, ServerSentEvent, SSEOptions } from "./sse.js";
+export { parseQueueNotice } from "./queue.js";
+export type { QueueNotice } from "./queue.js";
 export { chunkTexts, chunkTokens, openAIChunks, withoutText, withText } from "./chunks.js";
 export type { ChunkText, TextField, TextSlot } from "./chunks.js";
 export { splitTokens, TextCutter } from "./segment.js";
 export type { Piece, Unit } from "./segment.js";
 export { ReleaseSchedule, releaseTimes } from "./schedule.js";
-export { andesQoE, digestionStarts, monotoneQoE, timelineQoE, tokenTimes } from "./qoe.js";
+export {
+  andesQoE,
+  digestionStarts,
+  displayGaps,
+  FREEZE_EPSILON_S,
+  freezes,
+  freezeSpans,
+  monotoneQoE,
+  timelineQoE,
+  tokenTimes,
+  userIdleLatency,
+} from "./qoe.js";
 export { ceilMicroseconds, coalesce, reportTimeline } from "./coalesce.js";
 export {
   beaconReport,
@@ -37,4 +50,14 @@ export { requestInfo } from "./headers.js";
 export { DEFAULT_EXPECTATION, DEFAULT_TIER, TIERS } from "./tiers.js";
 export type { RequestInfo } from "./headers.js";
 export { SDK_NAME, SDK_VERSION } from "./version.js";
-export type { ChatCompletionChunk, ChunkChoice, ChunkDelta, Expectation, Outcome, QoE, Timeline, TimelineEntry } from "./types.js";
+export type {
+  ChatCompletionChunk,
+  ChunkChoice,
+  ChunkDelta,
+  Expectation,
+  Freezes,
+  Outcome,
+  QoE,
+  Timeline,
+  TimelineEntry,
+} from "./types.js";

@@ -7,10 +7,14 @@
  * - Andes QoE, Andes (Liu et al.) §3.1 Eq. 1: the area under the digested curve over the
  *   area under the expected curve, both up to the last token's arrival.
  * - Monotone QoE: E / (E + deficit), which delaying a token can never raise.
+ * - Freezes: display gaps beyond the reader's pace, (d_k − d_(k−1)) − 1/TDS > 1e-6 s; the
+ *   wait for the first token is not one.
+ * - User idle latency, Wang et al., "Revisiting SLOs and System Level Metrics in LLM
+ *   Serving", Eq. 9: max_i (t_i − (TTFT + (i−1)/TDS))⁺.
  *
  * Times are seconds since the request was sent.
  */
-import type { Expectation, QoE, Timeline, TimelineEntry } from "./types.js";
+import type { Expectation, Freezes, QoE, Timeline, TimelineEntry } from "./types.js";
 
 /** Per-token arrival times of a `[time, tokens]` timeline; throws `RangeError` on bad input. */
 export function tokenTimes(timeline: readonly TimelineEntry[]): number[] {
@@ -89,11 +93,99 @@ export function monotoneQoE(timeline: readonly TimelineEntry[], expected: Expect
   return area / (area + deficit);
 }
 
-/** Both QoEs of both timelines, as the gateway computes them (an empty timeline scores 0). */
+/** Display gaps up to this much beyond the reader's pace (s) are float noise, not freezes. */
+export const FREEZE_EPSILON_S = 1e-6;
+
+/**
+ * (d_k − d_(k−1)) − 1/TDS for k = 2..n, d the digestion starts of `times`: how long the
+ * reader waited before each token after the first, beyond its own pace (s).
+ */
+export function displayGaps(times: readonly number[], tds: number): number[] {
+  const starts = digestionStarts(times, tds);
+  return starts.slice(1).map((d, k) => d - (starts[k] as number) - 1 / tds);
+}
+
+/**
+ * When the reader of `timeline` was frozen: `[from, to]` in seconds since the request, one
+ * span per display gap beyond the pace (`to` is when the next token was shown).
+ */
+export function freezeSpans(timeline: readonly TimelineEntry[], tds: number): Array<[from: number, to: number]> {
+  const times = tokenTimes(timeline);
+  checkExpectation({ ttft: 0, tds });
+  const starts = digestionStarts(times, tds);
+  const spans: Array<[number, number]> = [];
+  displayGaps(times, tds).forEach((gap, k) => {
+    const to = starts[k + 1] as number;
+    if (gap > FREEZE_EPSILON_S) spans.push([to - gap, to]);
+  });
+  return spans;
+}
+
+/**
+ * The freezes of `timeline` shown by the release rule (recursion D) at `tds`: the longest,
+ * how many, and the time frozen in all. The wait for the first token is the TTFT, not a
+ * freeze; from the first token on, the reader is frozen whenever the next token is not
+ * there when the previous one has been read.
+ */
+export function freezes(timeline: readonly TimelineEntry[], tds: number): Freezes {
+  const times = tokenTimes(timeline);
+  checkExpectation({ ttft: 0, tds });
+  let longestS = 0;
+  let count = 0;
+  let totalS = 0;
+  for (const gap of displayGaps(times, tds)) {
+    if (gap <= FREEZE_EPSILON_S) continue;
+    longestS = Math.max(longestS, gap);
+    count++;
+    totalS += gap;
+  }
+  return { longestS, count, totalS };
+}
+
+/**
+ * User idle latency, Wang et al. Eq. 9: max_i (t_i − d_i)⁺ with deadlines
+ * d_i = TTFT + (i−1)/TDS; the same for the arrivals and for their release by recursion D.
+ */
+export function userIdleLatency(timeline: readonly TimelineEntry[], expected: Expectation): number {
+  const times = tokenTimes(timeline);
+  checkExpectation(expected);
+  const { ttft, tds } = expected;
+  return times.reduce((idle, t, k) => Math.max(idle, t - (ttft + k / tds)), 0);
+}
+
+/** What `timelineQoE` gives for one timeline. */
+interface Scores {
+  andes: number;
+  monotone: number;
+  freezes: Freezes | undefined;
+  idleS: number | undefined;
+}
+
+function scores(timeline: readonly TimelineEntry[], expected: Expectation): Scores {
+  if (timeline.length === 0) return { andes: 0, monotone: 0, freezes: undefined, idleS: undefined };
+  return {
+    andes: andesQoE(timeline, expected),
+    monotone: monotoneQoE(timeline, expected),
+    freezes: freezes(timeline, expected.tds),
+    idleS: userIdleLatency(timeline, expected),
+  };
+}
+
+/**
+ * Both timelines scored: both QoEs (an empty timeline scores 0, as at the gateway), the
+ * freezes and the user idle latency (undefined for an empty timeline).
+ */
 export function timelineQoE(timeline: Timeline, expected: Expectation): QoE {
-  const score = (t: readonly TimelineEntry[]): [number, number] =>
-    t.length === 0 ? [0, 0] : [andesQoE(t, expected), monotoneQoE(t, expected)];
-  const [andes, monotone] = score(timeline.arrivals);
-  const [displayedAndes, displayedMonotone] = score(timeline.displayed);
-  return { andes, monotone, displayedAndes, displayedMonotone };
+  const arrived = scores(timeline.arrivals, expected);
+  const shown = scores(timeline.displayed, expected);
+  return {
+    andes: arrived.andes,
+    monotone: arrived.monotone,
+    displayedAndes: shown.andes,
+    displayedMonotone: shown.monotone,
+    freezes: arrived.freezes,
+    idleS: arrived.idleS,
+    displayedFreezes: shown.freezes,
+    displayedIdleS: shown.idleS,
+  };
 }

@@ -1,8 +1,9 @@
 /**
  * Server-sent events, parsed as the HTML standard's event-stream format: fields
- * `data:` (joined with newlines) and `event:`, comments (`: ping`) ignored, an event
- * dispatched at each blank line, lines ended by CRLF, LF or CR, and text that may be
- * split anywhere between network reads (inside a line or a UTF-8 character).
+ * `data:` (joined with newlines) and `event:`, an event dispatched at each blank line,
+ * lines ended by CRLF, LF or CR, and text that may be split anywhere between network
+ * reads (inside a line or a UTF-8 character). Comments (`: ping`) make no event; an
+ * `onComment` option hears them (the gateway's queue notices are comments: src/queue.ts).
  */
 
 /** One dispatched event. */
@@ -11,12 +12,20 @@ export interface ServerSentEvent {
   data: string;
 }
 
+/** What to do with the lines that are not events. */
+export interface SSEOptions {
+  /** Called with each comment's text (the line after its `:`), in stream order with the events. */
+  onComment?: (comment: string) => void;
+}
+
 /** Incremental parser: feed it text as it arrives, get the events completed so far. */
 export class SSEParser {
   private buffer = "";
   private data: string[] = [];
   private event = "";
   private pendingCR = false;
+
+  constructor(private readonly options: SSEOptions = {}) {}
 
   /** Events completed by `text` (appended to what was fed before). */
   push(text: string): ServerSentEvent[] {
@@ -58,7 +67,10 @@ export class SSEParser {
       this.event = "";
       return event;
     }
-    if (line.startsWith(":")) return undefined; // comment, e.g. ": ping"
+    if (line.startsWith(":")) {
+      this.options.onComment?.(line.slice(1)); // a comment, e.g. ": ping"
+      return undefined;
+    }
     const colon = line.indexOf(":");
     const field = colon < 0 ? line : line.slice(0, colon);
     let value = colon < 0 ? "" : line.slice(colon + 1);
@@ -72,10 +84,10 @@ export class SSEParser {
 /** Bytes as they arrive: a `ReadableStream` (read with a reader) or any async iterable. */
 export type ByteSource = ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
 
-/** The events of a byte stream, read as fast as it delivers them. */
-export async function* parseSSE(body: ByteSource): AsyncGenerator<ServerSentEvent> {
+/** The events of a byte stream, read as fast as it delivers them; comments go to `onComment`. */
+export async function* parseSSE(body: ByteSource, options: SSEOptions = {}): AsyncGenerator<ServerSentEvent> {
   const decoder = new TextDecoder();
-  const parser = new SSEParser();
+  const parser = new SSEParser(options);
   for await (const bytes of iterateBytes(body)) {
     yield* parser.push(decoder.decode(bytes, { stream: true }));
   }

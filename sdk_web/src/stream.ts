@@ -65,7 +65,7 @@ export interface PacedStream<T> extends AsyncIterable<T> {
   readonly expected: Expectation;
   /** Once ended: arrivals and displayed tokens, `[seconds since the request, tokens]`. */
   readonly timeline: Timeline | undefined;
-  /** Once ended: Andes and monotone QoE of both timelines. */
+  /** Once ended: Andes and monotone QoE, freezes and user idle latency of both timelines. */
   readonly qoe: QoE | undefined;
   readonly outcome: Outcome | undefined;
   /** The gateway's answer to the telemetry report; undefined when none was sent or it failed. */

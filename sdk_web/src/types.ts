@@ -43,12 +43,32 @@ export interface Timeline {
   displayed: TimelineEntry[];
 }
 
-/** Andes QoE (Eq. 1) and the monotone QoE of the arrivals and of what was displayed. */
+/** The freezes of one reply: display gaps beyond the reader's pace (docs/qoe.md), in seconds. */
+export interface Freezes {
+  /** The longest freeze (0 when the reply never froze). */
+  longestS: number;
+  /** How many gaps were longer than the pace by more than 1e-6 s. */
+  count: number;
+  /** The time frozen in all. */
+  totalS: number;
+}
+
+/**
+ * What the user got, scored on the arrivals and on what was displayed: Andes QoE (Eq. 1),
+ * the monotone QoE, the freezes and the user idle latency (Wang et al. Eq. 9, seconds);
+ * the last two undefined for an empty timeline. Of the arrivals, they are what the
+ * release rule shows; of the displayed timeline, what was shown as measured, with the
+ * unit's grouping, `flush`, and the lateness of the timer that released each piece.
+ */
 export interface QoE {
   andes: number;
   monotone: number;
   displayedAndes: number;
   displayedMonotone: number;
+  freezes: Freezes | undefined;
+  idleS: number | undefined;
+  displayedFreezes: Freezes | undefined;
+  displayedIdleS: number | undefined;
 }
 
 /** What the reader is expected to get: time to first token (s) and delivery speed (tokens/s). */

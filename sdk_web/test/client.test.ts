@@ -23,6 +23,46 @@ function sseHead(res: ServerResponse, tds = "200.0"): void {
 const event = (data: unknown): string => `data: ${JSON.stringify(data)}\n\n`;
 const delta = (content: string): unknown => ({ object: "chat.completion.chunk", choices: [{ index: 0, delta: { content }, finish_reason: null }] });
 
+test("create() hands the queue notices that come before the reply to onQueued, as they come", async () => {
+  let heardFirstInLine: () => void = () => undefined;
+  const firstInLine = new Promise<void>((resolve) => (heardFirstInLine = resolve));
+  let sentFirstChunk = false;
+  const server = await startServer((_req, res) => {
+    sseHead(res);
+    res.write(": queued position=2 eta_s=1.5\n\n");
+    res.write(": ping\n\n");
+    res.write(": queued position=1 eta_s=0.4\n\n");
+    // the reply is held until the client has heard position 1 (or 10 s): the notices
+    // must reach onQueued while the request waits, not with the first chunk
+    void Promise.race([firstInLine, new Promise((resolve) => setTimeout(resolve, 10_000))]).then(() => {
+      sentFirstChunk = true;
+      res.end(event(delta("Hi")) + event(delta(" there")) + "data: [DONE]\n\n");
+    });
+  });
+  try {
+    const client = createClient({ baseURL: `${server.url}/v1`, telemetry: false });
+    const notices: Array<[number, number, boolean]> = [];
+    const started = performance.now();
+    const stream = await client.chat.completions.create(body, {
+      onQueued: ({ position, etaS }) => {
+        notices.push([position, etaS, sentFirstChunk]);
+        if (position === 1) heardFirstInLine();
+      },
+    });
+    let text = "";
+    for await (const chunk of stream) text += String(chunk.choices[0]?.delta?.["content"] ?? "");
+    assert.ok(performance.now() - started < 5_000, "the reply waited for the notices to be heard");
+    assert.deepEqual(notices, [
+      [2, 1.5, false],
+      [1, 0.4, false],
+    ]);
+    assert.equal(text, "Hi there");
+    assert.equal(stream.outcome, "completed");
+  } finally {
+    await server.close();
+  }
+});
+
 test("create() streams over fetch: sends key, tier and body; reads the headers; paces to their TDS", async () => {
   const server = await startServer((_req, res) => {
     sseHead(res);

@@ -62,6 +62,26 @@ test("comments make no events; an event without its blank line at the end is dro
   assert.deepEqual(parser.push("\n\n"), []);
 });
 
+test("comments go to onComment in stream order, split across reads at every byte", async () => {
+  const text = ": queued position=2 eta_s=1.5\n\n:ping\r\n" + STREAM;
+  const bytes = encoder.encode(text);
+  for (let cut = 0; cut <= bytes.length; cut++) {
+    const heard: string[] = [];
+    const seen: Array<string | ServerSentEvent> = [];
+    const onComment = (comment: string): void => {
+      heard.push(comment);
+      seen.push(comment);
+    };
+    for await (const event of parseSSE(reads([bytes.slice(0, cut), bytes.slice(cut)]), { onComment })) seen.push(event);
+    assert.deepEqual(heard, [" queued position=2 eta_s=1.5", "ping", " ping", " ping"], `split at byte ${cut}`);
+    assert.deepEqual(
+      seen.filter((x) => typeof x !== "string"),
+      EXPECTED,
+    );
+    assert.equal(seen.indexOf(" queued position=2 eta_s=1.5"), 0, "before the first event");
+  }
+});
+
 function events(...data: string[]): AsyncGenerator<ServerSentEvent> {
   return (async function* () {
     for (const d of data) yield { event: "message", data: d };

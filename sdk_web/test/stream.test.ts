@@ -73,6 +73,8 @@ test("release times are the digestion schedule of the shared vectors, chunks of 
     tds: number;
     ttft: number;
     digestion: number[];
+    freezes: { longest_s: number; count: number };
+    idle: number;
   }>;
   for (const v of vectors) {
     const clock = new VirtualClock();
@@ -100,6 +102,15 @@ test("release times are the digestion schedule of the shared vectors, chunks of 
       tokenTimes(stream.timeline?.displayed ?? []).map((t) => Math.round(t * 1e9)),
       v.digestion.map((t) => Math.round(t * 1e9)),
     );
+    // the QoE's freezes and idle latency: of the arrivals, the vector's; of what was shown
+    // (times rounded up to the microsecond), the same within that rounding
+    const qoe = stream.qoe;
+    assert.equal(qoe?.freezes?.count, v.freezes.count, `${v.name}: freezes of the arrivals`);
+    assert.equal(qoe?.displayedFreezes?.count, v.freezes.count, `${v.name}: freezes of what was shown`);
+    assert.ok(close(qoe?.freezes?.longestS ?? NaN, v.freezes.longest_s), `${v.name}: longest freeze`);
+    assert.ok(Math.abs((qoe?.displayedFreezes?.longestS ?? NaN) - v.freezes.longest_s) < 2e-6, `${v.name}: longest shown`);
+    assert.ok(close(qoe?.idleS ?? NaN, v.idle), `${v.name}: idle latency`);
+    assert.ok(Math.abs((qoe?.displayedIdleS ?? NaN) - v.idle) < 2e-6, `${v.name}: idle latency of what was shown`);
   }
 });
 

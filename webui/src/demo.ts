@@ -3,12 +3,24 @@
  * fetches the stream, `parseSSE` and `openAIChunks` read its chunks (the page notes when
  * each arrives, for the live plot), and `paceStream` releases them on the tier's pacing
  * clock (the headers say which) and, once the reply ends, reports its QoE to the gateway
- * with the response's telemetry token, never with the key. The plot shows arrivals
- * against what was displayed and the tier's expected line; the QoE appears at the end.
+ * with the response's telemetry token, never with the key. While the gateway holds the
+ * request for an engine, its queue notices (SSE comments, `parseQueueNotice`) say how long
+ * the wait should be. The plot shows arrivals against what was displayed, with its
+ * freezes shaded, and the tier's expected line; the QoE and the longest freeze appear at
+ * the end.
  * On the voice tier the reply is spoken sentence by sentence where the browser can, and
  * the page says whether it can. Send stays disabled until a key is accepted.
  */
-import { openAIChunks, paceStream, parseSSE, type ChatCompletionChunk, type PacedStream } from "../../sdk_web/src/index.js";
+import {
+  openAIChunks,
+  paceStream,
+  parseQueueNotice,
+  parseSSE,
+  type ChatCompletionChunk,
+  type Freezes,
+  type PacedStream,
+  type QueueNotice,
+} from "../../sdk_web/src/index.js";
 import { askAgain, askForKey, byId, errorMessage, KeyStore } from "./session.js";
 import { onVoicesChanged, SentenceSpeaker, speechSupport } from "./speech.js";
 import { TimelinePlot } from "./timeline_plot.js";
@@ -38,7 +50,7 @@ let apiKey: string | null = null;
 let model: string | null = null;
 let current: AbortController | null = null;
 
-function setStatus(state: "no-key" | "idle" | "waiting" | "streaming" | "done" | "aborted" | "error", text: string): void {
+function setStatus(state: "no-key" | "idle" | "waiting" | "queued" | "streaming" | "done" | "aborted" | "error", text: string): void {
   status.dataset["state"] = state;
   status.textContent = text;
 }
@@ -77,6 +89,14 @@ async function loadModel(key: string): Promise<void> {
   if (model !== null) setStatus("idle", "Ready.");
 }
 
+/** The longest freeze, how many and how long in all; "none" for a reply that never froze. */
+function freezeText(freezes: Freezes | undefined): string {
+  if (freezes === undefined) return "–";
+  if (freezes.count === 0) return "none";
+  const count = `${freezes.count} freeze${freezes.count === 1 ? "" : "s"}`;
+  return `${freezes.longestS.toFixed(3)} s (${count}, ${freezes.totalS.toFixed(3)} s in all)`;
+}
+
 function showQoE(stream: PacedStream<ChatCompletionChunk>): void {
   const qoe = stream.qoe;
   byId("qoe").hidden = qoe === undefined;
@@ -84,6 +104,8 @@ function showQoE(stream: PacedStream<ChatCompletionChunk>): void {
   byId("qoe-displayed").textContent = qoe.displayedAndes.toFixed(3);
   byId("qoe-arrivals").textContent = qoe.andes.toFixed(3);
   byId("qoe-displayed-monotone").textContent = qoe.displayedMonotone.toFixed(3);
+  byId("qoe-freeze").textContent = freezeText(qoe.displayedFreezes);
+  byId("qoe-idle").textContent = qoe.displayedIdleS === undefined ? "–" : `${qoe.displayedIdleS.toFixed(3)} s`;
   byId("qoe-tier").textContent = `${stream.tier} (TTFT ${stream.expected.ttft} s, TDS ${stream.expected.tds} tokens/s)`;
   byId("qoe-request").textContent = stream.requestId ?? "";
   byId("qoe-reported").textContent = "sending…";
@@ -100,9 +122,27 @@ function contentOf(chunk: ChatCompletionChunk): string {
   return typeof content === "string" ? content : "";
 }
 
-/** The stream's chunks as they come off the network, each arrival noted on the plot. */
-async function* arriving(body: ReadableStream<Uint8Array>, requestId: string | undefined, sentAt: number) {
-  for await (const chunk of openAIChunks(parseSSE(body), requestId)) {
+/** What the status says while the gateway holds the request for an engine. */
+function waitingText({ position, etaS }: QueueNotice): string {
+  const eta = etaS > 0 ? `, about ${Math.ceil(etaS)} s` : "";
+  return `Waiting for an engine${eta} (number ${position} in line)…`;
+}
+
+/**
+ * The stream's chunks as they come off the network, each arrival noted on the plot;
+ * queue notices go to `onQueued`.
+ */
+async function* arriving(
+  body: ReadableStream<Uint8Array>,
+  requestId: string | undefined,
+  sentAt: number,
+  onQueued: (notice: QueueNotice) => void,
+) {
+  const onComment = (comment: string): void => {
+    const notice = parseQueueNotice(comment);
+    if (notice !== undefined) onQueued(notice);
+  };
+  for await (const chunk of openAIChunks(parseSSE(body, { onComment }), requestId)) {
     const tokens = chunk.choices.filter((c) => typeof c.delta?.["content"] === "string" && c.delta["content"] !== "").length;
     if (tokens > 0) plot.addArrived([(performance.now() - sentAt) / 1000, tokens]);
     yield chunk;
@@ -140,17 +180,22 @@ async function converse(text: string, tier: Tier): Promise<void> {
       throw new Error(message);
     }
     const requestId = response.headers.get("X-Request-Id") ?? undefined;
-    const stream = paceStream(arriving(response.body, requestId, sentAt), {
+    let started = false; // a token was shown
+    const onQueued = (notice: QueueNotice): void => {
+      if (!started) setStatus("queued", waitingText(notice));
+    };
+    const stream = paceStream(arriving(response.body, requestId, sentAt, onQueued), {
       headers: response.headers,
       requestStart: sentAt,
       signal: controller.signal,
       telemetry: { url: "/v1/tokenpace/telemetry" },
     });
     plot.setExpected(stream.expected);
-    setStatus("streaming", `Streaming on the ${stream.tier} tier…`);
     for await (const chunk of stream) {
       const piece = contentOf(chunk);
       if (!piece) continue;
+      if (!started) setStatus("streaming", `Streaming on the ${stream.tier} tier…`);
+      started = true;
       answer += piece;
       reply.textContent = answer;
       plot.addShown([(performance.now() - sentAt) / 1000, 1]);

@@ -2,9 +2,12 @@
  * The demo's live plot of one reply's delivery timeline: tokens arrived from the
  * network, tokens displayed by the pacing buffer, and the tier's expected line
  * (the first token at TTFT, then one every 1/TDS s: the expected timeline of Andes
- * (Liu et al.) §3.1). Times are seconds since the request was sent.
+ * (Liu et al.) §3.1). The freezes of the displayed curve (the SDK's `freezeSpans`: where
+ * the reader waited for the next token beyond its pace) are shaded. Times are seconds
+ * since the request was sent.
  */
 import uPlot from "uplot";
+import { freezeSpans } from "../../sdk_web/src/index.js";
 
 export type Point = [seconds: number, tokens: number];
 
@@ -31,6 +34,9 @@ export function expectedTokens(t: number, expected: Expected): number | null {
   return t < expected.ttft ? null : 1 + (t - expected.ttft) * expected.tds;
 }
 
+/** How a freeze is shaded. */
+const FREEZE_FILL = "rgba(229, 57, 53, 0.18)";
+
 /** The plot of one reply; the target's `.placeholder` shows until a reply is under way. */
 export class TimelinePlot {
   private readonly chart: uPlot;
@@ -38,9 +44,10 @@ export class TimelinePlot {
   private arrived: Point[] = [];
   private shown: Point[] = [];
   private expected: Expected | null = null;
+  private freezes: Array<[from: number, to: number]> = [];
   private pending = false;
 
-  constructor(target: HTMLElement) {
+  constructor(private readonly target: HTMLElement) {
     this.placeholder = target.querySelector<HTMLElement>(".placeholder");
     const stepped = uPlot.paths.stepped?.({ align: 1 });
     this.chart = new uPlot(
@@ -56,6 +63,7 @@ export class TimelinePlot {
           { label: "expected", stroke: "#2e7d32", width: 1, dash: [6, 4], spanGaps: true, points: { show: false } },
         ],
         legend: { live: false },
+        hooks: { drawClear: [(u) => this.shadeFreezes(u)] },
       },
       [[], [], [], []],
       target,
@@ -103,13 +111,28 @@ export class TimelinePlot {
     });
   }
 
+  /** Behind the curves: a band over each freeze of the displayed curve. */
+  private shadeFreezes(u: uPlot): void {
+    const { ctx, bbox } = u;
+    ctx.save();
+    ctx.fillStyle = FREEZE_FILL;
+    for (const [from, to] of this.freezes) {
+      const left = u.valToPos(from, "x", true);
+      const right = u.valToPos(to, "x", true);
+      ctx.fillRect(left, bbox.top, right - left, bbox.height);
+    }
+    ctx.restore();
+  }
+
   private draw(): void {
+    const expected = this.expected;
+    this.freezes = expected && this.shown.length > 0 ? freezeSpans(this.shown, expected.tds) : [];
+    this.target.dataset["freezes"] = String(this.freezes.length);
     const times = new Set<number>([0]);
     for (const [t] of this.arrived) times.add(t);
     for (const [t] of this.shown) times.add(t);
-    if (this.expected) times.add(this.expected.ttft);
+    if (expected) times.add(expected.ttft);
     const xs = [...times].sort((a, b) => a - b);
-    const expected = this.expected;
     const line = xs.map((x) => (expected ? expectedTokens(x, expected) : null));
     this.chart.setData([xs, cumulative(this.arrived, xs), cumulative(this.shown, xs), line]);
     if (this.placeholder) this.placeholder.hidden = expected !== null || this.arrived.length + this.shown.length > 0;

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
-import { counter, eventually, launchBrowser, screenshot, startGateway } from "./support.mjs";
+import { counter, DEMO_KEY, eventually, launchBrowser, screenshot, startGateway, startScriptedServer } from "./support.mjs";
 
 /** The gateway's default tiers (generated from its table by scripts/make_tier_vectors.py). */
 const TIERS = JSON.parse(readFileSync(new URL("../../tests/vectors/tiers.json", import.meta.url), "utf8")).tiers;
@@ -37,18 +37,23 @@ function failures(page) {
   return failed;
 }
 
-/** A new tab on /demo that records when the reply's text grows and what it speaks. */
-async function openDemo() {
-  const page = await browser.context.newPage();
+/** A new tab on /demo (of `on`, in `using`) that records when the reply's text grows and what it speaks. */
+async function openDemo(using = browser, on = gw) {
+  const page = await using.context.newPage();
   const failed = failures(page);
   await page.addInitScript(() => {
     window.__shown = [];
     window.__spoken = [];
+    window.__statuses = [];
     document.addEventListener("DOMContentLoaded", () => {
       const reply = document.getElementById("reply");
       new MutationObserver(() => {
         window.__shown.push([performance.now(), reply.textContent.length]);
       }).observe(reply, { childList: true, characterData: true, subtree: true });
+      const status = document.getElementById("status");
+      new MutationObserver(() => {
+        window.__statuses.push([status.dataset.state, status.textContent]);
+      }).observe(status, { attributes: true, childList: true, characterData: true, subtree: true });
     });
     if ("speechSynthesis" in window) {
       const speak = speechSynthesis.speak.bind(speechSynthesis);
@@ -62,7 +67,7 @@ async function openDemo() {
   page.on("request", (request) => {
     if (request.url().endsWith("/v1/tokenpace/telemetry")) reports.push(request);
   });
-  await page.goto(`${gw.url}/demo`);
+  await page.goto(`${on.url}/demo`);
   return { page, reports, failed };
 }
 
@@ -88,6 +93,34 @@ async function growth(page) {
     if (length > (out.at(-1)?.[1] ?? 0)) out.push([t, length]);
   }
   return out;
+}
+
+/** The statuses the demo showed, in order, as `[state, text]` (recorded from the page's start). */
+async function statuses(page) {
+  return await page.evaluate(() => window.__statuses);
+}
+
+/** How many pixels of a row through the plot (a quarter down) are freeze shading alone. */
+async function shadedPixels(page) {
+  return await page.evaluate(() => {
+    const canvas = document.querySelector("#plot canvas");
+    const y = Math.round(canvas.height * 0.25);
+    const row = canvas.getContext("2d").getImageData(0, y, canvas.width, 1).data;
+    let shaded = 0;
+    for (let i = 0; i < row.length; i += 4) {
+      const [r, g, b, a] = row.slice(i, i + 4);
+      if (a > 20 && a < 90 && r > 150 && g < 120 && b < 120) shaded++; // rgba(229, 57, 53, 0.18)
+    }
+    return shaded;
+  });
+}
+
+/** Per displayed token after the first: the wait beyond the pace 1/TDS (recursion D), s. */
+function displayGaps(displayed, tds) {
+  const times = displayed.flatMap(([t, n]) => Array(n).fill(t));
+  const shown = [];
+  for (const t of times) shown.push(shown.length ? Math.max(t, shown.at(-1) + 1 / tds) : t);
+  return shown.slice(1).map((d, k) => d - shown[k] - 1 / tds);
 }
 
 function median(values) {
@@ -264,6 +297,127 @@ describe("demo page", () => {
     t.diagnostic(`voice tier: displayed at ${rate.toFixed(2)} tokens/s, ${spoken.length} utterance(s)`);
     assert.ok(rate <= TIERS.voice.tds * 1.1 && rate >= TIERS.voice.tds * 0.6, `${rate} tokens/s`);
     await page.close();
+  });
+});
+
+describe("demo page: queue notices and freezes", () => {
+  test("while queue notices come, the page says how long the wait should be (a scripted server response)", { timeout: 60_000 }, async () => {
+    // The gateway does not send queue notices yet: the page's completions request is
+    // routed to a scripted server that answers as the protocol says (docs/protocol.md,
+    // "Queue notices"): notices, then (told by the test) a reply with a 1.2 s stop.
+    const steps = [];
+    let next = () => undefined;
+    const scripted = await startScriptedServer(async (_req, res) => {
+      res.writeHead(200, {
+        "Content-Type": "text/event-stream",
+        "X-Request-Id": "5c41a7ed5c41a7ed5c41a7ed5c41a7ed",
+        "X-TokenPace-Tier": "chat",
+        "X-TokenPace-TTFT": "1.0",
+        "X-TokenPace-TDS": "10.0",
+      });
+      const step = () => new Promise((resolve) => (next = resolve));
+      const token = (text) => `data: ${JSON.stringify({ object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: text }, finish_reason: null }] })}\n\n`;
+      res.write(": queued position=3 eta_s=2.4\n\n");
+      steps.push("queued 3");
+      await step();
+      res.write(": ping\n\n: queued position=1 eta_s=0\n\n");
+      steps.push("queued 1");
+      await step();
+      res.write(token("One") + token(" two") + token(" three"));
+      await new Promise((r) => setTimeout(r, 1200));
+      res.end(token(" four") + token(" five") + token(" six") + "data: [DONE]\n\n");
+      steps.push("replied");
+    });
+    const { page } = await openDemo();
+    try {
+      await page.route("**/v1/chat/completions", (route) => route.continue({ url: `${scripted.url}/v1/chat/completions` }));
+      await enterKey(page, gw.demoKey);
+      await sendMessage(page, { tier: "chat", maxTokens: 6, text: "Wait for me" });
+      await page.waitForSelector("#status[data-state=queued]", { timeout: 10_000 });
+      assert.equal(await page.textContent("#status"), "Waiting for an engine, about 3 s (number 3 in line)…");
+      assert.equal(await page.textContent("#reply"), "");
+      await screenshot(page, "demo-queued.png");
+      next();
+      await page.waitForSelector("#status:has-text('number 1 in line')", { timeout: 10_000 });
+      assert.equal(await page.textContent("#status"), "Waiting for an engine (number 1 in line)…", "eta_s 0: no time said");
+      next();
+      await page.waitForSelector("#status[data-state=done]", { timeout: 20_000 });
+      assert.deepEqual(steps, ["queued 3", "queued 1", "replied"]);
+      assert.equal(await page.textContent("#reply"), "One two three four five six");
+      assert.deepEqual(
+        (await statuses(page)).map(([state]) => state),
+        ["idle", "waiting", "queued", "queued", "streaming", "done"],
+        "queued until the first token, then streaming",
+      );
+
+      // the stop: tokens 1-3 shown 0.1 s apart, token 4 came 1.2 s after them: a freeze of
+      // about 1.2 - 0.2 - 0.1 = 0.9 s, less when token 3 was shown late, more when the
+      // scripted server's timer ran late
+      const freeze = await page.textContent("#qoe-freeze");
+      const longest = Number(/^([0-9.]+) s \(/.exec(freeze)?.[1]);
+      assert.ok(longest > 0.7 && longest < 1.5, `longest freeze: ${freeze}`);
+      assert.ok(Number(await page.getAttribute("#plot", "data-freezes")) >= 1);
+      await page.waitForTimeout(100); // the plot draws on the next frame
+      assert.ok((await shadedPixels(page)) >= 20, "the freeze is shaded on the plot");
+      await screenshot(page, "demo-freeze-scripted.png");
+    } finally {
+      next();
+      await page.close();
+      await scripted.close();
+    }
+  });
+
+  test("a reply from an engine slower than the tier: its freezes are shaded and the longest shown", { timeout: 90_000 }, async (t) => {
+    // The embedded engine run at 0.08x of opt-66b's speed: about 0.5 s a token against the
+    // chat tier's 4.8 tokens/s, so the reader waits about 0.3 s for every token after the first.
+    const slow = await startGateway({
+      config: [
+        "tenants:",
+        "  - name: demo",
+        "    api_keys:",
+        `      - key: "${DEMO_KEY}"`,
+        "backends:",
+        "  - name: slow",
+        "    kind: embedded",
+        "    models: [tokenpace-sim-slow]",
+        "    options: {profile: opt-66b-4xa100, time_scale: 0.08}",
+        "",
+      ].join("\n"),
+    });
+    const slowBrowser = await launchBrowser(slow.url);
+    try {
+      const { page, reports } = await openDemo(slowBrowser, slow);
+      await enterKey(page, slow.demoKey);
+      assert.equal(await page.textContent("#model"), "model: tokenpace-sim-slow");
+      await sendMessage(page, { tier: "chat", maxTokens: 6, text: "Take your time" });
+      await page.waitForSelector("#status[data-state=done]", { timeout: 30_000 });
+      const freeze = await page.textContent("#qoe-freeze");
+      const [, longest, count] = /^([0-9.]+) s \((\d+) freezes?, [0-9.]+ s in all\)$/.exec(freeze) ?? [];
+      t.diagnostic(`slow engine, chat tier: longest freeze ${freeze}`);
+      assert.ok(Number(longest) > 0.15, `a real stop: ${freeze}`);
+
+      // the page's numbers are the freezes of the displayed timeline it reported: one
+      // before every token after the first
+      const report = JSON.parse((await eventually(() => reports[0], 10_000, "the telemetry report")).postData());
+      const tokens = report.displayed.reduce((n, [, k]) => n + k, 0);
+      assert.ok(tokens >= 4, `${tokens} tokens`);
+      assert.equal(Number(count), tokens - 1, freeze);
+      const gaps = displayGaps(report.displayed, TIERS.chat.tds);
+      assert.ok(Math.abs(Math.max(...gaps) - Number(longest)) < 0.0015, `${Math.max(...gaps)} vs ${longest}`);
+      assert.equal(gaps.filter((g) => g > 1e-6).length, Number(count));
+      const idle = Number((await page.textContent("#qoe-idle")).replace(" s", ""));
+      assert.ok(idle > 0.5, `user idle latency ${idle} s: the last token came well after its deadline`);
+
+      assert.equal(Number(await page.getAttribute("#plot", "data-freezes")), Number(count));
+      await page.waitForTimeout(100);
+      assert.ok((await shadedPixels(page)) >= 40, "the freezes are shaded on the plot");
+      await screenshot(page, "demo-freezes.png");
+      assert.deepEqual(slowBrowser.refused, []);
+      await page.close();
+    } finally {
+      await slowBrowser.close();
+      await slow.stop();
+    }
   });
 });
 

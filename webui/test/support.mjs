@@ -3,7 +3,8 @@
 // playwright-core, headless, with a fresh profile and every request outside the
 // gateway refused (the pages must need no network).
 import { spawn } from "node:child_process";
-import { mkdir, mkdtemp, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { createServer as createHttpServer } from "node:http";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -34,15 +35,26 @@ async function freePort() {
   });
 }
 
-/** `tokenpace serve` with the demo configuration and known keys; resolves once ready. */
-export async function startGateway() {
+export const DEMO_KEY = "tp-demo-browser-tests-0001";
+
+/**
+ * `tokenpace serve` with known keys; resolves once ready. Without `config`, the demo
+ * configuration; else `config` (YAML, whose tenant `demo` has the key `DEMO_KEY`).
+ */
+export async function startGateway({ config } = {}) {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  const demoKey = "tp-demo-browser-tests-0001";
+  const demoKey = DEMO_KEY;
   const adminKey = "tp-admin-browser-tests-0001";
   const env = { ...process.env, TOKENPACE_DEMO_KEY: demoKey, TOKENPACE_ADMIN_KEY: adminKey };
   delete env.TOKENPACE_CONFIG;
-  const child = spawn(join(ROOT, ".venv/bin/tokenpace"), ["serve", "--port", String(port)], {
+  const args = ["serve", "--port", String(port)];
+  const configDir = config === undefined ? undefined : await mkdtemp(join(tmpdir(), "tokenpace-gateway-"));
+  if (configDir !== undefined) {
+    await writeFile(join(configDir, "gateway.yaml"), config);
+    args.push("--config", join(configDir, "gateway.yaml"));
+  }
+  const child = spawn(join(ROOT, ".venv/bin/tokenpace"), args, {
     cwd: ROOT,
     env,
     stdio: ["ignore", "pipe", "pipe"],
@@ -51,9 +63,15 @@ export async function startGateway() {
   child.stdout.on("data", (d) => (output += d));
   child.stderr.on("data", (d) => (output += d));
   const exited = new Promise((resolve) => child.once("exit", resolve));
+  const removeConfig = async () => {
+    if (configDir !== undefined) await rm(configDir, { recursive: true, force: true });
+  };
   const deadline = Date.now() + 30_000;
   for (;;) {
-    if (child.exitCode !== null) throw new Error(`the gateway exited:\n${output}`);
+    if (child.exitCode !== null) {
+      await removeConfig();
+      throw new Error(`the gateway exited:\n${output}`);
+    }
     try {
       if ((await fetch(`${url}/readyz`)).ok) break;
     } catch {
@@ -61,6 +79,7 @@ export async function startGateway() {
     }
     if (Date.now() > deadline) {
       child.kill();
+      await removeConfig();
       throw new Error(`the gateway did not get ready in 30 s:\n${output}`);
     }
     await new Promise((r) => setTimeout(r, 100));
@@ -78,7 +97,28 @@ export async function startGateway() {
     async stop() {
       child.kill("SIGTERM");
       await exited;
+      await removeConfig();
     },
+  };
+}
+
+/**
+ * A scripted HTTP server on a loopback port, for what the gateway cannot be made to send
+ * yet: `handle(req, res)` writes the response. Resolves to `{ url, close() }`.
+ */
+export async function startScriptedServer(handle) {
+  const server = createHttpServer((req, res) => {
+    req.resume();
+    req.on("end", () => handle(req, res));
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
