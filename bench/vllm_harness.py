@@ -37,8 +37,8 @@ import psutil
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig
-from gateway.config_loader import parse_config
+from gateway.config.loader import parse_config
+from gateway.config.schema import GatewayConfig
 from qos.metrics import andes_qoe
 
 API_KEY = "tp-bench-key-0000001"

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Path, Security
 from starlette.responses import JSONResponse
 
 from gateway.auth import Authenticator
-from gateway.config import TenantConfig, hash_key, new_api_key
+from gateway.config.schema import TenantConfig, hash_key, new_api_key
 from gateway.errors import key_not_found, tenant_not_found
 from gateway.keys import KeyCache
 from gateway.schemas import ErrorResponse

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Security
 
 from gateway.admin import admin_responses
 from gateway.auth import Authenticator
-from gateway.config import TenantConfig
+from gateway.config.schema import TenantConfig
 from gateway.metrics import GatewayMetrics
 from gateway.routing import Router
 from gateway.store import Store

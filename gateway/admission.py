@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from gateway.background import stop
-from gateway.config import AdmissionConfig, TenantConfig
+from gateway.config.schema import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
 from gateway.errors import queue_full, queue_timeout, rate_limited
 from gateway.metrics import GatewayMetrics, series

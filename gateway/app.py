@@ -29,7 +29,7 @@ from gateway.backends.http import build_http_client
 from gateway.backends.kinds import build_backends
 from gateway.background import stop
 from gateway.completions import CompletionService
-from gateway.config import GatewayConfig, TenantConfig
+from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.dispatch import Dispatcher
 from gateway.errors import install_error_handlers
 from gateway.keys import KeyCache

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gateway.config import TenantConfig, hash_key
+from gateway.config.schema import TenantConfig, hash_key
 from gateway.errors import unauthorized
 from gateway.keys import KeyCache
 

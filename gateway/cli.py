@@ -24,8 +24,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.config import CONFIG_ENV, DEMO_MODEL, ConfigError, GatewayConfig, hash_key, new_api_key
-from gateway.config_loader import demo_config, load_config
+from gateway.config.loader import demo_config, load_config
+from gateway.config.schema import (
+    CONFIG_ENV,
+    DEMO_MODEL,
+    ConfigError,
+    GatewayConfig,
+    hash_key,
+    new_api_key,
+)
 from gateway.pages import PAGES, is_built
 from gateway.serveability import unservable_tiers
 

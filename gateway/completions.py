@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.backends import BackendError
-from gateway.config import GatewayConfig, LimitsConfig, TenantConfig
+from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.disconnect import DisconnectWatch
 from gateway.dispatch import Dispatcher

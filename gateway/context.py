@@ -17,7 +17,7 @@ from gateway.tiers import ResolvedTier
 
 if TYPE_CHECKING:
     from gateway.admission import Ticket
-    from gateway.config import TenantConfig
+    from gateway.config.schema import TenantConfig
 
 Endpoint = Literal["chat.completions", "completions"]
 Outcome = Literal["completed", "error", "aborted"]

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import anyio
 
 from gateway.backends import Backend, BackendError, ChunkStream
-from gateway.config import TimeoutsConfig
+from gateway.config.schema import TimeoutsConfig
 from gateway.context import RequestContext
 from gateway.errors import SERVER_ERROR, store_unavailable
 from gateway.metrics import GatewayMetrics

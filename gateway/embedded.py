@@ -57,8 +57,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.backends.base import BackendError, BackendRuntime, InProcessBackend
 from gateway.background import stop
-from gateway.config import DEMO_MODEL, BackendConfig, ConfigError, GatewayConfig
-from gateway.config_loader import validation_problems
+from gateway.config.loader import validation_problems
+from gateway.config.schema import DEMO_MODEL, BackendConfig, ConfigError, GatewayConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.embedded_text import Placeholder, StopText, text_seed
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body

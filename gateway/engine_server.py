@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from gateway.backends import Backend, BackendError, BackendRuntime, ChunkStream
 from gateway.backends.http import HttpBackend
-from gateway.config import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
+from gateway.config.schema import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import INVALID_REQUEST
 from gateway.server import listen

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.admin import ADMIN_PREFIX
 from gateway.auth import Authenticator, matches
-from gateway.config import LimitsConfig, MetricsConfig, TelemetryConfig
+from gateway.config.schema import LimitsConfig, MetricsConfig, TelemetryConfig
 from gateway.context import RequestRecord
 from gateway.errors import GatewayError, not_found, store_unavailable, too_large, unauthorized
 from gateway.logs import request_id_var

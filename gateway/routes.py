@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.auth import Authenticator, tenant_bearer
 from gateway.completions import CompletionService
-from gateway.config import TenantConfig
+from gateway.config.schema import TenantConfig
 from gateway.errors import forbidden, missing_telemetry_credentials
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import API_ENDPOINTS, request_record

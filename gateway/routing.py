@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from gateway.backends import Backend, BackendError
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from qos.queueing import request_waiting_time
 
 log = logging.getLogger("tokenpace.gateway")

@@ -11,7 +11,7 @@ nothing fails.
 
 from __future__ import annotations
 
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from qos.latency import LatencyProfile, get_profile
 
 

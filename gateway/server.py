@@ -33,7 +33,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.errors import SERVER_ERROR, error_body
 
 log = logging.getLogger("tokenpace.gateway.server")

@@ -24,7 +24,7 @@ import numpy as np
 from starlette.types import Send
 
 from gateway.backends import BackendError, Batch
-from gateway.config import TimeoutsConfig
+from gateway.config.schema import TimeoutsConfig
 from gateway.context import Outcome, RequestContext, StreamOutcome
 from gateway.dispatch import Attempt, Dispatcher
 from gateway.errors import TIMEOUT, sse_error_event

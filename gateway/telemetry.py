@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.background import stop
-from gateway.config import LimitsConfig, TelemetryConfig
+from gateway.config.schema import LimitsConfig, TelemetryConfig
 from gateway.context import RequestContext, StreamOutcome
 from gateway.errors import (
     bad_request,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.config import TelemetryConfig
+from gateway.config.schema import TelemetryConfig
 from gateway.errors import GatewayError, invalid_token
 from gateway.store import Store, StoreUnavailable
 

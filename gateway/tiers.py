@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import CUSTOM_TIER, GatewayConfig, TenantConfig
+from gateway.config.schema import CUSTOM_TIER, GatewayConfig, TenantConfig
 from gateway.errors import bad_request, forbidden
 
 TIER_HEADER = "X-TokenPace-Tier"

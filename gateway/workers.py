@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
     from gateway.backends import Backend
-    from gateway.config import GatewayConfig
+    from gateway.config.schema import GatewayConfig
     from gateway.engine_server import EngineServer
     from gateway.metrics import GatewayMetrics
     from gateway.server import GuardedHttpToolsProtocol
@@ -48,7 +48,7 @@ WORKER_HEALTHCHECK_S = 10  # a worker that does not answer the supervisor's ping
 
 def check_shared_store(config: GatewayConfig, workers: int) -> None:
     """ConfigError unless ``workers`` processes can share state (Redis) under ``config``."""
-    from gateway.config import ConfigError
+    from gateway.config.schema import ConfigError
 
     if workers > 1 and config.store.redis_url is None:
         raise ConfigError(

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 from test_gateway_support import MODEL, FakeUpstream, Gateway, gateway, run_server
 
-from gateway.config import GatewayConfig
-from gateway.config_loader import parse_config
+from gateway.config.loader import parse_config
+from gateway.config.schema import GatewayConfig
 
 
 class CappedUpstream(FakeUpstream):

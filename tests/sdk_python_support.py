@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from test_gateway_support import Gateway, gateway, make_config
 
-from gateway.config import DEMO_MODEL, GatewayConfig
+from gateway.config.schema import DEMO_MODEL, GatewayConfig
 from gateway.embedded import EmbeddedEngine
 
 SLOW = "tokenpace-sim-slow"  # an engine slower than the chat tier's 4.8 tokens/s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cluster_support import capped_upstream, chat, cluster_config, replicas
 
-from gateway.config import hash_key
+from gateway.config.schema import hash_key
 
 ADMIN = "admin-key-0000001"
 KEY = "key-acme-00000000"

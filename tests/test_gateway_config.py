@@ -14,8 +14,8 @@ import pytest
 from test_gateway_support import free_port
 
 from gateway.cli import add_gateway_commands, banner, check_config, load_serve_config
-from gateway.config import DEFAULT_TIERS, ConfigError, hash_key
-from gateway.config_loader import demo_config, load_config, parse_config
+from gateway.config.loader import demo_config, load_config, parse_config
+from gateway.config.schema import DEFAULT_TIERS, ConfigError, hash_key
 
 GOOD_YAML = """
 server: {host: 0.0.0.0, port: 9000}

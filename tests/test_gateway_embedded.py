@@ -27,7 +27,7 @@ from test_gateway_support import KEY, eventually, gateway, make_config
 from gateway.backends import BackendError
 from gateway.backends.kinds import build_backends
 from gateway.cli import check_config
-from gateway.config import DEMO_MODEL, ConfigError
+from gateway.config.schema import DEMO_MODEL, ConfigError
 from gateway.context import RequestContext
 from gateway.embedded import OWNED_BY, EmbeddedEngine
 from gateway.tiers import ResolvedTier

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.config import DEMO_MODEL
-from gateway.config_loader import demo_config
+from gateway.config.loader import demo_config
+from gateway.config.schema import DEMO_MODEL
 from gateway.embedded import OWNED_BY, EmbeddedEngine
 from gateway.engine_server import EngineServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from gateway.config import hash_key
+from gateway.config.schema import hash_key
 from gateway.keys import MAX_KEYS, KeyCache
 from gateway.store import MemoryStore
 

@@ -12,7 +12,7 @@ from cluster_support import capped_upstream, cluster_config, replicas
 from redis_server import RedisServer
 from test_gateway_support import eventually
 
-from gateway.config import hash_key
+from gateway.config.schema import hash_key
 
 ADMIN = "admin-key-0000001"
 KEY = "key-acme-00000000"

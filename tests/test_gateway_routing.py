@@ -24,8 +24,8 @@ from test_gateway_support import (
 )
 
 from gateway.backends import Backend, BackendError, InProcessBackend, aggregate_chunks
-from gateway.config import BACKEND_KINDS, ConfigError
-from gateway.config_loader import parse_config
+from gateway.config.loader import parse_config
+from gateway.config.schema import BACKEND_KINDS, ConfigError
 from gateway.logs import JsonFormatter, RequestIdFilter, request_id_var
 from gateway.routing import Router
 
@@ -254,8 +254,8 @@ def test_backend_kinds_are_one_table_whatever_was_imported():
 
     assert set(KINDS) == set(BACKEND_KINDS)
     check = (
-        "import sys; from gateway.config import ConfigError\n"
-        "from gateway.config_loader import parse_config\n"
+        "import sys; from gateway.config.schema import ConfigError\n"
+        "from gateway.config.loader import parse_config\n"
         "base = {'tenants': [{'name': 't', 'api_keys': ['tp-kind-key-1']}]}\n"
         "parse_config({**base, 'backends': [{'name': 'e', 'kind': 'embedded', 'models': ['m']}]})\n"
         "try:\n"

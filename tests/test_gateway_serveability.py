@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from gateway.cli import check_config
-from gateway.config_loader import parse_config
+from gateway.config.loader import parse_config
 from gateway.serveability import unservable_tiers
 
 CONFIG = """
@@ -102,7 +102,7 @@ def test_the_price_tiering_example_is_valid_and_warns_about_its_fast_tier(capsys
 
 def test_the_price_tiering_example_engine_runs_weighted_andes_with_its_slack():
     from gateway.backends.kinds import build_backends
-    from gateway.config_loader import load_config
+    from gateway.config.loader import load_config
 
     example = Path(__file__).resolve().parents[1] / "examples" / "price_tiering" / "gateway.yaml"
     (backend,) = build_backends(load_config(example))

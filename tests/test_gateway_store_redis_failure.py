@@ -11,7 +11,7 @@ from cluster_support import Log, capped_upstream, chat, cluster_config, replicas
 from redis_server import RedisServer, free_port
 from test_gateway_support import eventually
 
-from gateway.config import hash_key
+from gateway.config.schema import hash_key
 
 KEY = "key-acme-00000000"
 TENANTS = [{"name": "acme", "api_keys": [KEY]}]

@@ -32,8 +32,8 @@ import uvicorn
 from gateway.app import Gateway as GatewayComponents
 from gateway.app import create_app
 from gateway.backends import Backend
-from gateway.config import GatewayConfig, hash_key
-from gateway.config_loader import parse_config
+from gateway.config.loader import parse_config
+from gateway.config.schema import GatewayConfig, hash_key
 from gateway.server import listen, uvicorn_config
 
 KEY = "tp-test-key-acme-0001"  # tenant acme: every tier, custom allowed, weight 2

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gateway.config_loader import parse_config
+from gateway.config.loader import parse_config
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.tagging import upstream_body

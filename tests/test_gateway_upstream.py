@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from gateway.backends.http import build_http_client
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.upstream import UpstreamTransport, body_reader
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

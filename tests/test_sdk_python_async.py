@@ -22,7 +22,7 @@ from test_gateway_support import KEY, MODEL, backend_entry, gateway, make_config
 from tokenpace_client.qoe import digestion_starts, token_times
 from tokenpace_client.telemetry import TOKEN_HEADER
 
-from gateway.config import DEMO_MODEL
+from gateway.config.schema import DEMO_MODEL
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -19,7 +19,7 @@ import pytest
 from sdk_python_support import gateway_thread
 from test_gateway_support import KEY
 
-from gateway.config import DEMO_MODEL
+from gateway.config.schema import DEMO_MODEL
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -33,7 +33,7 @@ from test_gateway_support import KEY
 from tokenpace_client.qoe import digestion_starts, token_times
 from tokenpace_client.telemetry import TOKEN_HEADER
 
-from gateway.config import DEMO_MODEL
+from gateway.config.schema import DEMO_MODEL
 
 ADMIN = "tp-test-admin-key-0001"
 

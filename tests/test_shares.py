@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from gateway.config import DEFAULT_TIERS
+from gateway.config.schema import DEFAULT_TIERS
 from qos.fairness import W_OUTPUT, W_PROMPT
 from qos.sim import TIERS, parse_tenants, parse_tier_mix
 from qos.sim.engine import RequestResult

@@ -22,7 +22,7 @@ import orjson
 from gateway.backends.aggregate import aggregate_chunks
 from gateway.backends.chunk import ChunkView, read_chunk
 from gateway.cancel_safe import ShieldedSteps
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import UPSTREAM_ERROR, error_body
 

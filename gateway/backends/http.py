@@ -24,7 +24,7 @@ from gateway.backends.base import (
     ChunkStream,
 )
 from gateway.backends.sse import MAX_ERROR_BODY, HttpChunkStream, is_openai_error
-from gateway.config import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
+from gateway.config.schema import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import TIMEOUT, error_body
 from gateway.upstream import UpstreamTransport

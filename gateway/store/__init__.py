@@ -6,7 +6,7 @@ the local fallback of :class:`ResilientStore`. See ``gateway/store/base.py``.
 
 from __future__ import annotations
 
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.store.base import (
     Admission,
     Arrival,

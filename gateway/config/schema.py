@@ -1,4 +1,4 @@
-"""Gateway configuration: the pydantic models (:mod:`gateway.config_loader` reads a file).
+"""Gateway configuration: the pydantic models (:mod:`gateway.config.loader` reads a file).
 
 The file is validated once at start-up; every error names the key that is wrong
 (``tenants[1].default_tier: ...``). API keys are kept only as SHA-256 digests: a

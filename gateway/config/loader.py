@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.config import DEMO_MODEL, ConfigError, GatewayConfig, new_api_key
+from gateway.config.schema import DEMO_MODEL, ConfigError, GatewayConfig, new_api_key
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
