@@ -20,8 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
-from gateway.ratelimit import RateState, retry_after_header
 from gateway.store import StoreUnavailable
+from gateway.store.ratelimit import RateState, retry_after_header
 
 if TYPE_CHECKING:
     from gateway.backends import BackendError

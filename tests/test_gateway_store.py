@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.ratelimit import WINDOW_MS, wait_ms
 from gateway.store import (
     Arrival,
     Limits,
@@ -22,6 +21,7 @@ from gateway.store import (
     Slot,
     Store,
 )
+from gateway.store.ratelimit import WINDOW_MS, wait_ms
 from qos.fairness import VirtualTokenCounter
 
 LEASE = 10.0

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.ratelimit import RateState
+from gateway.store.ratelimit import RateState
 
 Status = Literal["admitted", "queued", "full", "limited", "queue_full", "gone"]
 
