@@ -27,8 +27,8 @@ from fastapi import FastAPI, Request
 from sse_starlette.sse import EventSourceResponse
 
 from gateway.backends.http import upstream_transport
+from gateway.backends.upstream import body_reader
 from gateway.cli import freeze_startup_objects
-from gateway.upstream import body_reader
 
 
 def create_app(upstream: str, max_connections: int) -> FastAPI:

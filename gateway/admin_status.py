@@ -19,9 +19,9 @@ from fastapi import FastAPI, Security
 
 from gateway.admin import admin_responses
 from gateway.auth import Authenticator
+from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
 from gateway.metrics import GatewayMetrics
-from gateway.routing import Router
 from gateway.store import Store
 
 _SERVED = ("chat.completions", "completions")

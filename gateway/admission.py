@@ -20,12 +20,12 @@ from typing import Any
 
 import anyio
 
+from gateway.backends.routing import BackendState, Lease, Router
 from gateway.background import stop
 from gateway.config.schema import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
 from gateway.errors import queue_full, queue_timeout, rate_limited
 from gateway.metrics import GatewayMetrics, series
-from gateway.routing import BackendState, Lease, Router
 from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
 from gateway.store.ratelimit import RateState
 

@@ -27,6 +27,7 @@ from gateway.auth import Authenticator
 from gateway.backends import Backend, BackendRuntime
 from gateway.backends.http import build_http_client
 from gateway.backends.kinds import build_backends
+from gateway.backends.routing import Router
 from gateway.background import stop
 from gateway.completions import CompletionService
 from gateway.config.schema import GatewayConfig, TenantConfig
@@ -38,7 +39,6 @@ from gateway.middleware import BodyGate, GatewayMiddleware
 from gateway.openapi import openapi_document
 from gateway.pages import add_page_routes
 from gateway.routes import add_api_routes, auth_before_validation
-from gateway.routing import Router
 from gateway.store import ResilientStore, Store, build_store
 from gateway.telemetry import Telemetry
 from gateway.telemetry_token import TOKEN_HEADER, TelemetryTokens

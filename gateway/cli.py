@@ -9,7 +9,7 @@ works on its own.
 Without ``--config`` (or ``$TOKENPACE_CONFIG``), ``serve`` starts the demo
 configuration: one tenant ``demo`` with a fresh key (or ``$TOKENPACE_DEMO_KEY``), a fresh
 admin key (or ``$TOKENPACE_ADMIN_KEY``) and the embedded simulated engine
-(:mod:`gateway.embedded`, model ``tokenpace-sim``) as the backend. It prints the keys,
+(:mod:`gateway.backends.embedded`, model ``tokenpace-sim``) as the backend. It prints the keys,
 the URLs of the web pages and ready-to-paste curl and openai examples.
 """
 
@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.backends.serveability import unservable_tiers
 from gateway.config.loader import demo_config, load_config
 from gateway.config.schema import (
     CONFIG_ENV,
@@ -34,7 +35,6 @@ from gateway.config.schema import (
     new_api_key,
 )
 from gateway.pages import PAGES, is_built
-from gateway.serveability import unservable_tiers
 
 DEMO_KEY_ENV = "TOKENPACE_DEMO_KEY"
 ADMIN_KEY_ENV = "TOKENPACE_ADMIN_KEY"
@@ -172,7 +172,7 @@ def load_serve_config(
     config_path: str | None,
 ) -> tuple[GatewayConfig, str | None, str | None]:
     """The configuration ``serve`` runs: the file, else the demo (and its two keys)."""
-    import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
+    import gateway.backends.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
 
     path = config_path or os.environ.get(CONFIG_ENV) or None
     if path:
@@ -261,7 +261,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 
 def _check_ns(ns: argparse.Namespace) -> int:
-    import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
+    import gateway.backends.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
     from gateway.backends.kinds import build_backends
 
     try:

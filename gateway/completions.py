@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.backends import BackendError
+from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.disconnect import DisconnectWatch
@@ -29,7 +30,6 @@ from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError, bad_request, final_error, model_not_found
 from gateway.metrics import GatewayMetrics, series
 from gateway.middleware import ClientGone, server_send
-from gateway.routing import Router
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.streaming import StreamRelay
 from gateway.telemetry import Telemetry

@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 import anyio
 
 from gateway.backends import Backend, BackendError, ChunkStream
+from gateway.backends.routing import BackendState, Lease, Router
 from gateway.config.schema import TimeoutsConfig
 from gateway.context import RequestContext
 from gateway.errors import SERVER_ERROR, store_unavailable
 from gateway.metrics import GatewayMetrics
-from gateway.routing import BackendState, Lease, Router
 from gateway.store import StoreUnavailable
 from gateway.tagging import upstream_body
 

@@ -1,7 +1,7 @@
 """In-process engines served once over HTTP, for a gateway of several worker processes.
 
 ``tokenpace serve --workers N`` runs each ``kind: embedded`` backend (the simulated
-engine, :mod:`gateway.embedded`) in one place: the supervisor serves it on a loopback
+engine, :mod:`gateway.backends.embedded`) in one place: the supervisor serves it on a loopback
 port with this module, and every worker reaches it as an ``http`` backend with
 ``tokenpace: true``. What the in-process engine reads from the request context (tier,
 TTFT, TDS, tenant, weight, request id) travels in the ``vllm_xargs`` tags

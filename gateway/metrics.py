@@ -55,8 +55,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from gateway.backends.routing import BackendState, Router
 from gateway.context import UNKNOWN
-from gateway.routing import BackendState, Router
 
 __all__ = ["UNKNOWN", "GatewayMetrics", "QoESummary", "observe_many"]
 

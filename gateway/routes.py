@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from starlette.responses import JSONResponse, Response
 
 from gateway.auth import Authenticator, tenant_bearer
+from gateway.backends.routing import Router
 from gateway.completions import CompletionService
 from gateway.config.schema import TenantConfig
 from gateway.errors import forbidden, missing_telemetry_credentials
@@ -28,7 +29,6 @@ from gateway.openapi import (
     TierHeader,
     completion_responses,
 )
-from gateway.routing import Router
 from gateway.schemas import (
     ChatCompletion,
     ChatCompletionRequest,

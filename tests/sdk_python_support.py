@@ -1,7 +1,7 @@
 """Shared parts of the client SDK's integration tests (this module holds no tests).
 
 The gateway is the real one (gateway.app) on its embedded SIMULATED engine
-(gateway/embedded.py: qos.sim under Andes, placeholder text; no model runs), started by
+(gateway/backends/embedded.py: qos.sim under Andes, placeholder text; no model runs), started by
 the tests on a loopback port: in the test's event loop for the async tests
 (test_gateway_support.gateway), or in a thread of its own for the sync client
 (:func:`gateway_thread`).
@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 from test_gateway_support import Gateway, gateway, make_config
 
+from gateway.backends.embedded import EmbeddedEngine
 from gateway.config.schema import DEMO_MODEL, GatewayConfig
-from gateway.embedded import EmbeddedEngine
 
 SLOW = "tokenpace-sim-slow"  # an engine slower than the chat tier's 4.8 tokens/s
 HELLO = [{"role": "user", "content": "Hello!"}]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.cancel_safe import ShieldedSteps
+from gateway.backends.cancel_safe import ShieldedSteps
 
 
 async def test_a_wait_cancelled_as_its_step_finishes_keeps_the_item() -> None:

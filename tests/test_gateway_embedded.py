@@ -1,4 +1,4 @@
-"""The embedded SIMULATED engine (gateway/embedded.py) behind the gateway.
+"""The embedded SIMULATED engine (gateway/backends/embedded.py) behind the gateway.
 
 Every request goes through the official openai client (or plain HTTP) to a real
 uvicorn server in the test's event loop, whose backends are built from configuration
@@ -25,11 +25,11 @@ import pytest_asyncio
 from test_gateway_support import KEY, eventually, gateway, make_config
 
 from gateway.backends import BackendError
+from gateway.backends.embedded import OWNED_BY, EmbeddedEngine
 from gateway.backends.kinds import build_backends
 from gateway.cli import check_config
 from gateway.config.schema import DEMO_MODEL, ConfigError
 from gateway.context import RequestContext
-from gateway.embedded import OWNED_BY, EmbeddedEngine
 from gateway.tiers import ResolvedTier
 from qos.policy.andes import Andes
 from qos.prompt_tokens import estimate_text_tokens

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
+from gateway.backends.embedded import OWNED_BY, EmbeddedEngine
 from gateway.config.loader import demo_config
 from gateway.config.schema import DEMO_MODEL
-from gateway.embedded import OWNED_BY, EmbeddedEngine
 from gateway.engine_server import EngineServer
 
 HELLO = [{"role": "user", "content": "Hello!"}]

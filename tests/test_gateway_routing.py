@@ -24,10 +24,10 @@ from test_gateway_support import (
 )
 
 from gateway.backends import Backend, BackendError, InProcessBackend, aggregate_chunks
+from gateway.backends.routing import Router
 from gateway.config.loader import parse_config
 from gateway.config.schema import BACKEND_KINDS, ConfigError
 from gateway.logs import JsonFormatter, RequestIdFilter, request_id_var
-from gateway.routing import Router
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -249,8 +249,8 @@ def test_backend_kinds_are_one_table_whatever_was_imported():
     """Config validation knows every kind without importing the backends; the table in
     gateway.backends.kinds builds each kind the configuration accepts."""
     from gateway.app import create_app
+    from gateway.backends.embedded import EmbeddedEngine
     from gateway.backends.kinds import KINDS
-    from gateway.embedded import EmbeddedEngine
 
     assert set(KINDS) == set(BACKEND_KINDS)
     check = (

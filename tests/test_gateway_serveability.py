@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from gateway.backends.serveability import unservable_tiers
 from gateway.cli import check_config
 from gateway.config.loader import parse_config
-from gateway.serveability import unservable_tiers
 
 CONFIG = """
 tenants:

@@ -1,4 +1,4 @@
-"""gateway.upstream: the shared client's transport (aiohttp under httpx), on real sockets.
+"""gateway.backends.upstream: the shared client's transport (aiohttp under httpx), on real sockets.
 
 What the relay relies on: the client built by ``build_http_client`` reuses pooled
 connections and drops one the server closed while idle; a streamed body arrives piece
@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from gateway.backends.http import build_http_client
+from gateway.backends.upstream import UpstreamTransport, body_reader
 from gateway.config.schema import GatewayConfig
-from gateway.upstream import UpstreamTransport, body_reader
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

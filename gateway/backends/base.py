@@ -20,8 +20,8 @@ import httpx
 import orjson
 
 from gateway.backends.aggregate import aggregate_chunks
+from gateway.backends.cancel_safe import ShieldedSteps
 from gateway.backends.chunk import ChunkView, read_chunk
-from gateway.cancel_safe import ShieldedSteps
 from gateway.config.schema import GatewayConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import UPSTREAM_ERROR, error_body
@@ -138,7 +138,7 @@ class ChunkStream(ABC):
 class GeneratorChunkStream(ChunkStream):
     """A :class:`ChunkStream` over an async generator (closing it closes the generator).
 
-    The generator is stepped in :class:`~gateway.cancel_safe.ShieldedSteps`, so a
+    The generator is stepped in :class:`~gateway.backends.cancel_safe.ShieldedSteps`, so a
     cancelled :meth:`next_batch` does not end it: the next call picks up the chunk.
     """
 

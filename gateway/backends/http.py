@@ -24,10 +24,10 @@ from gateway.backends.base import (
     ChunkStream,
 )
 from gateway.backends.sse import MAX_ERROR_BODY, HttpChunkStream, is_openai_error
+from gateway.backends.upstream import UpstreamTransport
 from gateway.config.schema import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import TIMEOUT, error_body
-from gateway.upstream import UpstreamTransport
 
 DEFAULT_MAX_CONNECTIONS = 100  # to an origin no backend names (none, normally)
 
@@ -54,7 +54,7 @@ def _origin(url: str) -> str:
 def build_http_client(config: GatewayConfig) -> httpx.AsyncClient:
     """The one shared client: an aiohttp connection pool per backend origin.
 
-    (gateway/upstream.py says why aiohttp carries the bytes.) Two backends behind one
+    (gateway/backends/upstream.py says why aiohttp carries the bytes.) Two backends behind one
     origin share its pool, sized by the larger of their ``max_connections``.
     """
     t = config.timeouts

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.backends.base import Backend
+from gateway.backends.embedded import EmbeddedEngine
 from gateway.backends.http import HttpBackend
 from gateway.config.schema import BACKEND_KINDS, BackendConfig, GatewayConfig
-from gateway.embedded import EmbeddedEngine
 
 BackendFactory = Callable[[BackendConfig, GatewayConfig], Backend]
 

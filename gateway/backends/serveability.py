@@ -19,7 +19,7 @@ def backend_profile(kind: str, options: dict) -> LatencyProfile | None:
     """The latency profile of a backend, if its kind has one (``embedded``)."""
     if kind != "embedded":
         return None
-    from gateway.embedded import EmbeddedOptions
+    from gateway.backends.embedded import EmbeddedOptions
 
     return get_profile(EmbeddedOptions.model_validate(options).profile)
 

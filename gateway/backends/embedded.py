@@ -25,7 +25,7 @@ batched like vLLM's sequences) with
   ``length``) and a chat reply a length drawn deterministically from its prompt in
   ``default_output_tokens`` (finish reason ``stop``: the "natural" end).
 
-The text is :mod:`gateway.embedded_text`'s (the same prompt always gets the same);
+The text is :mod:`gateway.backends.embedded_text`'s (the same prompt always gets the same);
 ``stop`` strings are honoured (text is held back while it may be the start of one, as
 vLLM does); sampling fields (temperature, seed, logprobs, tools, ...) are ignored.
 ``stream_options.include_usage`` adds the usage chunk; non-streaming requests are the
@@ -56,11 +56,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.backends.base import BackendError, BackendRuntime, InProcessBackend
+from gateway.backends.embedded_text import Placeholder, StopText, text_seed
 from gateway.background import stop
 from gateway.config.loader import validation_problems
 from gateway.config.schema import DEMO_MODEL, BackendConfig, ConfigError, GatewayConfig
 from gateway.context import Endpoint, RequestContext
-from gateway.embedded_text import Placeholder, StopText, text_seed
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from qos.latency import PROFILES, get_profile
 from qos.policy.registry import POLICIES, make_policy

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import httpx
 
-from gateway.cancel_safe import ShieldedSteps
+from gateway.backends.cancel_safe import ShieldedSteps
 
 READ_EXTENSION = "tokenpace.read"  # response.extensions key of the body's read function
 
@@ -148,7 +148,7 @@ def body_reader(response: httpx.Response) -> Callable[[], Awaitable[bytes]]:
 
     On :class:`UpstreamTransport` it is the connection's own read, past httpx's layers
     of async iterators; on any other transport it steps ``response.aiter_bytes()`` in
-    shielded tasks (:class:`~gateway.cancel_safe.ShieldedSteps`).
+    shielded tasks (:class:`~gateway.backends.cancel_safe.ShieldedSteps`).
     """
     read = response.extensions.get(READ_EXTENSION)
     if read is not None:
