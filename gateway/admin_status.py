@@ -21,8 +21,8 @@ from gateway.admin import admin_responses
 from gateway.auth import Authenticator
 from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
-from gateway.metrics import GatewayMetrics
 from gateway.store import Store
+from gateway.telemetry.metrics import GatewayMetrics
 
 _SERVED = ("chat.completions", "completions")
 

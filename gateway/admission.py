@@ -25,9 +25,9 @@ from gateway.background import stop
 from gateway.config.schema import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
 from gateway.errors import queue_full, queue_timeout, rate_limited
-from gateway.metrics import GatewayMetrics, series
 from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
 from gateway.store.ratelimit import RateState
+from gateway.telemetry.metrics import GatewayMetrics, series
 
 log = logging.getLogger("tokenpace.gateway.admission")
 

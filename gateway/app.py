@@ -34,14 +34,14 @@ from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.dispatch import Dispatcher
 from gateway.errors import install_error_handlers
 from gateway.keys import KeyCache
-from gateway.metrics import GatewayMetrics
 from gateway.middleware import BodyGate, GatewayMiddleware
 from gateway.openapi import openapi_document
 from gateway.pages import add_page_routes
 from gateway.routes import add_api_routes, auth_before_validation
 from gateway.store import ResilientStore, Store, build_store
-from gateway.telemetry import Telemetry
-from gateway.telemetry_token import TOKEN_HEADER, TelemetryTokens
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.reports import Telemetry
+from gateway.telemetry.tokens import TOKEN_HEADER, TelemetryTokens
 from gateway.tiers import TIER_HEADER
 
 log = logging.getLogger("tokenpace.gateway")

@@ -186,8 +186,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.logs import setup_logging
     from gateway.server import listen, uvicorn_config
+    from gateway.telemetry.logs import setup_logging
 
     try:
         config, demo_key, admin_key = load_serve_config(ns.config)

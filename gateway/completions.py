@@ -28,12 +28,12 @@ from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutco
 from gateway.disconnect import DisconnectWatch
 from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError, bad_request, final_error, model_not_found
-from gateway.metrics import GatewayMetrics, series
 from gateway.middleware import ClientGone, server_send
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.streaming import StreamRelay
-from gateway.telemetry import Telemetry
-from gateway.telemetry_token import TelemetryTokens
+from gateway.telemetry.metrics import GatewayMetrics, series
+from gateway.telemetry.reports import Telemetry
+from gateway.telemetry.tokens import TelemetryTokens
 from gateway.tiers import resolve_tier
 from qos.prompt_tokens import estimate_prompt_tokens
 

@@ -25,9 +25,9 @@ from gateway.backends.routing import BackendState, Lease, Router
 from gateway.config.schema import TimeoutsConfig
 from gateway.context import RequestContext
 from gateway.errors import SERVER_ERROR, store_unavailable
-from gateway.metrics import GatewayMetrics
 from gateway.store import StoreUnavailable
 from gateway.tagging import upstream_body
+from gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("tokenpace.gateway")
 

@@ -22,9 +22,9 @@ from gateway.auth import Authenticator, matches
 from gateway.config.schema import LimitsConfig, MetricsConfig, TelemetryConfig
 from gateway.context import RequestRecord
 from gateway.errors import GatewayError, not_found, store_unavailable, too_large, unauthorized
-from gateway.logs import request_id_var
-from gateway.metrics import GatewayMetrics, series
 from gateway.store import StoreUnavailable
+from gateway.telemetry.logs import request_id_var
+from gateway.telemetry.metrics import GatewayMetrics, series
 
 access_log = logging.getLogger("tokenpace.gateway.access")
 

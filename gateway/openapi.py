@@ -13,8 +13,8 @@ from fastapi.openapi.utils import get_openapi
 
 from gateway.middleware import TELEMETRY_PATH
 from gateway.schemas import ErrorResponse
-from gateway.telemetry import TelemetryReport
-from gateway.telemetry_token import TOKEN_HEADER
+from gateway.telemetry.reports import TelemetryReport
+from gateway.telemetry.tokens import TOKEN_HEADER
 from gateway.tiers import TIER_HEADER
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -3,7 +3,7 @@
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (:mod:`gateway.completions`),
 ``GET /v1/models``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
 ``POST /v1/tokenpace/telemetry`` and ``GET /v1/tokenpace/qoe``
-(:mod:`gateway.telemetry`). Administration is in :mod:`gateway.admin`.
+(:mod:`gateway.telemetry.reports`). Administration is in :mod:`gateway.admin`.
 """
 
 # No `from __future__ import annotations`: the routes' annotations name the local
@@ -20,7 +20,6 @@ from gateway.backends.routing import Router
 from gateway.completions import CompletionService
 from gateway.config.schema import TenantConfig
 from gateway.errors import forbidden, missing_telemetry_credentials
-from gateway.metrics import GatewayMetrics
 from gateway.middleware import API_ENDPOINTS, request_record
 from gateway.openapi import (
     ERROR_RESPONSES,
@@ -39,8 +38,9 @@ from gateway.schemas import (
     Model,
     ModelList,
 )
-from gateway.telemetry import Telemetry, check_size
-from gateway.telemetry_token import BODY_FIELD, TOKEN_HEADER, TelemetryTokens, split_token
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.reports import Telemetry, check_size
+from gateway.telemetry.tokens import BODY_FIELD, TOKEN_HEADER, TelemetryTokens, split_token
 
 
 async def caller(auth: Authenticator, request: Request) -> TenantConfig:

@@ -28,8 +28,8 @@ from gateway.config.schema import TimeoutsConfig
 from gateway.context import Outcome, RequestContext, StreamOutcome
 from gateway.dispatch import Attempt, Dispatcher
 from gateway.errors import TIMEOUT, sse_error_event
-from gateway.metrics import GatewayMetrics, observe_many
 from gateway.read_deadline import ReadDeadline
+from gateway.telemetry.metrics import GatewayMetrics, observe_many
 from qos.metrics import andes_qoe, monotone_qoe
 
 log = logging.getLogger("tokenpace.gateway")

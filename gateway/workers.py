@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from gateway.backends import Backend
     from gateway.config.schema import GatewayConfig
     from gateway.engine_server import EngineServer
-    from gateway.metrics import GatewayMetrics
     from gateway.server import GuardedHttpToolsProtocol
+    from gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("tokenpace.gateway.workers")
 
@@ -111,7 +111,7 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
     publishing its backend gauges."""
     from gateway.app import create_app
     from gateway.cli import freeze_startup_objects
-    from gateway.logs import setup_logging
+    from gateway.telemetry.logs import setup_logging
 
     spec: WorkerSpec = pickle.loads(pickled_spec)
     setup_logging(json_logs=spec.log_json, level=spec.log_level)
@@ -209,7 +209,7 @@ class WorkerPool:
     def run(self, sockets: list[socket.socket]) -> int:
         """Serve on ``sockets`` until SIGINT/SIGTERM; the exit code."""
         from gateway.engine_server import EngineServer
-        from gateway.metrics import MULTIPROC_ENV
+        from gateway.telemetry.metrics import MULTIPROC_ENV
 
         metrics_dir = tempfile.mkdtemp(prefix="tokenpace-metrics-")
         previous = os.environ.get(MULTIPROC_ENV)

@@ -13,8 +13,8 @@ from sse_starlette.sse import EventSourceResponse
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.completions import RelayResponse
-from gateway.metrics import observe_many
 from gateway.server import GuardedHttpToolsProtocol
+from gateway.telemetry.metrics import observe_many
 
 
 def _overridden(cls: type, base: type) -> list[str]:

@@ -27,7 +27,7 @@ from gateway.backends import Backend, BackendError, InProcessBackend, aggregate_
 from gateway.backends.routing import Router
 from gateway.config.loader import parse_config
 from gateway.config.schema import BACKEND_KINDS, ConfigError
-from gateway.logs import JsonFormatter, RequestIdFilter, request_id_var
+from gateway.telemetry.logs import JsonFormatter, RequestIdFilter, request_id_var
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

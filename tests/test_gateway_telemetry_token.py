@@ -15,7 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 from test_gateway_support import MODEL, backend_entry, gateway, make_config, run_server, upstream
 
-from gateway.telemetry_token import TOKEN_HEADER, TokenClaims, sign, verify
+from gateway.telemetry.tokens import TOKEN_HEADER, TokenClaims, sign, verify
 
 SECRET = "s" * 40
 URL = "/v1/tokenpace/telemetry"

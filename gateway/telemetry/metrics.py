@@ -25,7 +25,7 @@ requests that fail before a tenant or tier is known are labelled ``-``):
 - ``tokenpace_admissions_total{tenant,outcome}``, ``tokenpace_queue_waiting``,
   ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission`).
 - ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
-  ``telemetry.window_s`` (:mod:`gateway.telemetry`), refreshed at each scrape.
+  ``telemetry.window_s`` (:mod:`gateway.telemetry.reports`), refreshed at each scrape.
 
 Several workers (``tokenpace serve --workers N``) share one view through
 ``prometheus_client.multiprocess``: each process writes to ``$PROMETHEUS_MULTIPROC_DIR``
@@ -60,7 +60,8 @@ from gateway.context import UNKNOWN
 
 __all__ = ["UNKNOWN", "GatewayMetrics", "QoESummary", "observe_many"]
 
-QoESummary = dict[str, Any]  # gateway.telemetry.summarize: tenant -> tiers -> sides -> stats
+# gateway.telemetry.reports.summarize: tenant -> tiers -> sides -> stats
+QoESummary = dict[str, Any]
 _STATS = ("mean", "p50", "p90", "p99")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's switch to multiprocess mode
 _LATENCY_BUCKETS = (

@@ -40,8 +40,8 @@ from gateway.errors import (
     unknown_request,
     validation_error,
 )
-from gateway.metrics import GatewayMetrics, QoESummary
 from gateway.store import QoERecord, Store, StoreUnavailable
+from gateway.telemetry.metrics import GatewayMetrics, QoESummary
 from qos.metrics import andes_qoe, monotone_qoe
 
 log = logging.getLogger("tokenpace.gateway.telemetry")
@@ -194,7 +194,7 @@ class Telemetry:
         """Validate, check ownership, recompute, store; raise GatewayError otherwise.
 
         ``token_request_id``: the report came with a telemetry token for that request
-        (:mod:`gateway.telemetry_token`); a report on another request, or a second one on
+        (:mod:`gateway.telemetry.tokens`); a report on another request, or a second one on
         it (the token used again), gets 403.
         """
         cfg = self.cfg
