@@ -22,7 +22,7 @@ from starlette.types import ASGIApp
 
 from gateway.admin import add_admin_routes
 from gateway.admin_status import add_status_route
-from gateway.admission import AdmissionController
+from gateway.admission.controller import AdmissionController
 from gateway.auth import Authenticator
 from gateway.backends import Backend, BackendRuntime
 from gateway.backends.http import build_http_client

@@ -3,7 +3,7 @@
 After authentication and validation (:mod:`gateway.middleware`, FastAPI with the models
 of :mod:`gateway.schemas`): the body within the configured caps and encodable for the
 backend (400), the tier (:mod:`gateway.tiers`, 400/403), the model (404), admission
-(:mod:`gateway.admission`: 429, or a wait in the fair-share queue for a backend slot,
+(:mod:`gateway.admission.controller`: 429, or a wait in the fair-share queue for a backend slot,
 held until the response ends), then the backend: streaming through
 :class:`~gateway.streaming.StreamRelay` under sse-starlette, non-streaming through
 :meth:`~gateway.dispatch.Dispatcher.complete`, both with failover before the first byte.
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import AdmissionController, Ticket
+from gateway.admission.controller import AdmissionController, Ticket
 from gateway.backends import BackendError
 from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig

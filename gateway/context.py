@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gateway.tiers import ResolvedTier
 
 if TYPE_CHECKING:
-    from gateway.admission import Ticket
+    from gateway.admission.controller import Ticket
     from gateway.config.schema import TenantConfig
 
 Endpoint = Literal["chat.completions", "completions"]

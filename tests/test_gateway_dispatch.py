@@ -1,4 +1,5 @@
-"""Dispatch and the request's one hold on a backend (gateway/dispatch.py, gateway/admission.py).
+"""Dispatch and the request's one hold on a backend (gateway/dispatch.py,
+gateway/admission/controller.py).
 
 The hold is the admission ticket: the slot in the store (real Redis) and the router's
 lease (in flight, outstanding tokens). A failover takes both to the backend that serves,

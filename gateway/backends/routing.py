@@ -51,7 +51,7 @@ class BackendState:
 class Lease:
     """A request's share of a backend's outstanding work; released exactly once.
 
-    Owned by the request's admission ticket (:class:`gateway.admission.Ticket`), which
+    Owned by the request's admission ticket (:class:`gateway.admission.controller.Ticket`), which
     moves it with the store slot on failover.
     """
 

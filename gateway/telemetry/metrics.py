@@ -23,7 +23,7 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   ``tokenpace_backend_waiting_time_seconds{backend}`` (the routing estimate): read
   from the router at scrape time.
 - ``tokenpace_admissions_total{tenant,outcome}``, ``tokenpace_queue_waiting``,
-  ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission`).
+  ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission.controller`).
 - ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
   ``telemetry.window_s`` (:mod:`gateway.telemetry.reports`), refreshed at each scrape.
 
