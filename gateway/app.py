@@ -31,12 +31,12 @@ from gateway.backends.routing import Router
 from gateway.background import stop
 from gateway.completions import CompletionService
 from gateway.config.schema import GatewayConfig, TenantConfig
-from gateway.dispatch import Dispatcher
 from gateway.errors import install_error_handlers
 from gateway.keys import KeyCache
 from gateway.middleware import BodyGate, GatewayMiddleware
 from gateway.openapi import openapi_document
 from gateway.pages import add_page_routes
+from gateway.relay.dispatch import Dispatcher
 from gateway.routes import add_api_routes, auth_before_validation
 from gateway.store import ResilientStore, Store, build_store
 from gateway.telemetry.metrics import GatewayMetrics

@@ -5,8 +5,8 @@ of :mod:`gateway.schemas`): the body within the configured caps and encodable fo
 backend (400), the tier (:mod:`gateway.tiers`, 400/403), the model (404), admission
 (:mod:`gateway.admission.controller`: 429, or a wait in the fair-share queue for a backend slot,
 held until the response ends), then the backend: streaming through
-:class:`~gateway.streaming.StreamRelay` under sse-starlette, non-streaming through
-:meth:`~gateway.dispatch.Dispatcher.complete`, both with failover before the first byte.
+:class:`~gateway.relay.streaming.StreamRelay` under sse-starlette, non-streaming through
+:meth:`~gateway.relay.dispatch.Dispatcher.complete`, both with failover before the first byte.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.disconnect import DisconnectWatch
-from gateway.dispatch import Dispatcher
 from gateway.errors import GatewayError, bad_request, final_error, model_not_found
 from gateway.middleware import ClientGone, server_send
+from gateway.relay.dispatch import Dispatcher
+from gateway.relay.streaming import StreamRelay
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.streaming import StreamRelay
 from gateway.telemetry.metrics import GatewayMetrics, series
 from gateway.telemetry.reports import Telemetry
 from gateway.telemetry.tokens import TelemetryTokens
@@ -223,7 +223,7 @@ class CompletionService:
 class RelayResponse(EventSourceResponse):
     """sse-starlette's response (its disconnect and shutdown listeners, its headers) with
     the relay's own body loop: :meth:`StreamRelay.send_body
-    <gateway.streaming.StreamRelay.send_body>` sends every write itself.
+    <gateway.relay.streaming.StreamRelay.send_body>` sends every write itself.
 
     sse-starlette's loop steps an async generator and wraps each send in
     ``anyio.move_on_after(send_timeout)``, even without a timeout; on a relay that sends

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive
 
-from gateway.interruptible import Interruptible
 from gateway.middleware import ClientGone
+from gateway.relay.interruptible import Interruptible
 
 T = TypeVar("T")
 

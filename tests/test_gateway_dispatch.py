@@ -1,4 +1,4 @@
-"""Dispatch and the request's one hold on a backend (gateway/dispatch.py,
+"""Dispatch and the request's one hold on a backend (gateway/relay/dispatch.py,
 gateway/admission/controller.py).
 
 The hold is the admission ticket: the slot in the store (real Redis) and the router's

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import pytest
 
-from gateway.read_deadline import ReadDeadline
+from gateway.relay.read_deadline import ReadDeadline
 
 T = TypeVar("T")
 

@@ -376,7 +376,7 @@ async def test_several_tokens_per_chunk_counted_from_running_usage(monkeypatch, 
     """vLLM --stream-interval 4: a chunk carries up to 4 tokens. With continuous usage
     stats the gateway's timeline counts each chunk's tokens from the running count;
     without, one per chunk (all it can tell), and the final usage still gives the total."""
-    from gateway import streaming
+    from gateway.relay import streaming
 
     captured: list[Any] = []
     original = streaming.StreamRelay.finish
@@ -400,7 +400,7 @@ async def test_several_tokens_per_chunk_counted_from_running_usage(monkeypatch, 
 
 async def test_gateway_qoe_matches_qos_metrics(monkeypatch):
     """The QoE the gateway records is qos.metrics' on the gateway's own emission times."""
-    from gateway import streaming
+    from gateway.relay import streaming
     from qos.metrics import andes_qoe, monotone_qoe
 
     captured: list[Any] = []

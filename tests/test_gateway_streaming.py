@@ -27,8 +27,8 @@ from test_gateway_support import (
 from gateway.backends import GeneratorChunkStream
 from gateway.backends.routing import Lease
 from gateway.backends.sse import HttpChunkStream
-from gateway.dispatch import Attempt
-from gateway.streaming import StreamRelay
+from gateway.relay.dispatch import Attempt
+from gateway.relay.streaming import StreamRelay
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

@@ -9,7 +9,7 @@ import pytest
 from gateway.config.loader import parse_config
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.tagging import upstream_body
+from gateway.relay.tagging import upstream_body
 from gateway.tiers import ResolvedTier, resolve_tier
 from qos.tags import TAG_KEYS
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.context import RequestContext
-from gateway.tagging import upstream_body
+from gateway.relay.tagging import upstream_body
 from gateway.tiers import ResolvedTier
 from qos.tags import TAG_KEYS, TAG_PREFIX, RequestTags, decode_tags, encode_tags
 

@@ -10,7 +10,7 @@ timeline (what the pacing buffer showed), against the tier the gateway served th
 request under (the ``expected`` the client sends is checked for form only).
 
 Every completed stream the gateway relays adds a ``gateway`` record with the QoE of
-its emission times (computed in :mod:`gateway.streaming`); these are batched, one store
+its emission times (computed in :mod:`gateway.relay.streaming`); these are batched, one store
 call per replica every :data:`FLUSH_INTERVAL_S`. ``GET /v1/tokenpace/qoe`` puts both
 sides next to each other per tenant and tier over a window; ``/metrics`` exports the
 same summary (``tokenpace_qoe_window``), refreshed at each scrape.

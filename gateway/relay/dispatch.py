@@ -25,8 +25,8 @@ from gateway.backends.routing import BackendState, Lease, Router
 from gateway.config.schema import TimeoutsConfig
 from gateway.context import RequestContext
 from gateway.errors import SERVER_ERROR, store_unavailable
+from gateway.relay.tagging import upstream_body
 from gateway.store import StoreUnavailable
-from gateway.tagging import upstream_body
 from gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("tokenpace.gateway")

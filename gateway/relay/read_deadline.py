@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import Any
 
-from gateway.interruptible import Interruptible
+from gateway.relay.interruptible import Interruptible
 
 
 class ReadDeadline:

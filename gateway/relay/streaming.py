@@ -26,9 +26,9 @@ from starlette.types import Send
 from gateway.backends import BackendError, Batch
 from gateway.config.schema import TimeoutsConfig
 from gateway.context import Outcome, RequestContext, StreamOutcome
-from gateway.dispatch import Attempt, Dispatcher
 from gateway.errors import TIMEOUT, sse_error_event
-from gateway.read_deadline import ReadDeadline
+from gateway.relay.dispatch import Attempt, Dispatcher
+from gateway.relay.read_deadline import ReadDeadline
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
 from qos.metrics import andes_qoe, monotone_qoe
 
