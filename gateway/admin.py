@@ -30,7 +30,7 @@ from gateway.auth import Authenticator
 from gateway.config.schema import TenantConfig, hash_key, new_api_key
 from gateway.errors import key_not_found, tenant_not_found
 from gateway.keys import KeyCache
-from gateway.schemas import ErrorResponse
+from gateway.request.schemas import ErrorResponse
 from gateway.store import Store
 
 ADMIN_PREFIX = "/v1/tokenpace/admin/"

@@ -29,7 +29,6 @@ from gateway.backends.http import build_http_client
 from gateway.backends.kinds import build_backends
 from gateway.backends.routing import Router
 from gateway.background import stop
-from gateway.completions import CompletionService
 from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.errors import install_error_handlers
 from gateway.keys import KeyCache
@@ -37,12 +36,13 @@ from gateway.middleware import BodyGate, GatewayMiddleware
 from gateway.openapi import openapi_document
 from gateway.pages import add_page_routes
 from gateway.relay.dispatch import Dispatcher
+from gateway.request.completions import CompletionService
+from gateway.request.tiers import TIER_HEADER
 from gateway.routes import add_api_routes, auth_before_validation
 from gateway.store import ResilientStore, Store, build_store
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.reports import Telemetry
 from gateway.telemetry.tokens import TOKEN_HEADER, TelemetryTokens
-from gateway.tiers import TIER_HEADER
 
 log = logging.getLogger("tokenpace.gateway")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from gateway.tiers import ResolvedTier
+from gateway.request.tiers import ResolvedTier
 
 if TYPE_CHECKING:
     from gateway.admission.controller import Ticket

@@ -37,8 +37,8 @@ from gateway.backends.http import HttpBackend
 from gateway.config.schema import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import INVALID_REQUEST
+from gateway.request.tiers import ResolvedTier
 from gateway.server import listen
-from gateway.tiers import ResolvedTier
 from qos.tags import RequestTags, decode_tags
 
 _DEFAULT_TAGS = RequestTags()

@@ -12,10 +12,10 @@ from fastapi import FastAPI, Header
 from fastapi.openapi.utils import get_openapi
 
 from gateway.middleware import TELEMETRY_PATH
-from gateway.schemas import ErrorResponse
+from gateway.request.schemas import ErrorResponse
+from gateway.request.tiers import TIER_HEADER
 from gateway.telemetry.reports import TelemetryReport
 from gateway.telemetry.tokens import TOKEN_HEADER
-from gateway.tiers import TIER_HEADER
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Malformed JSON, a bad field, an unknown tier"},

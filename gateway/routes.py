@@ -1,6 +1,6 @@
 """The gateway's routes: the OpenAI API, operations, and tokenpace's own.
 
-``POST /v1/chat/completions``, ``POST /v1/completions`` (:mod:`gateway.completions`),
+``POST /v1/chat/completions``, ``POST /v1/completions`` (:mod:`gateway.request.completions`),
 ``GET /v1/models``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
 ``POST /v1/tokenpace/telemetry`` and ``GET /v1/tokenpace/qoe``
 (:mod:`gateway.telemetry.reports`). Administration is in :mod:`gateway.admin`.
@@ -17,7 +17,6 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.auth import Authenticator, tenant_bearer
 from gateway.backends.routing import Router
-from gateway.completions import CompletionService
 from gateway.config.schema import TenantConfig
 from gateway.errors import forbidden, missing_telemetry_credentials
 from gateway.middleware import API_ENDPOINTS, request_record
@@ -28,7 +27,8 @@ from gateway.openapi import (
     TierHeader,
     completion_responses,
 )
-from gateway.schemas import (
+from gateway.request.completions import CompletionService
+from gateway.request.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     Completion,

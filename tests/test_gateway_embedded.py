@@ -30,7 +30,7 @@ from gateway.backends.kinds import build_backends
 from gateway.cli import check_config
 from gateway.config.schema import DEMO_MODEL, ConfigError
 from gateway.context import RequestContext
-from gateway.tiers import ResolvedTier
+from gateway.request.tiers import ResolvedTier
 from qos.policy.andes import Andes
 from qos.prompt_tokens import estimate_text_tokens
 

@@ -10,7 +10,7 @@ from gateway.config.loader import parse_config
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
 from gateway.relay.tagging import upstream_body
-from gateway.tiers import ResolvedTier, resolve_tier
+from gateway.request.tiers import ResolvedTier, resolve_tier
 from qos.tags import TAG_KEYS
 
 CONFIG = parse_config(

@@ -1,8 +1,8 @@
 """The completion request path: checks, tier, admission, dispatch, the response.
 
 After authentication and validation (:mod:`gateway.middleware`, FastAPI with the models
-of :mod:`gateway.schemas`): the body within the configured caps and encodable for the
-backend (400), the tier (:mod:`gateway.tiers`, 400/403), the model (404), admission
+of :mod:`gateway.request.schemas`): the body within the configured caps and encodable for the
+backend (400), the tier (:mod:`gateway.request.tiers`, 400/403), the model (404), admission
 (:mod:`gateway.admission.controller`: 429, or a wait in the fair-share queue for a backend slot,
 held until the response ends), then the backend: streaming through
 :class:`~gateway.relay.streaming.StreamRelay` under sse-starlette, non-streaming through
@@ -25,16 +25,16 @@ from gateway.backends import BackendError
 from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
-from gateway.disconnect import DisconnectWatch
 from gateway.errors import GatewayError, bad_request, final_error, model_not_found
 from gateway.middleware import ClientGone, server_send
 from gateway.relay.dispatch import Dispatcher
 from gateway.relay.streaming import StreamRelay
-from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.request.disconnect import DisconnectWatch
+from gateway.request.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.request.tiers import resolve_tier
 from gateway.telemetry.metrics import GatewayMetrics, series
 from gateway.telemetry.reports import Telemetry
 from gateway.telemetry.tokens import TelemetryTokens
-from gateway.tiers import resolve_tier
 from qos.prompt_tokens import estimate_prompt_tokens
 
 
