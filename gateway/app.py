@@ -3,9 +3,9 @@
 Each component gets the narrow dependencies it uses (a configuration section, the
 store, the router, the metrics); nothing below this module reaches for the others. A
 request goes through the HTTP server's connection limits (:mod:`gateway.server`),
-:class:`~gateway.middleware.GatewayMiddleware`, CORS, :class:`~gateway.middleware.BodyGate`,
-then its route (:mod:`gateway.routes`, :mod:`gateway.admin`). docs/architecture.md
-describes the whole path.
+:class:`~gateway.http.middleware.GatewayMiddleware`, CORS,
+:class:`~gateway.http.middleware.BodyGate`, then its route (:mod:`gateway.http.routes`,
+:mod:`gateway.http.admin`). docs/architecture.md describes the whole path.
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-from gateway.admin import add_admin_routes
-from gateway.admin_status import add_status_route
 from gateway.admission.controller import AdmissionController
-from gateway.auth import Authenticator
 from gateway.backends import Backend, BackendRuntime
 from gateway.backends.http import build_http_client
 from gateway.backends.kinds import build_backends
@@ -31,14 +28,17 @@ from gateway.backends.routing import Router
 from gateway.background import stop
 from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.errors import install_error_handlers
-from gateway.keys import KeyCache
-from gateway.middleware import BodyGate, GatewayMiddleware
-from gateway.openapi import openapi_document
-from gateway.pages import add_page_routes
+from gateway.http.admin import add_admin_routes
+from gateway.http.admin_status import add_status_route
+from gateway.http.auth import Authenticator
+from gateway.http.keys import KeyCache
+from gateway.http.middleware import BodyGate, GatewayMiddleware
+from gateway.http.openapi import openapi_document
+from gateway.http.pages import add_page_routes
+from gateway.http.routes import add_api_routes, auth_before_validation
 from gateway.relay.dispatch import Dispatcher
 from gateway.request.completions import CompletionService
 from gateway.request.tiers import TIER_HEADER
-from gateway.routes import add_api_routes, auth_before_validation
 from gateway.store import ResilientStore, Store, build_store
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.reports import Telemetry

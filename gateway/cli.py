@@ -34,7 +34,7 @@ from gateway.config.schema import (
     hash_key,
     new_api_key,
 )
-from gateway.pages import PAGES, is_built
+from gateway.http.pages import PAGES, is_built
 
 DEMO_KEY_ENV = "TOKENPACE_DEMO_KEY"
 ADMIN_KEY_ENV = "TOKENPACE_ADMIN_KEY"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 
 from gateway.config.schema import hash_key
-from gateway.keys import MAX_KEYS, KeyCache
+from gateway.http.keys import MAX_KEYS, KeyCache
 from gateway.store import MemoryStore
 
 

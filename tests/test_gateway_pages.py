@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from test_gateway_support import KEY, MODEL, backend_entry, gateway, make_config, upstream
 
-from gateway.pages import WEBUI_DIR_ENV
+from gateway.http.pages import WEBUI_DIR_ENV
 
 ADMIN = "admin-key-0000001"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -1,6 +1,6 @@
 """The completion request path: checks, tier, admission, dispatch, the response.
 
-After authentication and validation (:mod:`gateway.middleware`, FastAPI with the models
+After authentication and validation (:mod:`gateway.http.middleware`, FastAPI with the models
 of :mod:`gateway.request.schemas`): the body within the configured caps and encodable for the
 backend (400), the tier (:mod:`gateway.request.tiers`, 400/403), the model (404), admission
 (:mod:`gateway.admission.controller`: 429, or a wait in the fair-share queue for a backend slot,
@@ -26,7 +26,7 @@ from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.errors import GatewayError, bad_request, final_error, model_not_found
-from gateway.middleware import ClientGone, server_send
+from gateway.http.middleware import ClientGone, server_send
 from gateway.relay.dispatch import Dispatcher
 from gateway.relay.streaming import StreamRelay
 from gateway.request.disconnect import DisconnectWatch
@@ -230,7 +230,7 @@ class RelayResponse(EventSourceResponse):
     thousands of chunks a second, those layers were a measurable share of the gateway's
     CPU per chunk (docs/benchmarks.md). The start goes through the middleware stack; the
     body messages, which every middleware passes through unchanged, go straight to the
-    server's ``send`` (:func:`gateway.middleware.server_send`). This overrides
+    server's ``send`` (:func:`gateway.http.middleware.server_send`). This overrides
     sse-starlette's private ``_stream_response`` (pinned in pyproject.toml to the version
     it was tested with; tests/test_dependency_interfaces.py).
     """

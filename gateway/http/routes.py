@@ -3,7 +3,7 @@
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (:mod:`gateway.request.completions`),
 ``GET /v1/models``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
 ``POST /v1/tokenpace/telemetry`` and ``GET /v1/tokenpace/qoe``
-(:mod:`gateway.telemetry.reports`). Administration is in :mod:`gateway.admin`.
+(:mod:`gateway.telemetry.reports`). Administration is in :mod:`gateway.http.admin`.
 """
 
 # No `from __future__ import annotations`: the routes' annotations name the local
@@ -15,12 +15,12 @@ from fastapi import FastAPI, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
 from starlette.responses import JSONResponse, Response
 
-from gateway.auth import Authenticator, tenant_bearer
 from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
 from gateway.errors import forbidden, missing_telemetry_credentials
-from gateway.middleware import API_ENDPOINTS, request_record
-from gateway.openapi import (
+from gateway.http.auth import Authenticator, tenant_bearer
+from gateway.http.middleware import API_ENDPOINTS, request_record
+from gateway.http.openapi import (
     ERROR_RESPONSES,
     STORE_DOWN,
     TELEMETRY_SCHEMA,

@@ -1,7 +1,7 @@
 """Who is calling: a tenant by its API key, or the operator by the admin key.
 
 ``Authorization: Bearer KEY``: a tenant's key is looked up by its SHA-256 digest in
-the store (cached per replica, :class:`~gateway.keys.KeyCache`); the admin key is
+the store (cached per replica, :class:`~gateway.http.keys.KeyCache`); the admin key is
 compared with ``admin.key_sha256`` in constant time.
 """
 
@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gateway.config.schema import TenantConfig, hash_key
 from gateway.errors import unauthorized
-from gateway.keys import KeyCache
+from gateway.http.keys import KeyCache
 
 tenant_bearer = HTTPBearer(
     auto_error=False,

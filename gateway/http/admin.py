@@ -26,10 +26,10 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Path, Security
 from starlette.responses import JSONResponse
 
-from gateway.auth import Authenticator
 from gateway.config.schema import TenantConfig, hash_key, new_api_key
 from gateway.errors import key_not_found, tenant_not_found
-from gateway.keys import KeyCache
+from gateway.http.auth import Authenticator
+from gateway.http.keys import KeyCache
 from gateway.request.schemas import ErrorResponse
 from gateway.store import Store
 

@@ -17,11 +17,11 @@ import uuid
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.admin import ADMIN_PREFIX
-from gateway.auth import Authenticator, matches
 from gateway.config.schema import LimitsConfig, MetricsConfig, TelemetryConfig
 from gateway.context import RequestRecord
 from gateway.errors import GatewayError, not_found, store_unavailable, too_large, unauthorized
+from gateway.http.admin import ADMIN_PREFIX
+from gateway.http.auth import Authenticator, matches
 from gateway.store import StoreUnavailable
 from gateway.telemetry.logs import request_id_var
 from gateway.telemetry.metrics import GatewayMetrics, series

@@ -31,7 +31,7 @@ def webui_dir() -> Path:
     configured = os.environ.get(WEBUI_DIR_ENV)
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parent.parent / "webui" / "dist"
+    return Path(__file__).resolve().parents[2] / "webui" / "dist"
 
 
 def is_built(directory: Path | None = None) -> bool:

@@ -17,10 +17,10 @@ from typing import Any
 
 from fastapi import FastAPI, Security
 
-from gateway.admin import admin_responses
-from gateway.auth import Authenticator
 from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
+from gateway.http.admin import admin_responses
+from gateway.http.auth import Authenticator
 from gateway.store import Store
 from gateway.telemetry.metrics import GatewayMetrics
 
