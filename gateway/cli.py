@@ -186,7 +186,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.server import listen, uvicorn_config
+    from gateway.runtime.server import listen, uvicorn_config
     from gateway.telemetry.logs import setup_logging
 
     try:
@@ -200,8 +200,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     level = ns.log_level or config.logging.level
     setup_logging(json_logs=json_logs, level=level)
     try:
-        if ns.workers > 1:  # the app is built in each worker (gateway.workers)
-            from gateway.workers import WorkerPool
+        if ns.workers > 1:  # the app is built in each worker (gateway.runtime.workers)
+            from gateway.runtime.workers import WorkerPool
 
             pool = WorkerPool(config, ns.workers, log_json=json_logs, log_level=level)
         else:

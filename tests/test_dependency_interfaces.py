@@ -13,7 +13,7 @@ from sse_starlette.sse import EventSourceResponse
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.request.completions import RelayResponse
-from gateway.server import GuardedHttpToolsProtocol
+from gateway.runtime.server import GuardedHttpToolsProtocol
 from gateway.telemetry.metrics import observe_many
 
 

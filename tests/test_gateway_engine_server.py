@@ -1,4 +1,4 @@
-"""The embedded SIMULATED engine served over HTTP (gateway/engine_server.py), as the
+"""The embedded SIMULATED engine served over HTTP (gateway/runtime/engine_server.py), as the
 workers of ``tokenpace serve --workers N`` reach it: a real uvicorn on a loopback port
 (in a thread), the official openai client."""
 
@@ -13,7 +13,7 @@ import pytest
 from gateway.backends.embedded import OWNED_BY, EmbeddedEngine
 from gateway.config.loader import demo_config
 from gateway.config.schema import DEMO_MODEL
-from gateway.engine_server import EngineServer
+from gateway.runtime.engine_server import EngineServer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
 

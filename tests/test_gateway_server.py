@@ -2,7 +2,7 @@
 connection cap, and authentication before the body is read.
 
 Raw sockets against a real gateway served by uvicorn as ``tokenpace serve`` serves it
-(:func:`gateway.server.uvicorn_config`); the upstream is the FakeUpstream stand-in.
+(:func:`gateway.runtime.server.uvicorn_config`); the upstream is the FakeUpstream stand-in.
 """
 
 from __future__ import annotations

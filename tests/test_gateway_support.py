@@ -34,7 +34,7 @@ from gateway.app import create_app
 from gateway.backends import Backend
 from gateway.config.loader import parse_config
 from gateway.config.schema import GatewayConfig, hash_key
-from gateway.server import listen, uvicorn_config
+from gateway.runtime.server import listen, uvicorn_config
 
 KEY = "tp-test-key-acme-0001"  # tenant acme: every tier, custom allowed, weight 2
 KEY_BASIC = "tp-test-key-basic-0002"  # tenant basic: chat and batch only
@@ -334,7 +334,7 @@ def free_port() -> int:
 async def run_server(app: Any, gateway_config: GatewayConfig | None = None) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port; yields its base URL.
 
-    With ``gateway_config``, as ``tokenpace serve`` does (:func:`gateway.server.
+    With ``gateway_config``, as ``tokenpace serve`` does (:func:`gateway.runtime.server.
     uvicorn_config`: the connection limits); else plain uvicorn (the stand-in upstreams).
     """
     sock = listen("127.0.0.1", 0)

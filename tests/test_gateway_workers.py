@@ -28,7 +28,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from redis_server import RedisServer, free_port
 
 from gateway.cli import serve
-from gateway.workers import PUBLISH_INTERVAL_S
+from gateway.runtime.workers import PUBLISH_INTERVAL_S
 
 KEY = "tp-workers-key-acme-0001"
 ADMIN_KEY = "tp-workers-admin-0001"

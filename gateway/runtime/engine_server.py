@@ -38,7 +38,7 @@ from gateway.config.schema import BackendConfig, GatewayConfig, HealthConfig, Ti
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import INVALID_REQUEST
 from gateway.request.tiers import ResolvedTier
-from gateway.server import listen
+from gateway.runtime.server import listen
 from qos.tags import RequestTags, decode_tags
 
 _DEFAULT_TAGS = RequestTags()

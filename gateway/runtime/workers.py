@@ -7,7 +7,7 @@ sockets ``serve`` bound; :class:`Supervisor` adds ``mark_process_dead`` for the 
 each worker, so the gateway configuration travels as data (:class:`WorkerSpec`,
 :class:`WorkerProtocol`), as pickled bytes: this module imports the gateway only inside
 its functions, so that a new worker answers the supervisor's health pings quickly.
-Embedded engines run once, in the supervisor (:mod:`gateway.engine_server`).
+Embedded engines run once, in the supervisor (:mod:`gateway.runtime.engine_server`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
     from gateway.backends import Backend
     from gateway.config.schema import GatewayConfig
-    from gateway.engine_server import EngineServer
-    from gateway.server import GuardedHttpToolsProtocol
+    from gateway.runtime.engine_server import EngineServer
+    from gateway.runtime.server import GuardedHttpToolsProtocol
     from gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("tokenpace.gateway.workers")
@@ -71,7 +71,7 @@ class WorkerSpec:
 
 
 class WorkerProtocol:
-    """uvicorn's ``http`` setting for the workers: :func:`gateway.server.protocol_for`'s
+    """uvicorn's ``http`` setting for the workers: :func:`gateway.runtime.server.protocol_for`'s
     protocol, built in each worker (a class made at run time cannot be pickled)."""
 
     def __init__(self, config: GatewayConfig) -> None:
@@ -80,7 +80,7 @@ class WorkerProtocol:
 
     def __call__(self, **kwargs: Any) -> GuardedHttpToolsProtocol:
         if self._cls is None:
-            from gateway.server import protocol_for
+            from gateway.runtime.server import protocol_for
 
             self._cls = protocol_for(pickle.loads(self._config))
         return self._cls(**kwargs)
@@ -89,7 +89,7 @@ class WorkerProtocol:
 def worker_backends(spec: WorkerSpec) -> list[Backend]:
     """The backends of ``spec.config``; those of an engine server describe themselves."""
     from gateway.backends.kinds import build_backends
-    from gateway.engine_server import EngineServerBackend
+    from gateway.runtime.engine_server import EngineServerBackend
 
     config = spec.config
     backends = build_backends(config)
@@ -191,7 +191,7 @@ class WorkerPool:
         self.engines = [b for b in backends if isinstance(b, InProcessBackend)]
 
     def _spec(self, server: EngineServer | None) -> WorkerSpec:
-        from gateway.engine_server import served_backend_config
+        from gateway.runtime.engine_server import served_backend_config
 
         if server is None:
             return WorkerSpec(self.config, {}, self.log_json, self.log_level)
@@ -208,7 +208,7 @@ class WorkerPool:
 
     def run(self, sockets: list[socket.socket]) -> int:
         """Serve on ``sockets`` until SIGINT/SIGTERM; the exit code."""
-        from gateway.engine_server import EngineServer
+        from gateway.runtime.engine_server import EngineServer
         from gateway.telemetry.metrics import MULTIPROC_ENV
 
         metrics_dir = tempfile.mkdtemp(prefix="tokenpace-metrics-")
