@@ -27,10 +27,10 @@ from gateway.backends.kinds import build_backends
 from gateway.backends.routing import Router
 from gateway.background import stop
 from gateway.config.schema import GatewayConfig, TenantConfig
-from gateway.errors import install_error_handlers
 from gateway.http.admin import add_admin_routes
 from gateway.http.admin_status import add_status_route
 from gateway.http.auth import Authenticator
+from gateway.http.errors import install_error_handlers
 from gateway.http.keys import KeyCache
 from gateway.http.middleware import BodyGate, GatewayMiddleware
 from gateway.http.openapi import openapi_document

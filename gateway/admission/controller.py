@@ -20,11 +20,11 @@ from typing import Any
 
 import anyio
 
+from gateway.admission.errors import queue_full, queue_timeout, rate_limited
 from gateway.backends.routing import BackendState, Lease, Router
 from gateway.background import stop
 from gateway.config.schema import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
-from gateway.errors import queue_full, queue_timeout, rate_limited
 from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
 from gateway.store.ratelimit import RateState
 from gateway.telemetry.metrics import GatewayMetrics, series

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Path, Security
 from starlette.responses import JSONResponse
 
 from gateway.config.schema import TenantConfig, hash_key, new_api_key
-from gateway.errors import key_not_found, tenant_not_found
+from gateway.errors import GatewayError
 from gateway.http.auth import Authenticator
 from gateway.http.keys import KeyCache
 from gateway.request.schemas import ErrorResponse
@@ -36,6 +36,14 @@ from gateway.store import Store
 ADMIN_PREFIX = "/v1/tokenpace/admin/"
 
 KeyId = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="the key's SHA-256 digest")]
+
+
+def tenant_not_found(name: str) -> GatewayError:
+    return GatewayError(404, f"No tenant {name!r}.", param="tenant", code="tenant_not_found")
+
+
+def key_not_found(key_id: str) -> GatewayError:
+    return GatewayError(404, f"No live key {key_id} for this tenant.", param="key_id")
 
 
 def admin_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

@@ -19,10 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.schema import LimitsConfig, MetricsConfig, TelemetryConfig
 from gateway.context import RequestRecord
-from gateway.errors import GatewayError, not_found, store_unavailable, too_large, unauthorized
+from gateway.errors import GatewayError, unauthorized
 from gateway.http.admin import ADMIN_PREFIX
 from gateway.http.auth import Authenticator, matches
-from gateway.store import StoreUnavailable
+from gateway.http.errors import not_found, too_large
+from gateway.store import StoreUnavailable, store_unavailable
 from gateway.telemetry.logs import request_id_var
 from gateway.telemetry.metrics import GatewayMetrics, series
 

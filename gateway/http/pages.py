@@ -18,12 +18,22 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from gateway.errors import pages_not_built
+from gateway.errors import SERVER_ERROR, GatewayError
 
 WEBUI_DIR_ENV = "TOKENPACE_WEBUI_DIR"
 ASSETS_PATH = "/webui"
 PAGES = {"/demo": "demo.html", "/dashboard": "dashboard.html"}
 HTML = "text/html; charset=utf-8"
+
+
+def pages_not_built(directory: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"The web pages are not built ({directory} has none): run `make webui`, which runs "
+        "npm ci and the build in webui/.",
+        type=SERVER_ERROR,
+        code="webui_not_built",
+    )
 
 
 def webui_dir() -> Path:

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
-from gateway.errors import forbidden, missing_telemetry_credentials
+from gateway.errors import forbidden
 from gateway.http.auth import Authenticator, tenant_bearer
 from gateway.http.middleware import API_ENDPOINTS, request_record
 from gateway.http.openapi import (
@@ -38,6 +38,7 @@ from gateway.request.schemas import (
     Model,
     ModelList,
 )
+from gateway.telemetry.errors import missing_telemetry_credentials
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.reports import Telemetry, check_size
 from gateway.telemetry.tokens import BODY_FIELD, TOKEN_HEADER, TelemetryTokens, split_token

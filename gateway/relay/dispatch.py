@@ -24,9 +24,9 @@ from gateway.backends import Backend, BackendError, ChunkStream
 from gateway.backends.routing import BackendState, Lease, Router
 from gateway.config.schema import TimeoutsConfig
 from gateway.context import RequestContext
-from gateway.errors import SERVER_ERROR, store_unavailable
+from gateway.errors import SERVER_ERROR
 from gateway.relay.tagging import upstream_body
-from gateway.store import StoreUnavailable
+from gateway.store import StoreUnavailable, store_unavailable
 from gateway.telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("tokenpace.gateway")

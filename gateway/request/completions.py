@@ -21,11 +21,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.admission.controller import AdmissionController, Ticket
-from gateway.backends import BackendError
 from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
-from gateway.errors import GatewayError, bad_request, final_error, model_not_found
+from gateway.errors import INVALID_REQUEST, GatewayError, bad_request
 from gateway.http.middleware import ClientGone, server_send
 from gateway.relay.dispatch import Dispatcher
 from gateway.relay.streaming import StreamRelay
@@ -36,6 +35,17 @@ from gateway.telemetry.metrics import GatewayMetrics, series
 from gateway.telemetry.reports import Telemetry
 from gateway.telemetry.tokens import TelemetryTokens
 from qos.prompt_tokens import estimate_prompt_tokens
+
+
+def model_not_found(model: str) -> GatewayError:
+    # OpenAI's exact wording and code for an unknown model.
+    return GatewayError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        type=INVALID_REQUEST,
+        param="model",
+        code="model_not_found",
+    )
 
 
 class CompletionService:
@@ -155,10 +165,10 @@ class CompletionService:
         tried: list[str] = []
         try:
             attempt = await watch.run(self.dispatcher.open_stream(raw, ctx, tried))
-        except BackendError as exc:
+        except GatewayError:
             record.backend = tried[-1] if tried else record.backend
             await ticket.close()
-            raise final_error(exc) from None
+            raise
         except ClientGone:
             record.backend = tried[-1] if tried else record.backend
             await ticket.close()
@@ -206,8 +216,6 @@ class CompletionService:
         try:
             done = await watch.run(self.dispatcher.complete(raw, ctx, tried))
             tokens = done.tokens
-        except BackendError as exc:
-            raise final_error(exc) from None
         except ClientGone:
             return client_gone(record)
         finally:

@@ -16,6 +16,7 @@ from gateway.store.base import (
     Slot,
     Store,
     StoreUnavailable,
+    store_unavailable,
 )
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
@@ -34,6 +35,7 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "build_store",
+    "store_unavailable",
 ]
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.errors import SERVER_ERROR, GatewayError
 from gateway.store.ratelimit import RateState
 
 Status = Literal["admitted", "queued", "full", "limited", "queue_full", "gone"]
@@ -29,6 +30,17 @@ Status = Literal["admitted", "queued", "full", "limited", "queue_full", "gone"]
 
 class StoreUnavailable(Exception):
     """The shared store cannot be reached (and the gateway fails closed)."""
+
+
+def store_unavailable() -> GatewayError:
+    """The answer while the shared store is unreachable (fail closed): 503, Retry-After."""
+    return GatewayError(
+        503,
+        "The gateway's shared state is unavailable; try again shortly.",
+        type=SERVER_ERROR,
+        code="store_unavailable",
+        headers={"Retry-After": "1"},
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,16 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.background import stop
 from gateway.config.schema import LimitsConfig, TelemetryConfig
 from gateway.context import RequestContext, StreamOutcome
-from gateway.errors import (
-    bad_request,
+from gateway.errors import bad_request, forbidden, validation_error
+from gateway.store import QoERecord, Store, StoreUnavailable
+from gateway.telemetry.errors import (
     duplicate_report,
-    forbidden,
     report_too_large,
     too_many_reports,
     unknown_request,
-    validation_error,
 )
-from gateway.store import QoERecord, Store, StoreUnavailable
 from gateway.telemetry.metrics import GatewayMetrics, QoESummary
 from qos.metrics import andes_qoe, monotone_qoe
 

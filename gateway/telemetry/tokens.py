@@ -30,8 +30,9 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.config.schema import TelemetryConfig
-from gateway.errors import GatewayError, invalid_token
+from gateway.errors import GatewayError
 from gateway.store import Store, StoreUnavailable
+from gateway.telemetry.errors import invalid_token
 
 TOKEN_HEADER = "X-TokenPace-Telemetry-Token"
 BODY_FIELD = "telemetry_token"  # where a sendBeacon report (no headers) carries it
