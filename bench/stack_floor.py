@@ -28,7 +28,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from gateway.backends.http import upstream_transport
 from gateway.backends.upstream import body_reader
-from gateway.cli import freeze_startup_objects
+from gateway.runtime.server import freeze_startup_objects
 
 
 def create_app(upstream: str, max_connections: int) -> FastAPI:

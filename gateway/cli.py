@@ -16,7 +16,6 @@ the URLs of the web pages and ready-to-paste curl and openai examples.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -172,8 +171,6 @@ def load_serve_config(
     config_path: str | None,
 ) -> tuple[GatewayConfig, str | None, str | None]:
     """The configuration ``serve`` runs: the file, else the demo (and its two keys)."""
-    import gateway.backends.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
-
     path = config_path or os.environ.get(CONFIG_ENV) or None
     if path:
         return load_config(path), None, None
@@ -186,7 +183,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.runtime.server import listen, uvicorn_config
+    from gateway.runtime.server import freeze_startup_objects, listen, uvicorn_config
     from gateway.telemetry.logs import setup_logging
 
     try:
@@ -237,18 +234,6 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     return 0
 
 
-def freeze_startup_objects() -> None:
-    """Move everything built at start-up out of the cyclic garbage collector's sight.
-
-    The imported libraries and the app are hundreds of thousands of long-lived objects;
-    every full collection walked them all again, which under streaming load (many short-lived
-    objects per chunk) cost the gateway about 15 % of its CPU. ``gc.freeze()`` after one
-    collection is the CPython-documented remedy for long-running servers.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 def serve(argv: Sequence[str] | None = None) -> int:
     """``tokenpace serve [--config FILE] [--host H] [--port P] [--workers N]``; the exit code."""
     p = argparse.ArgumentParser(prog="tokenpace serve", description="Run the gateway.")
@@ -261,7 +246,6 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 
 def _check_ns(ns: argparse.Namespace) -> int:
-    import gateway.backends.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
     from gateway.backends.kinds import build_backends
 
     try:

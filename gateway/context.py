@@ -1,5 +1,8 @@
-"""What the gateway knows about one request, as typed records.
+"""What the gateway knows about one request, as typed records, and where a request's
+ASGI scope keeps them.
 
+- :class:`ResolvedTier`: the tier a request is served under (resolved by
+  :mod:`gateway.request.tiers`).
 - :class:`RequestRecord`: made by the middleware when a request arrives; the route
   fills in its labels (tenant, tier, model, backend) and, at the end, how it went. The
   middleware counts and logs the request from it.
@@ -13,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from gateway.request.tiers import ResolvedTier
+from starlette.types import Scope, Send
 
 if TYPE_CHECKING:
     from gateway.admission.controller import Ticket
@@ -22,6 +25,28 @@ if TYPE_CHECKING:
 Endpoint = Literal["chat.completions", "completions"]
 Outcome = Literal["completed", "error", "aborted"]
 UNKNOWN = "-"  # the label of what is not known (yet): no tenant before authentication
+RECORD_KEY = "tokenpace"  # scope["state"][RECORD_KEY]: the request's RequestRecord
+SERVER_SEND_KEY = "tokenpace.server_send"  # scope["state"][...]: the server's own send
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedTier:
+    name: str  # a tier of the table, or "custom" for explicit numbers
+    ttft: float
+    tds: float
+    priority: int
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-TokenPace-Tier": self.name,
+            "X-TokenPace-TTFT": format_number(self.ttft),
+            "X-TokenPace-TDS": format_number(self.tds),
+        }
+
+
+def format_number(x: float) -> str:
+    """Shortest decimal that reads back as ``x`` ("1.0", "4.8", "0.5", "25.0")."""
+    return repr(float(x))
 
 
 @dataclass(slots=True)
@@ -98,3 +123,17 @@ class RequestRecord:
         if self.backend != UNKNOWN:
             fields["backend"] = self.backend
         return fields
+
+
+def request_record(scope: Scope) -> RequestRecord:
+    """The record :class:`~gateway.http.middleware.GatewayMiddleware` made for this request."""
+    record: RequestRecord = scope["state"][RECORD_KEY]
+    return record
+
+
+def server_send(scope: Scope) -> Send | None:
+    """The server's ``send``, under every middleware's wrapper, for a response's body
+    messages once its start went through them
+    (:class:`~gateway.http.middleware.GatewayMiddleware`)."""
+    send: Send | None = scope.get("state", {}).get(SERVER_SEND_KEY)
+    return send

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from sse_starlette.sse import EventSourceResponse
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.request.completions import RelayResponse
+from gateway.relay.response import RelayResponse
 from gateway.runtime.server import GuardedHttpToolsProtocol
 from gateway.telemetry.metrics import observe_many
 

@@ -29,8 +29,7 @@ from gateway.backends.embedded import OWNED_BY, EmbeddedEngine
 from gateway.backends.kinds import build_backends
 from gateway.cli import check_config
 from gateway.config.schema import DEMO_MODEL, ConfigError
-from gateway.context import RequestContext
-from gateway.request.tiers import ResolvedTier
+from gateway.context import RequestContext, ResolvedTier
 from qos.policy.andes import Andes
 from qos.prompt_tokens import estimate_text_tokens
 

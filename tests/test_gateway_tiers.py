@@ -7,10 +7,10 @@ import math
 import pytest
 
 from gateway.config.loader import parse_config
-from gateway.context import RequestContext
+from gateway.context import RequestContext, ResolvedTier
 from gateway.errors import GatewayError
 from gateway.relay.tagging import upstream_body
-from gateway.request.tiers import ResolvedTier, resolve_tier
+from gateway.request.tiers import resolve_tier
 from qos.tags import TAG_KEYS
 
 CONFIG = parse_config(

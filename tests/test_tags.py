@@ -10,9 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.context import RequestContext
+from gateway.context import RequestContext, ResolvedTier
 from gateway.relay.tagging import upstream_body
-from gateway.request.tiers import ResolvedTier
 from qos.tags import TAG_KEYS, TAG_PREFIX, RequestTags, decode_tags, encode_tags
 
 DEFAULTS = RequestTags(tier="chat", ttft=1.0, tds=4.8)

@@ -18,19 +18,18 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.schema import LimitsConfig, MetricsConfig, TelemetryConfig
-from gateway.context import RequestRecord
+from gateway.context import RECORD_KEY, SERVER_SEND_KEY, RequestRecord, request_record
 from gateway.errors import GatewayError, unauthorized
 from gateway.http.admin import ADMIN_PREFIX
 from gateway.http.auth import Authenticator, matches
 from gateway.http.errors import not_found, too_large
+from gateway.request.disconnect import ClientGone
 from gateway.store import StoreUnavailable, store_unavailable
 from gateway.telemetry.logs import request_id_var
 from gateway.telemetry.metrics import GatewayMetrics, series
 
 access_log = logging.getLogger("tokenpace.gateway.access")
 
-RECORD_KEY = "tokenpace"  # scope["state"][RECORD_KEY]: the request's RequestRecord
-SERVER_SEND_KEY = "tokenpace.server_send"  # scope["state"][...]: the server's own send
 TELEMETRY_PATH = "/v1/tokenpace/telemetry"
 METRICS_PATH = "/metrics"
 API_ENDPOINTS = {
@@ -42,28 +41,11 @@ API_ENDPOINTS = {
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
-def request_record(scope: Scope) -> RequestRecord:
-    """The record :class:`GatewayMiddleware` made for this request."""
-    record: RequestRecord = scope["state"][RECORD_KEY]
-    return record
-
-
-def server_send(scope: Scope) -> Send | None:
-    """The server's ``send``, under every middleware's wrapper, for a response's body
-    messages once its start went through them (:class:`GatewayMiddleware`)."""
-    send: Send | None = scope.get("state", {}).get(SERVER_SEND_KEY)
-    return send
-
-
 def header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key == name:
             return str(value.decode("latin-1"))
     return None
-
-
-class ClientGone(Exception):
-    """The client disconnected before the response started (or before its body ended)."""
 
 
 class GatewayMiddleware:

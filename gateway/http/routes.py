@@ -17,9 +17,10 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
+from gateway.context import request_record
 from gateway.errors import forbidden
 from gateway.http.auth import Authenticator, tenant_bearer
-from gateway.http.middleware import API_ENDPOINTS, request_record
+from gateway.http.middleware import API_ENDPOINTS
 from gateway.http.openapi import (
     ERROR_RESPONSES,
     STORE_DOWN,

@@ -1,12 +1,14 @@
 """The completion request path: checks, tier, admission, dispatch, the response.
 
-After authentication and validation (:mod:`gateway.http.middleware`, FastAPI with the models
-of :mod:`gateway.request.schemas`): the body within the configured caps and encodable for the
-backend (400), the tier (:mod:`gateway.request.tiers`, 400/403), the model (404), admission
-(:mod:`gateway.admission.controller`: 429, or a wait in the fair-share queue for a backend slot,
-held until the response ends), then the backend: streaming through
-:class:`~gateway.relay.streaming.StreamRelay` under sse-starlette, non-streaming through
-:meth:`~gateway.relay.dispatch.Dispatcher.complete`, both with failover before the first byte.
+After authentication and validation (:mod:`gateway.http`, FastAPI with the models of
+:mod:`gateway.request.schemas`): the body within the configured caps and encodable for
+the backend (400), the tier (:mod:`gateway.request.tiers`, 400/403), the model (404),
+admission (:mod:`gateway.admission`: 429, or a wait in the fair-share queue for a
+backend slot, held until the response ends), then the backend: streaming through
+:class:`~gateway.relay.streaming.StreamRelay` in a
+:class:`~gateway.relay.response.RelayResponse`, non-streaming through
+:meth:`~gateway.relay.dispatch.Dispatcher.complete`, both with failover before the
+first byte.
 """
 
 from __future__ import annotations
@@ -14,21 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from sse_starlette.sse import EventSourceResponse
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
 
 from gateway.admission.controller import AdmissionController, Ticket
 from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.errors import INVALID_REQUEST, GatewayError, bad_request
-from gateway.http.middleware import ClientGone, server_send
 from gateway.relay.dispatch import Dispatcher
+from gateway.relay.response import RelayResponse
 from gateway.relay.streaming import StreamRelay
-from gateway.request.disconnect import DisconnectWatch
+from gateway.request.disconnect import ClientGone, DisconnectWatch
 from gateway.request.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.request.tiers import resolve_tier
 from gateway.telemetry.metrics import GatewayMetrics, series
@@ -226,46 +225,6 @@ class CompletionService:
         record.tokens = tokens
         self._count_tokens(ctx, done.backend, tokens)
         return JSONResponse(done.result, headers=headers)
-
-
-class RelayResponse(EventSourceResponse):
-    """sse-starlette's response (its disconnect and shutdown listeners, its headers) with
-    the relay's own body loop: :meth:`StreamRelay.send_body
-    <gateway.relay.streaming.StreamRelay.send_body>` sends every write itself.
-
-    sse-starlette's loop steps an async generator and wraps each send in
-    ``anyio.move_on_after(send_timeout)``, even without a timeout; on a relay that sends
-    thousands of chunks a second, those layers were a measurable share of the gateway's
-    CPU per chunk (docs/benchmarks.md). The start goes through the middleware stack; the
-    body messages, which every middleware passes through unchanged, go straight to the
-    server's ``send`` (:func:`gateway.http.middleware.server_send`). This overrides
-    sse-starlette's private ``_stream_response`` (pinned in pyproject.toml to the version
-    it was tested with; tests/test_dependency_interfaces.py).
-    """
-
-    def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:
-        super().__init__(
-            iter(()),  # never iterated: the relay sends the body
-            headers=headers,
-            ping=0,  # the relay sends its own pings, only while it waits
-            sep="\n",
-            background=BackgroundTask(relay.finish),  # for a body that never started
-        )
-        self._relay = relay
-        self._body_send: Send | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._body_send = server_send(scope)
-        await super().__call__(scope, receive, send)
-
-    async def _stream_response(self, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        await self._relay.send_body(self._body_send or send)  # ends with relay.finish()
-        async with self._send_lock:
-            self.active = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def client_gone(record: RequestRecord) -> Response:

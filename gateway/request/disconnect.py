@@ -3,7 +3,7 @@
 Starlette does not cancel a handler whose client went away. :class:`DisconnectWatch`
 does, for the awaits before the response (admission, opening the backend request): one
 watcher task per request waits for ``http.disconnect`` and cancels the await under way
-(raising :class:`~gateway.http.middleware.ClientGone`), so the backend request is closed and
+(raising :class:`ClientGone`), so the backend request is closed and
 a generation aborted as soon as nobody waits for it. The guarded work runs in the
 request's own task, as ``asyncio.timeout`` runs it: no task per await.
 """
@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive
 
-from gateway.http.middleware import ClientGone
 from gateway.relay.interruptible import Interruptible
 
 T = TypeVar("T")
@@ -27,6 +26,10 @@ async def _wait_disconnect(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started (or before its body ended)."""
 
 
 class DisconnectWatch:

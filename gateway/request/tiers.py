@@ -11,33 +11,13 @@ without ``allow_custom``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from gateway.config.schema import CUSTOM_TIER, GatewayConfig, TenantConfig
+from gateway.context import ResolvedTier
 from gateway.errors import bad_request, forbidden
 
 TIER_HEADER = "X-TokenPace-Tier"
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedTier:
-    name: str  # a tier of the table, or "custom" for explicit numbers
-    ttft: float
-    tds: float
-    priority: int
-
-    def headers(self) -> dict[str, str]:
-        return {
-            "X-TokenPace-Tier": self.name,
-            "X-TokenPace-TTFT": format_number(self.ttft),
-            "X-TokenPace-TDS": format_number(self.tds),
-        }
-
-
-def format_number(x: float) -> str:
-    """Shortest decimal that reads back as ``x`` ("1.0", "4.8", "0.5", "25.0")."""
-    return repr(float(x))
 
 
 def _number(value: Any, param: str) -> float:

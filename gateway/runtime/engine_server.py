@@ -35,9 +35,8 @@ from starlette.routing import Route
 from gateway.backends import Backend, BackendError, BackendRuntime, ChunkStream
 from gateway.backends.http import HttpBackend
 from gateway.config.schema import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
-from gateway.context import Endpoint, RequestContext
+from gateway.context import Endpoint, RequestContext, ResolvedTier
 from gateway.errors import INVALID_REQUEST
-from gateway.request.tiers import ResolvedTier
 from gateway.runtime.server import listen
 from qos.tags import RequestTags, decode_tags
 

@@ -110,7 +110,7 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
     """The app factory each worker runs: the gateway of a pickled :class:`WorkerSpec`,
     publishing its backend gauges."""
     from gateway.app import create_app
-    from gateway.cli import freeze_startup_objects
+    from gateway.runtime.server import freeze_startup_objects
     from gateway.telemetry.logs import setup_logging
 
     spec: WorkerSpec = pickle.loads(pickled_spec)
