@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from starlette.types import Scope, Send
 
 if TYPE_CHECKING:
-    from gateway.admission.controller import Ticket
     from gateway.config.schema import TenantConfig
 
 Endpoint = Literal["chat.completions", "completions"]
@@ -62,7 +61,6 @@ class RequestContext:
     stream: bool
     received_at: float  # time.monotonic() when the gateway received the request
     expected_tokens: int  # output tokens expected, for the waiting-time estimate
-    hold: Ticket | None = None  # admission's ticket: the slot tried first, moved on failover
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from test_gateway_support import (
 from gateway.backends import GeneratorChunkStream
 from gateway.backends.routing import Lease
 from gateway.backends.sse import HttpChunkStream
-from gateway.relay.dispatch import Attempt
+from gateway.relay.dispatch import Attempt, Failover
 from gateway.relay.streaming import StreamRelay
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -219,7 +219,7 @@ async def test_client_disconnect_closes_upstream_within_1s():
         assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("tokenpace-pump")]
         # and no per-request object outlives its request
         gc.collect()
-        per_request = (StreamRelay, Attempt, Lease, HttpChunkStream)
+        per_request = (StreamRelay, Failover, Attempt, Lease, HttpChunkStream)
         assert not [o for o in gc.get_objects() if isinstance(o, per_request)]
 
 

@@ -67,8 +67,10 @@ class Ticket:
         return self.lease.state.name
 
     def tokens(self, n: int) -> None:
-        """``n`` output tokens reached the client: charged in the next batch."""
+        """``n`` output tokens reached the client: that much less work outstanding on the
+        backend (the lease), and charged to the tenant's share in the next batch."""
         if n > 0 and not self.closed:
+            self.lease.tokens(n)
             self.controller.add_usage(self.tenant, self.weight, n, self.budget_period_s)
 
     async def move(self, state: BackendState) -> bool:

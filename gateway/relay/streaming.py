@@ -25,9 +25,9 @@ from starlette.types import Send
 
 from gateway.backends import BackendError, Batch
 from gateway.config.schema import TimeoutsConfig
-from gateway.context import Outcome, RequestContext, StreamOutcome
-from gateway.errors import TIMEOUT, sse_error_event
-from gateway.relay.dispatch import Attempt, Dispatcher
+from gateway.context import Outcome, StreamOutcome
+from gateway.errors import TIMEOUT, GatewayError, sse_error_event
+from gateway.relay.dispatch import Attempt, Failover
 from gateway.relay.read_deadline import ReadDeadline
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
 from qos.metrics import andes_qoe, monotone_qoe
@@ -48,25 +48,18 @@ class StreamRelay:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        failover: Failover,
         metrics: GatewayMetrics,
         timeouts: TimeoutsConfig,
-        raw: dict[str, Any],
-        ctx: RequestContext,
         attempt: Attempt,
-        tried: list[str],
-        on_tokens: Callable[[int], None] | None = None,
         on_finish: Callable[[StreamOutcome], Awaitable[None]] | None = None,
     ) -> None:
-        self.dispatcher = dispatcher
+        self.failover = failover  # the request's attempts; its hold is charged the tokens
         self.metrics = metrics
         self.timeouts = timeouts
-        self.on_tokens = on_tokens  # tokens sent (fair-share charging), :meth:`_settle`; no I/O
         self.on_finish = on_finish  # once, with the outcome, after the stream's teardown
-        self.raw = raw
-        self.ctx = ctx
+        self.ctx = ctx = failover.ctx
         self.attempt: Attempt | None = attempt
-        self.tried = tried
         self.backend = attempt.state.name
         self.outcome: Outcome = "aborted"  # until it completes or errs
         self.error: str | None = None
@@ -145,28 +138,24 @@ class StreamRelay:
                     self.outcome = "completed"
                     await send({"type": BODY, "body": DONE, "more_body": True})
                     return
-                failed = self.attempt.state
+                failed = self.attempt
                 await self._close_attempt()
-                self.dispatcher.router.report_failure(failed, failure)
-                if not self.sent_any and failure.retryable:
-                    # Only pings went out: try the next backend, unseen by the client.
-                    self.metrics.failovers.labels(failed.name).inc()
-                    log.info(
-                        "backend %s failed before the first chunk: %s", failed.name, failure.message
-                    )
+                final: GatewayError = failure
+                if self.sent_any:
+                    self.failover.report(failed.state, failure)
+                else:
+                    # Only pings went out: the next backend, unseen by the client.
                     try:
-                        self.attempt = await self.dispatcher.open_stream(
-                            self.raw, self.ctx, self.tried, failure
-                        )
-                    except BackendError as exc:
-                        failure = exc
-                        self.backend = self.tried[-1]
+                        self.attempt = await self.failover.open_stream(failed, failure)
+                    except GatewayError as exc:
+                        final = exc
+                        self.backend = self.failover.backend or self.backend
                     else:
                         self._relabel()
                         continue
                 self.outcome = "error"
-                self.error = failure.message
-                end = sse_error_event(failure.body) + DONE
+                self.error = final.message
+                end = sse_error_event(final.body) + DONE
                 await send({"type": BODY, "body": end, "more_body": True})
                 return
         finally:
@@ -200,18 +189,15 @@ class StreamRelay:
         return batch.data
 
     def _settle(self, now: float) -> None:
-        """Charge the tokens sent since the last settlement (the router's lease, the
-        tenant's share: ``on_tokens``) and observe their inter-token gaps, in bulk."""
+        """Charge the tokens sent since the last settlement to the request's hold (the
+        router's lease, the tenant's share; no I/O) and observe their inter-token gaps, in
+        bulk."""
         self._settle_at = now + SETTLE_S
         done, end = self._settled, len(self.times)
         if done == end:
             return
         self._settled = end
-        n = sum(self.counts[done:end])
-        if self.attempt is not None:
-            self.attempt.lease.tokens(n)
-        if self.on_tokens is not None:
-            self.on_tokens(n)
+        self.failover.hold.tokens(sum(self.counts[done:end]))
         times = self.times
         gaps = [times[i] - times[i - 1] for i in range(max(done, 1), end)]
         gaps += [0.0] * self._together

@@ -19,12 +19,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.admission.controller import AdmissionController, Ticket
+from gateway.admission.controller import AdmissionController
 from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, LimitsConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.errors import INVALID_REQUEST, GatewayError, bad_request
-from gateway.relay.dispatch import Dispatcher
+from gateway.relay.dispatch import Dispatcher, Failover
 from gateway.relay.response import RelayResponse
 from gateway.relay.streaming import StreamRelay
 from gateway.request.disconnect import ClientGone, DisconnectWatch
@@ -130,13 +130,14 @@ class CompletionService:
             ticket = await watch.run(admit)
         except ClientGone:
             return client_gone(record)
-        # from here every path closes the ticket (no await until _stream/_complete)
-        ctx.hold = ticket  # the choice: failover moves it on in the router's order
+        # from here every path closes the ticket (no await until _stream/_complete); the
+        # failover moves it on in the router's order
+        failover = self.dispatcher.failover(raw, ctx, ticket)
         headers.update(ticket.rate.headers())
         headers.update(token)
         if ctx.stream:
-            return await self._stream(watch, raw, ctx, record, headers, ticket)
-        return await self._complete(watch, raw, ctx, record, headers, ticket)
+            return await self._stream(watch, failover, record, headers)
+        return await self._complete(watch, failover, record, headers)
 
     def _expected_tokens(self, body: ChatCompletionRequest | CompletionRequest) -> int:
         """Output tokens expected (QLM's estimate): ``max_tokens`` capped by
@@ -155,21 +156,19 @@ class CompletionService:
     async def _stream(
         self,
         watch: DisconnectWatch,
-        raw: dict[str, Any],
-        ctx: RequestContext,
+        failover: Failover,
         record: RequestRecord,
         headers: dict[str, str],
-        ticket: Ticket,
     ) -> Response:
-        tried: list[str] = []
+        ctx, ticket = failover.ctx, failover.hold
         try:
-            attempt = await watch.run(self.dispatcher.open_stream(raw, ctx, tried))
+            attempt = await watch.run(failover.open_stream())
         except GatewayError:
-            record.backend = tried[-1] if tried else record.backend
+            record.backend = failover.backend or record.backend
             await ticket.close()
             raise
         except ClientGone:
-            record.backend = tried[-1] if tried else record.backend
+            record.backend = failover.backend or record.backend
             await ticket.close()
             return client_gone(record)
         except BaseException:
@@ -185,15 +184,7 @@ class CompletionService:
             await ticket.close()
 
         relay = StreamRelay(
-            self.dispatcher,
-            self.metrics,
-            self.config.timeouts,
-            raw,
-            ctx,
-            attempt,
-            tried,
-            on_tokens=ticket.tokens,
-            on_finish=finished,
+            failover, self.metrics, self.config.timeouts, attempt, on_finish=finished
         )
         try:
             return RelayResponse(relay, headers)
@@ -204,22 +195,19 @@ class CompletionService:
     async def _complete(
         self,
         watch: DisconnectWatch,
-        raw: dict[str, Any],
-        ctx: RequestContext,
+        failover: Failover,
         record: RequestRecord,
         headers: dict[str, str],
-        ticket: Ticket,
     ) -> Response:
-        tried: list[str] = []
+        ctx, ticket = failover.ctx, failover.hold
         tokens = 0
         try:
-            done = await watch.run(self.dispatcher.complete(raw, ctx, tried))
+            done = await watch.run(failover.complete())
             tokens = done.tokens
         except ClientGone:
             return client_gone(record)
         finally:
-            if tried:
-                record.backend = tried[-1]
+            record.backend = failover.backend or record.backend
             ticket.tokens(tokens)
             await ticket.close()
         record.tokens = tokens
