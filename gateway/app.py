@@ -31,11 +31,12 @@ from gateway.http.admin import add_admin_routes
 from gateway.http.admin_status import add_status_route
 from gateway.http.auth import Authenticator
 from gateway.http.errors import install_error_handlers
+from gateway.http.gate import AccessGate
 from gateway.http.keys import KeyCache
-from gateway.http.middleware import BodyGate, GatewayMiddleware
+from gateway.http.middleware import GatewayMiddleware
 from gateway.http.openapi import openapi_document
 from gateway.http.pages import add_page_routes
-from gateway.http.routes import add_api_routes, auth_before_validation
+from gateway.http.routes import add_api_routes
 from gateway.relay.dispatch import Dispatcher
 from gateway.request.completions import CompletionService
 from gateway.request.tiers import TIER_HEADER
@@ -92,11 +93,13 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     metrics = GatewayMetrics(router)
     store = build_store(config)
     keys = KeyCache(store, config.store.key_cache_s)
-    auth = Authenticator(keys, tenants, config.admin.key_sha256)
     caps = {b.name: b.max_concurrent or 0 for b in config.backends}
     admission = AdmissionController(config.admission, caps, store, router, metrics)
     telemetry = Telemetry(config.telemetry, config.limits, store, metrics)
     telemetry_tokens = TelemetryTokens(config.telemetry, store, tenants)
+    auth = Authenticator(
+        keys, tenants, telemetry_tokens, config.admin.key_sha256, config.metrics.token_sha256
+    )
     dispatcher = Dispatcher(router, metrics, config.timeouts, config.health.interval_s)
     service = CompletionService(
         config, router, admission, dispatcher, telemetry, telemetry_tokens, metrics
@@ -160,23 +163,21 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
         openapi_url="/openapi.json" if config.server.docs else None,
     )
     app.state.gateway = gateway
-    install_error_handlers(app, auth_first=auth_before_validation(auth))
+    install_error_handlers(app)
     add_api_routes(
         app,
-        auth=auth,
         service=service,
         router=router,
         telemetry_service=telemetry,
-        telemetry_tokens=telemetry_tokens,
         gateway_metrics=metrics,
     )
-    add_admin_routes(app, auth, tenants, store, keys)
-    add_status_route(app, auth, store, router, metrics, tenants)
+    add_admin_routes(app, tenants, store, keys)
+    add_status_route(app, store, router, metrics, tenants)
     add_page_routes(app)
     tiers, max_points = list(config.tiers), config.telemetry.max_points
     app.openapi = lambda: openapi_document(app, tiers, max_points)  # type: ignore[method-assign]
     # inside CORS: its 401 and 413 carry CORS headers
-    app.add_middleware(BodyGate, auth=auth, limits=config.limits, telemetry=config.telemetry)
+    app.add_middleware(AccessGate, auth=auth, limits=config.limits, telemetry=config.telemetry)
     if config.cors.allow_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -3,6 +3,7 @@ ASGI scope keeps them.
 
 - :class:`ResolvedTier`: the tier a request is served under (resolved by
   :mod:`gateway.request.tiers`).
+- :class:`Caller`: who made a request, as :mod:`gateway.http.auth` authenticated it.
 - :class:`RequestRecord`: made by the middleware when a request arrives; the route
   fills in its labels (tenant, tier, model, backend) and, at the end, how it went. The
   middleware counts and logs the request from it.
@@ -76,13 +77,24 @@ class StreamOutcome:
     error: str | None = None  # the message of the error event that ended it
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who made a request: a tenant (by its API key, or by a telemetry token), the operator
+    (the admin key), or nobody in particular (a route with no credential, or /metrics
+    with its token)."""
+
+    tenant: TenantConfig | None = None
+    admin: bool = False
+    report_on: str | None = None  # a telemetry token's request: the one it may report on
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """One HTTP request's labels and results, for the request counter and access log."""
 
     request_id: str
     received_at: float  # time.monotonic()
-    tenant: TenantConfig | None = None  # who the key belongs to, once authenticated
+    caller: Caller | None = None  # who is calling, once authenticated
     tenant_name: str = UNKNOWN
     tier: str = UNKNOWN
     model: str | None = None
@@ -94,9 +106,10 @@ class RequestRecord:
     qoe_monotone: float | None = None
     error: str | None = None
 
-    def authenticated(self, tenant: TenantConfig) -> None:
-        self.tenant = tenant
-        self.tenant_name = tenant.name
+    def authenticated(self, caller: Caller) -> None:
+        self.caller = caller
+        if caller.tenant is not None:
+            self.tenant_name = caller.tenant.name
 
     def finished_stream(self, result: StreamOutcome) -> None:
         self.backend = result.backend

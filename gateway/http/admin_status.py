@@ -20,7 +20,7 @@ from fastapi import FastAPI, Security
 from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
 from gateway.http.admin import admin_responses
-from gateway.http.auth import Authenticator
+from gateway.http.auth import admin_key
 from gateway.store import Store
 from gateway.telemetry.metrics import GatewayMetrics
 
@@ -83,7 +83,6 @@ async def status(
 
 def add_status_route(
     app: FastAPI,
-    auth: Authenticator,
     store: Store,
     router: Router,
     metrics: GatewayMetrics,
@@ -93,7 +92,7 @@ def add_status_route(
         "/v1/tokenpace/admin/status",
         tags=["admin"],
         summary="Backends, requests in flight and queued, fair share per tenant",
-        dependencies=[Security(auth.admin_dependency())],
+        dependencies=[Security(admin_key)],
         responses=admin_responses(401, 503),
     )
     async def admin_status() -> dict[str, Any]:

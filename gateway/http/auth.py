@@ -1,22 +1,70 @@
-"""Who is calling: a tenant by its API key, or the operator by the admin key.
+"""Who is calling: one authentication path for every route.
+
+Each route that needs a credential has an access rule (:func:`access_rule`): a tenant's
+API key, the admin key, either of them, a QoE report's credential (the API key, or the
+response's telemetry token, :mod:`gateway.telemetry.tokens`), or the metrics token.
+:class:`~gateway.http.gate.AccessGate` authenticates every request to such a route,
+before its body is read, with :meth:`Authenticator.caller` (a report without an API
+key: :meth:`Authenticator.reporter`, once its body is read) and leaves the
+:class:`~gateway.context.Caller` on the request's record, where the routes read it
+(:func:`caller_of`). The route dependencies below only name the credential in the
+OpenAPI document.
 
 ``Authorization: Bearer KEY``: a tenant's key is looked up by its SHA-256 digest in
-the store (cached per replica, :class:`~gateway.http.keys.KeyCache`); the admin key is
-compared with ``admin.key_sha256`` in constant time.
+the store (cached per replica, :class:`~gateway.http.keys.KeyCache`); the admin key and
+the metrics token are compared with their digests in constant time.
 """
 
 from __future__ import annotations
 
+import enum
 import hmac
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gateway.config.schema import TenantConfig, hash_key
+from gateway.context import Caller, request_record
 from gateway.errors import unauthorized
 from gateway.http.keys import KeyCache
+from gateway.telemetry.errors import missing_telemetry_credentials
+from gateway.telemetry.tokens import BODY_FIELD, TOKEN_HEADER, TelemetryTokens, split_token
+
+ADMIN_PREFIX = "/v1/tokenpace/admin/"
+TELEMETRY_PATH = "/v1/tokenpace/telemetry"
+QOE_PATH = "/v1/tokenpace/qoe"
+METRICS_PATH = "/metrics"
+
+
+class Access(enum.Enum):
+    """The credential a route asks for."""
+
+    TENANT = "a tenant's API key"
+    ADMIN = "the admin key"
+    TENANT_OR_ADMIN = "a tenant's API key or the admin key"
+    REPORT = "a tenant's API key or the request's telemetry token"
+    METRICS = "the metrics token, when one is configured"
+
+
+_ROUTES = {
+    "/v1/chat/completions": Access.TENANT,
+    "/v1/completions": Access.TENANT,
+    "/v1/models": Access.TENANT,
+    TELEMETRY_PATH: Access.REPORT,
+    QOE_PATH: Access.TENANT_OR_ADMIN,
+    METRICS_PATH: Access.METRICS,
+}
+
+
+def access_rule(path: str) -> Access | None:
+    """What ``path`` asks of its caller, for every method; None: nothing (a public route,
+    or no route at all)."""
+    if path.startswith(ADMIN_PREFIX):
+        return Access.ADMIN
+    return _ROUTES.get(path)
+
 
 tenant_bearer = HTTPBearer(
     auto_error=False,
@@ -44,19 +92,49 @@ def matches(authorization: str | None, digest: str | None) -> bool:
 
 
 class Authenticator:
-    """Tenants by API key, the operator by the admin key."""
+    """Tenants by API key or telemetry token, the operator by the admin key, the metrics
+    scraper by the metrics token."""
 
     def __init__(
-        self, keys: KeyCache, tenants: Mapping[str, TenantConfig], admin_digest: str | None
+        self,
+        keys: KeyCache,
+        tenants: Mapping[str, TenantConfig],
+        tokens: TelemetryTokens,
+        admin_digest: str | None,
+        metrics_digest: str | None,
     ) -> None:
         self.keys = keys
         self.tenants = tenants
+        self.tokens = tokens
         self.admin_digest = admin_digest
+        self.metrics_digest = metrics_digest
 
-    def is_admin(self, authorization: str | None) -> bool:
-        return matches(authorization, self.admin_digest)
+    async def caller(self, rule: Access, authorization: str | None) -> Caller:
+        """The caller ``rule`` admits with the ``Authorization`` header, else 401
+        (StoreUnavailable when a tenant's key cannot be looked up)."""
+        if rule is Access.ADMIN:
+            if not matches(authorization, self.admin_digest):
+                raise unauthorized("This route needs the gateway's admin key.")
+            return Caller(admin=True)
+        if rule is Access.METRICS:
+            digest = self.metrics_digest
+            if digest is not None and not matches(authorization, digest):
+                raise unauthorized("/metrics needs the metrics token: Authorization: Bearer TOKEN.")
+            return Caller()
+        if rule is Access.TENANT_OR_ADMIN and matches(authorization, self.admin_digest):
+            return Caller(admin=True)
+        return Caller(tenant=await self._tenant(authorization))
 
-    async def tenant(self, authorization: str | None) -> TenantConfig:
+    async def reporter(self, headers: Mapping[str, str], body: bytes) -> tuple[Caller, bytes]:
+        """A QoE report's caller by its telemetry token (the header, else the body's
+        field), and the body without the field; 401 without a valid token."""
+        sent = split_token(headers, body)
+        if sent.token is None:
+            raise missing_telemetry_credentials(TOKEN_HEADER, BODY_FIELD)
+        claims = await self.tokens.verify(sent.token)
+        return Caller(tenant=self.tenants[claims.tenant], report_on=claims.request_id), sent.body
+
+    async def _tenant(self, authorization: str | None) -> TenantConfig:
         """The tenant owning the Bearer key, else 401 (StoreUnavailable: no store)."""
         if not authorization:
             raise unauthorized(
@@ -72,14 +150,34 @@ class Authenticator:
             raise unauthorized("Incorrect API key provided.")
         return tenant
 
-    def admin_dependency(self) -> Callable[..., Awaitable[None]]:
-        """A route dependency: 401 unless the request carries the admin key."""
 
-        async def require_admin(
-            request: Request,
-            credentials: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)],
-        ) -> None:
-            if not self.is_admin(request.headers.get("authorization")):
-                raise unauthorized("This route needs the gateway's admin key.")
+def caller_of(request: Request) -> Caller:
+    """The caller :class:`~gateway.http.gate.AccessGate` authenticated for this request."""
+    caller = request_record(request.scope).caller
+    assert caller is not None, "every route with an access rule is authenticated by the gate"
+    return caller
 
-        return require_admin
+
+def tenant_of(request: Request) -> TenantConfig:
+    """The tenant calling a route of :attr:`Access.TENANT` (authenticated by the gate)."""
+    tenant = caller_of(request).tenant
+    assert tenant is not None, "a tenant's route admits tenants only"
+    return tenant
+
+
+# Route dependencies: they name the credential in the OpenAPI document (the gate has
+# already checked it).
+
+
+async def tenant_key(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(tenant_bearer)],
+) -> TenantConfig:
+    """The calling tenant (:func:`tenant_of`), for a route documented with the tenant key."""
+    return tenant_of(request)
+
+
+async def admin_key(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(admin_bearer)],
+) -> None:
+    """Documents a route's admin key (the gate checked it)."""

@@ -4,7 +4,6 @@ handlers that answer every error in OpenAI's shape."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,16 +30,9 @@ def too_large(limit: int) -> GatewayError:
     )
 
 
-ValidationAuthHook = Callable[[Request], Awaitable[None]]
-
-
-def install_error_handlers(app: FastAPI, auth_first: ValidationAuthHook | None = None) -> None:
-    """Answer every error in OpenAI's shape.
-
-    ``auth_first`` runs before a validation error is reported, so a request that is both
-    unauthenticated and malformed gets 401 (FastAPI parses the body before running the
-    authentication dependency).
-    """
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error in OpenAI's shape (a validation error only ever reaches an
+    authenticated request: :class:`~gateway.http.gate.AccessGate` runs first)."""
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -52,11 +44,6 @@ def install_error_handlers(app: FastAPI, auth_first: ValidationAuthHook | None =
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        if auth_first is not None:
-            try:
-                await auth_first(request)
-            except GatewayError as auth_exc:
-                return auth_exc.response()
         return validation_error(exc.errors()).response()
 
     @app.exception_handler(StarletteHTTPException)

@@ -1,56 +1,40 @@
-"""The gateway's two pure-ASGI middlewares.
+"""The outermost middleware: what every HTTP request gets, whatever its route.
 
-- :class:`GatewayMiddleware`, outermost: the request's :class:`~gateway.context.RequestRecord`
-  (id, receipt time), the ``X-Request-Id`` response header, the request counter, the
-  in-flight gauge, the access log line, and who may read ``/metrics``.
-- :class:`BodyGate`, inside CORS: authentication from the headers before the body is
-  read, then the body within its limit (413 before it is parsed).
+:class:`GatewayMiddleware`: the request's :class:`~gateway.context.RequestRecord` (id,
+receipt time), the ``X-Request-Id`` response header, the request counter, the in-flight
+gauge, the access log line, and ``/metrics`` only on its port (``metrics.port``). Who
+may call a route is :class:`~gateway.http.gate.AccessGate`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
 
-from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.config.schema import LimitsConfig, MetricsConfig, TelemetryConfig
-from gateway.context import RECORD_KEY, SERVER_SEND_KEY, RequestRecord, request_record
-from gateway.errors import GatewayError, unauthorized
-from gateway.http.admin import ADMIN_PREFIX
-from gateway.http.auth import Authenticator, matches
-from gateway.http.errors import not_found, too_large
-from gateway.request.disconnect import ClientGone
-from gateway.store import StoreUnavailable, store_unavailable
+from gateway.config.schema import MetricsConfig
+from gateway.context import RECORD_KEY, SERVER_SEND_KEY, RequestRecord
+from gateway.errors import GatewayError
+from gateway.http.auth import METRICS_PATH
+from gateway.http.errors import not_found
 from gateway.telemetry.logs import request_id_var
 from gateway.telemetry.metrics import GatewayMetrics, series
 
 access_log = logging.getLogger("tokenpace.gateway.access")
 
-TELEMETRY_PATH = "/v1/tokenpace/telemetry"
-METRICS_PATH = "/metrics"
 API_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
     "/v1/models": "models",
     "/v1/tokenpace/telemetry": "telemetry",
 }
-_BODY_METHODS = {"POST", "PUT", "PATCH"}
-
-
-def header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
 
 
 class GatewayMiddleware:
     """Request id, receipt time, X-Request-Id, request metrics, access log; ``/metrics``
-    only where ``metrics`` allows it (its own port, or its token).
+    only on its own port, when ``metrics.port`` is set.
 
     Every middleware of the stack (this one, CORS, Starlette's error handlers) acts on a
     response's start alone and passes its body messages through unchanged; the server's
@@ -92,7 +76,7 @@ class GatewayMiddleware:
         if gauge is not None:
             gauge.inc()
         try:
-            refusal = self._metrics_refusal(scope, path)
+            refusal = self._port_refusal(scope, path)
             if refusal is not None:
                 await refusal.response()(scope, receive, send_with_id)
                 return
@@ -125,117 +109,12 @@ class GatewayMiddleware:
         extra["duration_s"] = round(time.monotonic() - record.received_at, 6)
         access_log.info("request finished", extra=extra)
 
-    def _metrics_refusal(self, scope: Scope, path: str) -> GatewayError | None:
-        """Why this request may not have ``/metrics`` (or, on the metrics port, anything else)."""
+    def _port_refusal(self, scope: Scope, path: str) -> GatewayError | None:
+        """404 for ``/metrics`` off the metrics port, and for anything else on it."""
         cfg = self.cfg
         if cfg.port is not None:
             server = scope.get("server") or (None, None)
             on_metrics_port = server[1] == cfg.port
             if on_metrics_port != (path == METRICS_PATH):
                 return not_found(scope.get("method", "GET"), path)
-        if (
-            path == METRICS_PATH
-            and cfg.token_sha256 is not None
-            and not matches(header(scope, b"authorization"), cfg.token_sha256)
-        ):
-            return unauthorized("/metrics needs the metrics token: Authorization: Bearer TOKEN.")
         return None
-
-
-class BodyGate:
-    """Authenticate from the headers, then read the body within its limit.
-
-    A request with a body is authenticated before a byte of it is read (401 else), so an
-    unauthenticated client never costs the gateway body memory: a tenant key on the API
-    routes, the admin key on ``/v1/tokenpace/admin/*``. The one exception is the
-    telemetry route without an ``Authorization`` header: a report may carry its own
-    credential inside its body (a browser beacon cannot set headers), so that body is
-    read, within ``telemetry.max_body_bytes``, and its route decides. Routes the
-    gateway does not have never have their body read. The body is read whole (413 past
-    the limit, before any parsing) and replayed to the app; later ``receive()`` calls go
-    to the server, so the app still sees ``http.disconnect``. Inside CORS, so its
-    refusals carry the CORS headers a browser needs to read them.
-    """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        auth: Authenticator,
-        limits: LimitsConfig,
-        telemetry: TelemetryConfig,
-    ) -> None:
-        self.app = app
-        self.auth = auth
-        self.max_body = limits.max_body_bytes
-        self.max_report = min(limits.max_body_bytes, telemetry.max_body_bytes)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-        auth = header(scope, b"authorization")
-        limit = self.max_report if path == TELEMETRY_PATH else self.max_body
-        try:
-            if path.startswith(ADMIN_PREFIX):
-                if not self.auth.is_admin(auth):
-                    raise unauthorized("This route needs the gateway's admin key.")
-            elif path == TELEMETRY_PATH and not auth:
-                pass  # the report's own credential, if any, is inside the body
-            elif path in API_ENDPOINTS:
-                request_record(scope).authenticated(await self.auth.tenant(auth))
-            else:
-                await self.app(scope, receive, send)  # no such route: the body is never read
-                return
-        except GatewayError as exc:
-            await exc.response()(scope, receive, send)
-            return
-        except StoreUnavailable:
-            await store_unavailable().response()(scope, receive, send)
-            return
-        try:
-            body = await _read_body(scope, receive, limit)
-        except ClientGone:
-            await Response(status_code=499)(scope, receive, send)  # counted; nobody reads it
-            return
-        if body is None:
-            await too_large(limit).response()(scope, receive, send)
-            return
-        await self.app(scope, _replay(body, receive), send)
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    """The whole body, or None when it is (or announces being) larger than ``limit``;
-    raises :class:`ClientGone` when the client went away before its end."""
-    length = header(scope, b"content-length")
-    if length is not None:
-        with contextlib.suppress(ValueError):
-            if int(length) > limit:
-                return None
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        part = message.get("body", b"")
-        size += len(part)
-        if size > limit:
-            return None
-        chunks.append(part)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header
 from fastapi.openapi.utils import get_openapi
 
-from gateway.http.middleware import TELEMETRY_PATH
+from gateway.http.auth import TELEMETRY_PATH
 from gateway.request.schemas import ErrorResponse
 from gateway.request.tiers import TIER_HEADER
 from gateway.telemetry.reports import TelemetryReport

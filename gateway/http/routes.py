@@ -6,8 +6,8 @@
 (:mod:`gateway.telemetry.reports`). Administration is in :mod:`gateway.http.admin`.
 """
 
-# No `from __future__ import annotations`: the routes' annotations name the local
-# dependency `tenant_of`, which FastAPI must evaluate where the routes are defined.
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations (their
+# parameters and dependencies) where the routes are defined.
 
 from typing import Annotated, Any
 
@@ -19,8 +19,7 @@ from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
 from gateway.context import request_record
 from gateway.errors import forbidden
-from gateway.http.auth import Authenticator, tenant_bearer
-from gateway.http.middleware import API_ENDPOINTS
+from gateway.http.auth import caller_of, tenant_bearer, tenant_key, tenant_of
 from gateway.http.openapi import (
     ERROR_RESPONSES,
     STORE_DOWN,
@@ -39,66 +38,27 @@ from gateway.request.schemas import (
     Model,
     ModelList,
 )
-from gateway.telemetry.errors import missing_telemetry_credentials
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.reports import Telemetry, check_size
-from gateway.telemetry.tokens import BODY_FIELD, TOKEN_HEADER, TelemetryTokens, split_token
-
-
-async def caller(auth: Authenticator, request: Request) -> TenantConfig:
-    """The caller's tenant: BodyGate's, for a request with a body (it authenticated before
-    reading it), else from the ``Authorization`` header."""
-    record = request_record(request.scope)
-    tenant = record.tenant
-    if tenant is None:
-        tenant = await auth.tenant(request.headers.get("authorization"))
-        record.authenticated(tenant)
-    return tenant
-
-
-def tenant_dependency(auth: Authenticator) -> Any:
-    """The route dependency giving the caller's tenant (:func:`caller`)."""
-
-    async def tenant_of(
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(tenant_bearer)],
-    ) -> TenantConfig:
-        return await caller(auth, request)
-
-    return tenant_of
-
+from gateway.telemetry.reports import Telemetry
+from gateway.telemetry.tokens import TOKEN_HEADER
 
 # The completion routes name the tenant key in the OpenAPI document without running
 # ``tenant_bearer`` as a dependency: two fewer levels of FastAPI's dependency solving
-# per request, on the gateway's hottest routes. They read the tenant with ``caller``.
+# per request, on the gateway's hottest routes. They read the tenant with ``tenant_of``.
 TENANT_KEY_REQUIRED: dict[str, Any] = {"security": [{tenant_bearer.scheme_name: []}]}
-
-
-def auth_before_validation(auth: Authenticator) -> Any:
-    """Authentication before a validation error (FastAPI parses the body first)."""
-
-    async def check(request: Request) -> None:
-        if request.url.path in API_ENDPOINTS:
-            record = request_record(request.scope)
-            if record.tenant is None:
-                record.authenticated(await auth.tenant(request.headers.get("authorization")))
-
-    return check
 
 
 def add_api_routes(
     app: FastAPI,
     *,
-    auth: Authenticator,
     service: CompletionService,
     router: Router,
     telemetry_service: Telemetry,
-    telemetry_tokens: TelemetryTokens,
     gateway_metrics: GatewayMetrics,
 ) -> None:
-    tenant_of = tenant_dependency(auth)
+    """The OpenAI API, operations and tokenpace's own routes; every caller was
+    authenticated by :class:`~gateway.http.gate.AccessGate` (:mod:`gateway.http.auth`)."""
     reports = telemetry_service
-    max_report_bytes = reports.cfg.max_body_bytes
 
     @app.post(
         "/v1/chat/completions",
@@ -112,9 +72,8 @@ def add_api_routes(
         request: Request, body: ChatCompletionRequest, x_tokenpace_tier: TierHeader = None
     ) -> Response:
         record = request_record(request.scope)
-        tenant = await caller(auth, request)
         return await service.serve(
-            request, record, "chat.completions", body, tenant, x_tokenpace_tier
+            request, record, "chat.completions", body, tenant_of(request), x_tokenpace_tier
         )
 
     @app.post(
@@ -129,8 +88,9 @@ def add_api_routes(
         request: Request, body: CompletionRequest, x_tokenpace_tier: TierHeader = None
     ) -> Response:
         record = request_record(request.scope)
-        tenant = await caller(auth, request)
-        return await service.serve(request, record, "completions", body, tenant, x_tokenpace_tier)
+        return await service.serve(
+            request, record, "completions", body, tenant_of(request), x_tokenpace_tier
+        )
 
     @app.get(
         "/v1/models",
@@ -139,7 +99,7 @@ def add_api_routes(
         response_model=ModelList,
         responses={401: ERROR_RESPONSES[401], 503: STORE_DOWN},
     )
-    async def models(tenant: Annotated[TenantConfig, Security(tenant_of)]) -> ModelList:
+    async def models(tenant: Annotated[TenantConfig, Security(tenant_key)]) -> ModelList:
         return ModelList(data=[Model(**card) for card in router.model_cards()])
 
     @app.get(
@@ -222,18 +182,8 @@ def add_api_routes(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(tenant_bearer)],
     ) -> JSONResponse:
         """With the API key, or the response's telemetry token (header, or in the body)."""
-        body = await request.body()
-        if request.headers.get("authorization"):  # the key BodyGate checked before the body
-            tenant = await tenant_of(request, credentials)
-            result = await reports.report(tenant.name, body)
-        else:
-            check_size(body, max_report_bytes)
-            sent = split_token(request.headers, body)
-            if sent.token is None:
-                raise missing_telemetry_credentials(TOKEN_HEADER, BODY_FIELD)
-            claims = await telemetry_tokens.verify(sent.token)
-            request_record(request.scope).tenant_name = claims.tenant
-            result = await reports.report(claims.tenant, sent.body, claims.request_id)
+        tenant, token_for = tenant_of(request), caller_of(request).report_on
+        result = await reports.report(tenant.name, await request.body(), token_for)
         return JSONResponse(result, status_code=200 if result["stored"] else 202)
 
     @app.get(
@@ -255,10 +205,9 @@ def add_api_routes(
         tenant: Annotated[str | None, Query(description="one tenant (admin key only)")] = None,
     ) -> dict[str, Any]:
         window_s = min(window or reports.cfg.window_s, reports.cfg.retention_s)
-        authorization = request.headers.get("authorization")
-        if not auth.is_admin(authorization):
-            caller = await auth.tenant(authorization)
-            if tenant is not None and tenant != caller.name:
+        caller = caller_of(request)
+        if caller.tenant is not None:  # not the admin
+            if tenant is not None and tenant != caller.tenant.name:
                 raise forbidden("Only the admin key may read another tenant's QoE.", "tenant")
-            tenant = caller.name
+            tenant = caller.tenant.name
         return await reports.summary(tenant, window_s)
