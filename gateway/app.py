@@ -4,7 +4,7 @@ Each component gets the narrow dependencies it uses (a configuration section, th
 store, the router, the metrics); nothing below this module reaches for the others. A
 request goes through the HTTP server's connection limits (:mod:`gateway.runtime.server`),
 :class:`~gateway.http.middleware.GatewayMiddleware`, CORS,
-:class:`~gateway.http.middleware.BodyGate`, then its route (:mod:`gateway.http.routes`,
+:class:`~gateway.http.gate.AccessGate`, then its route (:mod:`gateway.http.routes`,
 :mod:`gateway.http.admin`). docs/architecture.md describes the whole path.
 """
 

@@ -117,7 +117,7 @@ class HttpBackend(Backend):
         }
         self._stream_header_items: list[tuple[bytes, bytes]] = []  # with the client's, at start
         # A stream has no read timeout: the caller bounds the wait for the response
-        # headers (Dispatcher.open_stream) and the relay the first-chunk and
+        # headers (Failover.open_stream) and the relay the first-chunk and
         # between-chunk gaps; a per-read timer here would cost every chunk.
         self._stream_timeout = httpx.Timeout(
             connect=timeouts.connect_s, read=None, write=timeouts.connect_s, pool=timeouts.connect_s

@@ -7,7 +7,7 @@ admission (:mod:`gateway.admission`: 429, or a wait in the fair-share queue for 
 backend slot, held until the response ends), then the backend: streaming through
 :class:`~gateway.relay.streaming.StreamRelay` in a
 :class:`~gateway.relay.response.RelayResponse`, non-streaming through
-:meth:`~gateway.relay.dispatch.Dispatcher.complete`, both with failover before the
+:meth:`~gateway.relay.dispatch.Failover.complete`, both with failover before the
 first byte.
 """
 
