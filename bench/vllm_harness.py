@@ -1,6 +1,6 @@
 """Real vLLM servers behind the tokenpace gateway, driven by the official openai client.
 
-Shared by ``bench/vllm_compare.py`` and ``tests/test_vllm_e2e.py``:
+Shared by ``bench/vllm_compare.py`` and ``tests/qos/vllm/test_e2e.py``:
 
 - :class:`VllmServer`: ``python -m vllm.entrypoints.openai.api_server`` as a subprocess
   (in its own process group, stopped with SIGTERM then SIGKILL), with the qos plugin

@@ -22,7 +22,7 @@ class RelayResponse(EventSourceResponse):
     body messages, which every middleware passes through unchanged, go straight to the
     server's ``send`` (:func:`gateway.context.server_send`). This overrides
     sse-starlette's private ``_stream_response`` (pinned in pyproject.toml to the version
-    it was tested with; tests/test_dependency_interfaces.py).
+    it was tested with; tests/gateway/test_dependency_interfaces.py).
     """
 
     def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:

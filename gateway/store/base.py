@@ -3,7 +3,7 @@
 Two implementations with the same behaviour: :class:`gateway.store.memory.MemoryStore`
 (one process; also the local fallback while Redis is down) and
 :class:`gateway.store.redis.RedisStore` (shared by every replica; each operation is one
-Lua script, so every read-modify-write is atomic). ``tests/test_gateway_store.py`` runs one
+Lua script, so every read-modify-write is atomic). ``tests/gateway/store/test_stores.py`` runs one
 suite against both. Operations are coarse on purpose: one call is one round trip.
 
 Fair share is the Virtual Token Counter of the VTC slides (Sheng et al.,

@@ -10,7 +10,7 @@ burst never gets more than the limit in any minute, wherever the minute boundary
 Token budgets are a quota per fixed period (``budget_period_s``, a day by default).
 
 The stores apply these rules: :mod:`gateway.store.memory` with the functions below,
-:mod:`gateway.store.redis` in Lua (the same arithmetic; ``tests/test_gateway_store.py`` runs
+:mod:`gateway.store.redis` in Lua (the same arithmetic; ``tests/gateway/store/test_stores.py`` runs
 the same cases against both). Tokens are prompt tokens (estimated at admission) plus
 output tokens as they stream; a request is admitted when its prompt plus its expected
 output fits (OpenAI's rule for ``max_tokens``).

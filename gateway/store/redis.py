@@ -3,7 +3,7 @@
 The scripts are the atomic form of :class:`qos.fairness.VirtualTokenCounter` (enqueue
 with counter lift, dequeue, charge; ``w_p``/``w_q`` are passed in from
 :mod:`qos.fairness`, never written here) and of :mod:`gateway.store.ratelimit`'s windows;
-``tests/test_gateway_store.py`` checks them against the Python on the same events. Times are
+``tests/gateway/store/test_stores.py`` checks them against the Python on the same events. Times are
 the Redis server's (``TIME``), so replicas need no synchronised clocks.
 
 Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot):

@@ -118,7 +118,7 @@ def observe_many(histogram: Histogram, values: Iterable[float]) -> None:
     ``observe`` takes a lock for the sum and one for the bucket on every call; the relay
     has one gap per token. This counts them first and adds each bucket once, through
     prometheus-client's ``_upper_bounds``, ``_buckets`` and ``_sum`` (pinned in
-    pyproject.toml; ``tests/test_dependency_interfaces.py`` checks it against
+    pyproject.toml; ``tests/gateway/test_dependency_interfaces.py`` checks it against
     ``observe``).
     """
     bounds = histogram._upper_bounds  # ascending, the last +Inf
