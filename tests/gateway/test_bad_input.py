@@ -9,15 +9,8 @@ import pytest
 import pytest_asyncio
 
 from gateway.backends import InProcessBackend
-from tests.support.gateway import (
-    KEY,
-    KEY_BASIC,
-    MODEL,
-    backend_entry,
-    gateway,
-    make_config,
-    upstream,
-)
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import KEY, KEY_BASIC, backend_entry, gateway, make_config
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 

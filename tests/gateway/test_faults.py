@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.support.ports import free_port
 from tests.support.process import KEY, Process, gateway_process, upstream_process
-from tests.support.redis_server import free_port
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 

@@ -9,7 +9,8 @@ import json
 
 import openai
 
-from tests.support.gateway import KEY, MODEL, backend_entry, gateway_in_thread, make_config
+from tests.support.fake_upstream import MODEL
+from tests.support.gateway import KEY, backend_entry, gateway_in_thread, make_config
 
 MESSAGES = [{"role": "user", "content": "Hello!"}]
 

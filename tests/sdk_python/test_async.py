@@ -21,7 +21,8 @@ from tokenpace_client.qoe import digestion_starts, token_times
 from tokenpace_client.telemetry import TOKEN_HEADER
 
 from gateway.config.schema import DEMO_MODEL
-from tests.support.gateway import KEY, MODEL, backend_entry, gateway, make_config, upstream
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import KEY, backend_entry, gateway, make_config
 from tests.support.sdk_python import HELLO, RecordingTransport, embedded_config, sequences
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -98,8 +98,9 @@ def test_close_makes_the_gateway_see_the_disconnect_within_100_ms(gw):
     assert sequences(gw) == 1  # still being generated (about 20 s of it)
     started = time.monotonic()
     stream.close()
-    gone = wait_until(lambda: sequences(gw) == 0, 1.0) + (time.monotonic() - started)
-    assert gone < 0.1, gone
+    assert wait_until(lambda: sequences(gw) == 0, 1.0) < 1.0  # the engine aborted it
+    gone = time.monotonic() - started  # close() and the wait after it, counted once
+    assert gone < 0.1, gone  # ~2-10 ms here with the load average near 3
     assert stream.outcome == "aborted"
 
 
@@ -111,7 +112,8 @@ def test_leaving_with_and_breaking_out_close_the_upstream(gw):
         for _ in stream:
             break
         started = time.monotonic()
-    assert wait_until(lambda: sequences(gw) == 0, 1.0) + (time.monotonic() - started) < 0.1
+    assert wait_until(lambda: sequences(gw) == 0, 1.0) < 1.0
+    assert time.monotonic() - started < 0.1  # leaving the block and the wait, counted once
     # breaking out of a paced stream nothing else holds drops it: the upstream is closed
     raw = openai.OpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0)
     upstream = raw.chat.completions.create(

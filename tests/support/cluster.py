@@ -17,7 +17,9 @@ import httpx
 
 from gateway.config.loader import parse_config
 from gateway.config.schema import GatewayConfig
-from tests.support.gateway import MODEL, FakeUpstream, Gateway, gateway, run_server
+from tests.support.fake_upstream import MODEL, FakeUpstream
+from tests.support.gateway import Gateway, gateway
+from tests.support.servers import run_server
 
 
 class CappedUpstream(FakeUpstream):

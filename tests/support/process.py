@@ -18,7 +18,7 @@ import psutil
 import yaml
 
 from tests.support.paths import ROOT
-from tests.support.redis_server import free_port
+from tests.support.ports import free_port
 
 KEY = "tp-fault-key-acme-0001"
 

@@ -11,7 +11,8 @@ from typing import Any
 from gateway.app import create_app
 from gateway.backends.http import vllm_gauge
 from tests.support.cluster import CappedUpstream, chat, cluster_config, replicas
-from tests.support.gateway import Gateway, run_server
+from tests.support.gateway import Gateway
+from tests.support.servers import run_server
 
 KEY = "key-acme-00000000"
 TENANTS = [{"name": "acme", "api_keys": [KEY]}]

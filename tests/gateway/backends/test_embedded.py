@@ -13,7 +13,6 @@ import asyncio
 import gc
 import os
 import re
-import socket
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,9 @@ from gateway.config.schema import DEMO_MODEL, ConfigError
 from gateway.context import RequestContext, ResolvedTier
 from qos.policy.andes import Andes
 from qos.prompt_tokens import estimate_text_tokens
-from tests.support.gateway import KEY, eventually, gateway, make_config
+from tests.support.gateway import KEY, gateway, make_config
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 SMALL = "tokenpace-sim-small"
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -375,9 +376,7 @@ async def test_bad_options_name_the_key(tmp_path: Path):
 
 
 async def test_serve_without_config_starts_the_demo():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {
         k: v for k, v in os.environ.items() if k not in ("TOKENPACE_CONFIG", "TOKENPACE_DEMO_KEY")
     }

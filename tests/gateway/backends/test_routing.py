@@ -17,17 +17,9 @@ from gateway.backends.routing import Router
 from gateway.config.loader import parse_config
 from gateway.config.schema import BACKEND_KINDS, ConfigError
 from gateway.telemetry.logs import JsonFormatter, RequestIdFilter, request_id_var
-from tests.support.gateway import (
-    KEY,
-    MODEL,
-    backend_entry,
-    data_events,
-    eventually,
-    gateway,
-    make_config,
-    sse_lines,
-    upstream,
-)
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import KEY, backend_entry, data_events, gateway, make_config, sse_lines
+from tests.support.waiting import eventually
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

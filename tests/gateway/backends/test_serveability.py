@@ -4,7 +4,6 @@ meets, from `tokenpace check-config` and from `tokenpace serve` at start-up."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from gateway.backends.serveability import unservable_tiers
 from gateway.cli import check_config
 from gateway.config.loader import parse_config
 from tests.support.paths import EXAMPLES
+from tests.support.ports import free_port
 
 CONFIG = """
 tenants:
@@ -52,12 +52,6 @@ def test_check_config_warns_and_still_passes(tmp_path: Path, capsys):
     captured = capsys.readouterr()
     assert "OK" in captured.out
     assert f"{path}: warning: tier 'fast' promises 25 tokens/s" in captured.err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_warns_at_start_up(tmp_path: Path):

@@ -15,8 +15,8 @@ import pytest
 from gateway.cli import add_gateway_commands, banner, check_config, load_serve_config
 from gateway.config.loader import demo_config, load_config, parse_config
 from gateway.config.schema import DEFAULT_TIERS, ConfigError, hash_key
-from tests.support.gateway import free_port
 from tests.support.paths import ROOT
+from tests.support.ports import free_port
 
 GOOD_YAML = """
 server: {host: 0.0.0.0, port: 9000}

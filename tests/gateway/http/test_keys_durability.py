@@ -10,8 +10,8 @@ import logging
 
 from gateway.config.schema import hash_key
 from tests.support.cluster import capped_upstream, cluster_config, replicas
-from tests.support.gateway import eventually
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import eventually
 
 ADMIN = "admin-key-0000001"
 KEY = "key-acme-00000000"

@@ -3,7 +3,8 @@ tests/gateway/test_faults.py, which runs the gateway as a process)."""
 
 from __future__ import annotations
 
-from tests.support.gateway import backend_entry, gateway, make_config, upstream
+from tests.support.fake_upstream import upstream
+from tests.support.gateway import backend_entry, gateway, make_config
 
 TOKEN = "metrics-token-000001"
 

@@ -30,7 +30,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.app import create_app
-from tests.support.gateway import KEY, MODEL, backend_entry, gateway_in_thread, make_config
+from tests.support.fake_upstream import MODEL
+from tests.support.gateway import KEY, backend_entry, gateway_in_thread, make_config
 
 ADMIN = "admin-key-0000001"
 EXAMPLES = 100

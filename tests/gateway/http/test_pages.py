@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from gateway.http.pages import WEBUI_DIR_ENV
-from tests.support.gateway import KEY, MODEL, backend_entry, gateway, make_config, upstream
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import KEY, backend_entry, gateway, make_config
 
 ADMIN = "admin-key-0000001"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -19,17 +19,9 @@ import openai
 import pytest
 
 from tests.support.cluster import capped_upstream
-from tests.support.gateway import (
-    KEY,
-    MODEL,
-    FakeUpstream,
-    Gateway,
-    backend_entry,
-    free_port,
-    gateway,
-    make_config,
-    upstream,
-)
+from tests.support.fake_upstream import MODEL, FakeUpstream, upstream
+from tests.support.gateway import KEY, Gateway, backend_entry, gateway, make_config
+from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -18,17 +18,10 @@ from gateway.backends.routing import Lease
 from gateway.backends.sse import HttpChunkStream
 from gateway.relay.dispatch import Attempt, Failover
 from gateway.relay.streaming import StreamRelay
-from tests.support.gateway import (
-    MODEL,
-    backend_entry,
-    data_events,
-    eventually,
-    free_port,
-    gateway,
-    make_config,
-    sse_lines,
-    upstream,
-)
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import backend_entry, data_events, gateway, make_config, sse_lines
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.gateway import KEY, MODEL, backend_entry, gateway, make_config, upstream
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import KEY, backend_entry, gateway, make_config
 
 LIMITS = {"header_timeout_s": 0.5, "body_timeout_s": 0.5, "max_connections": 6}
 

@@ -27,8 +27,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.cli import serve
 from gateway.runtime.workers import PUBLISH_INTERVAL_S
+from tests.support.ports import free_port
 from tests.support.process import Process
-from tests.support.redis_server import RedisServer, free_port
+from tests.support.redis_server import RedisServer
 
 KEY = "tp-workers-key-acme-0001"
 ADMIN_KEY = "tp-workers-admin-0001"

@@ -10,8 +10,9 @@ import redis.asyncio as aioredis
 
 from gateway.config.schema import hash_key
 from tests.support.cluster import Log, capped_upstream, chat, cluster_config, replicas, stream_once
-from tests.support.gateway import eventually
-from tests.support.redis_server import RedisServer, free_port
+from tests.support.ports import free_port
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import eventually
 
 KEY = "key-acme-00000000"
 TENANTS = [{"name": "acme", "api_keys": [KEY]}]

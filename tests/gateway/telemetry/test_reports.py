@@ -8,15 +8,8 @@ import json
 import pytest
 
 from qos.metrics import andes_qoe, monotone_qoe
-from tests.support.gateway import (
-    KEY,
-    KEY_BASIC,
-    MODEL,
-    backend_entry,
-    gateway,
-    make_config,
-    upstream,
-)
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import KEY, KEY_BASIC, backend_entry, gateway, make_config
 
 ADMIN = "admin-key-0000001"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}

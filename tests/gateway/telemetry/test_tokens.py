@@ -15,7 +15,9 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from gateway.telemetry.tokens import TOKEN_HEADER, TokenClaims, sign, verify
-from tests.support.gateway import MODEL, backend_entry, gateway, make_config, run_server, upstream
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import backend_entry, gateway, make_config
+from tests.support.servers import run_server
 
 SECRET = "s" * 40
 URL = "/v1/tokenpace/telemetry"
