@@ -37,6 +37,10 @@ this process are pinned to the first half of the CPUs and the proxies to the oth
 half, as a proxy on hosts of its own would run: its CPU use does not slow the
 upstream or the client, and direct is measured on the same CPUs.
 
+``--baseline DIR`` also measures the gateway of another checkout (``gateway-base``: that
+tree's ``gateway`` package run with this environment, e.g. an older commit in a git
+worktree) in every phase, next to this one's, and reports the two repeat by repeat.
+
 ``--workers 1,2`` measures the gateway once per worker count, side by side in the same
 run (``gateway`` is the single process, ``gateway-2w`` ``tokenpace serve --workers 2``).
 A gateway of more workers than the proxy half has CPUs is pinned to every CPU: on two
@@ -261,92 +265,73 @@ class Bench:
         self.skipped: dict[str, str] = {}
         self.redis: Server | None = None
 
+    def launch(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        ready_path: str,
+        cpus: set[int] | None,
+        *,
+        env: dict[str, str] | None = None,
+        source: Path = ROOT,
+    ) -> None:
+        """Start the server ``name`` (``bench/launch.py``), its log in this run's folder."""
+        self.servers[name] = Server(
+            name,
+            cmd,
+            port=port,
+            ready_path=ready_path,
+            log_dir=self.tmp,
+            cpus=cpus,
+            env=env,
+            cwd=source,
+        )
+        self.ports[name] = port
+
     def start(self, targets: list[str], litellm_bin: Path | None) -> None:
         a = self.args
         up_port = free_port()
-        self.servers["upstream"] = Server(
-            "upstream",
-            [sys.executable, str(UPSTREAM), "--port", str(up_port), "--rate", str(a.rate)],
-            port=up_port,
-            ready_path="/v1/models",
-            log_dir=self.tmp,
-            cpus=self.harness_cpus,
-            cwd=ROOT,
-        )
-        self.ports["direct"] = up_port
+        upstream = [sys.executable, str(UPSTREAM), "--port", str(up_port), "--rate", str(a.rate)]
+        self.launch("upstream", upstream, up_port, "/v1/models", self.harness_cpus)
+        self.ports["direct"] = up_port  # the load generator straight to the upstream
         conc = max(a.ns) * 2
         if "gateway" in targets:
             redis = None
             if a.redis or max(a.workers) > 1:
                 redis = self.start_redis()
-            tokenpace = Path(sys.executable).parent / "tokenpace"
-            for workers in a.workers:
-                name = gateway_name(workers)
-                port = free_port()
-                cfg = self.tmp / f"{name}.yaml"
-                store = (redis, f"bench-{name}") if redis else None
-                cfg.write_text(gateway_config(port, up_port, conc, store))
-                cmd = [str(tokenpace), "serve", "--config", str(cfg), "--workers", str(workers)]
-                cpus = self.gateway_cpus(workers)
-                self.servers[name] = Server(
-                    name,
-                    cmd,
-                    port=port,
-                    ready_path="/readyz",
-                    log_dir=self.tmp,
-                    cpus=cpus,
-                    cwd=ROOT,
-                )
-                self.ports[name] = port
+            sources = [("", ROOT)] + ([("-base", a.baseline.resolve())] if a.baseline else [])
+            for suffix, source in sources:
+                for workers in a.workers:
+                    name = gateway_name(workers) + suffix
+                    port = free_port()
+                    cfg = self.tmp / f"{name}.yaml"
+                    store = (redis, f"bench-{name}") if redis else None
+                    cfg.write_text(gateway_config(port, up_port, conc, store))
+                    serve = ["serve", "--config", str(cfg), "--workers", str(workers)]
+                    cmd = [sys.executable, "-m", "gateway.cli", *serve]
+                    cpus = self.gateway_cpus(workers)
+                    env = {"PYTHONPATH": str(source)}  # that checkout's gateway, this venv
+                    self.launch(name, cmd, port, "/readyz", cpus, env=env, source=source)
         if "floor" in targets:
             port = free_port()
-            self.servers["floor"] = Server(
-                "floor",
-                [
-                    sys.executable,
-                    str(FLOOR),
-                    "--port",
-                    str(port),
-                    "--upstream",
-                    f"http://127.0.0.1:{up_port}/v1",
-                    "--max-connections",
-                    str(conc),
-                ],
-                port=port,
-                ready_path="/healthz",
-                log_dir=self.tmp,
-                cpus=self.proxy_cpus,
-                cwd=ROOT,
-            )
-            self.ports["floor"] = port
+            upstream_url = f"http://127.0.0.1:{up_port}/v1"
+            cmd = [sys.executable, str(FLOOR), "--port", str(port), "--upstream", upstream_url]
+            cmd += ["--max-connections", str(conc)]
+            self.launch("floor", cmd, port, "/healthz", self.proxy_cpus)
         if "litellm" in targets and litellm_bin is not None:
             port = free_port()
             cfg = self.tmp / "litellm.yaml"
             cfg.write_text(litellm_config(up_port, [f"tps-{a.rate:g}", "tps-0"]))
-            self.servers["litellm"] = Server(
-                "litellm",
-                [
-                    str(litellm_bin),
-                    "--config",
-                    str(cfg),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                port=port,
-                ready_path="/health/liveliness",
-                log_dir=self.tmp,
-                cpus=self.proxy_cpus,
-                cwd=ROOT,
-                env={
-                    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                    "LITELLM_LOG": "ERROR",
-                    "LITELLM_MODE": "PRODUCTION",
-                    "DISABLE_ADMIN_UI": "True",
-                },
-            )
-            self.ports["litellm"] = port
+            cmd = [str(litellm_bin), "--config", str(cfg), "--host", "127.0.0.1"]
+            env = {
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_LOG": "ERROR",
+                "LITELLM_MODE": "PRODUCTION",
+                "DISABLE_ADMIN_UI": "True",
+            }
+            cmd += ["--port", str(port)]
+            self.launch("litellm", cmd, port, "/health/liveliness", self.proxy_cpus, env=env)
         for s in self.servers.values():
             _say(self.out, f"starting {s.name} on port {s.port} ...")
             s.wait_ready(180.0 if s.name == "litellm" else 60.0)
@@ -554,13 +539,15 @@ def _median_run(
 def _paired(
     repeats: dict[str, list[dict[str, Any]]],
     figure: Callable[[dict[str, Any], dict[str, Any]], float | None],
+    target: str = "gateway",
+    reference: str = "floor",
 ) -> tuple[list[float], float] | None:
-    """``figure(gateway run, floor run)`` of each repeat (the two ran next to each other),
-    and its median; None without both targets or with a figure missing. ``repeats``:
-    target -> its runs, one per repeat."""
-    if "gateway" not in repeats or "floor" not in repeats:
+    """``figure(target's run, reference's run)`` of each repeat (the two ran next to each
+    other), and its median; None without both targets or with a figure missing.
+    ``repeats``: target -> its runs, one per repeat."""
+    if target not in repeats or reference not in repeats:
         return None
-    pairs = zip(repeats["gateway"], repeats["floor"], strict=True)
+    pairs = zip(repeats[target], repeats[reference], strict=True)
     per = [figure(g, f) for g, f in pairs]
     values = [v for v in per if v is not None]
     if not values or len(values) < len(per):
@@ -662,7 +649,53 @@ def summarize(results: dict[str, Any], targets: list[str], ns: list[int]) -> lis
             pairs = " · ".join(f"{v:.3f}" for v in own[0])
             lines.append(f"| gateway − floor, per pair | {pairs} (median {own[1]:.3f}) | | |")
         lines.append("")
-    return lines
+    return lines + _baseline_lines(results, ns)
+
+
+def _sustained_ratio(gw: dict[str, Any], base: dict[str, Any]) -> float:
+    return float(gw["chunks_per_s"]) / float(base["chunks_per_s"])
+
+
+def _baseline_lines(results: dict[str, Any], ns: list[int]) -> list[str]:
+    """This checkout's gateway against ``--baseline``'s, repeat by repeat (each pair ran
+    next to each other): ratios of CPU per token and sustained chunks/s, differences of
+    added TTFT p50 and CPU per request."""
+    if not results["settings"].get("baseline"):
+        return []
+    lines = [
+        "| gateway / gateway-base, per repeat pair (median) | value |",
+        "| --- | --- |",
+    ]
+
+    def row(what: str, paired: tuple[list[float], float] | None, spec: str) -> None:
+        if paired is not None:
+            per = " · ".join(format(v, spec) for v in paired[0])
+            lines.append(f"| {what} | {per} ({format(paired[1], spec)}) |")
+
+    for n in ns:
+        by = results["runs"][str(n)]
+        fixed = _fixed_repeats(by)
+        row(
+            f"CPU per token, ratio, N = {n}",
+            _paired(fixed, _cpu_ratio, "gateway", "gateway-base"),
+            ".3f",
+        )
+        row(
+            f"added TTFT p50 difference, ms, N = {n}",
+            _paired(fixed, _extra_ttft, "gateway", "gateway-base"),
+            ".2f",
+        )
+        sat = {t: [{"chunks_per_s": v} for v in by[t]["saturation_chunks_per_s"]] for t in by}
+        row(
+            f"sustained chunks/s, ratio, N = {n}",
+            _paired(sat, _sustained_ratio, "gateway", "gateway-base"),
+            ".3f",
+        )
+    own = _paired(
+        results.get("per_request_repeats", {}), _own_cpu_per_request, "gateway", "gateway-base"
+    )
+    row("CPU per request difference, ms", own, ".3f")
+    return [*lines, ""]
 
 
 def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]]:
@@ -791,10 +824,13 @@ def run(args: argparse.Namespace) -> int:
         },
         "runs": {},
     }
+    results["settings"]["baseline"] = str(args.baseline.resolve()) if args.baseline else None
     started = time.monotonic()
     try:
         bench.start(targets, litellm_bin)
-        gateways = [gateway_name(w) for w in args.workers] if "gateway" in targets else []
+        suffixes = ["", "-base"] if args.baseline else [""]
+        gateways = [gateway_name(w) + s for w in args.workers for s in suffixes]
+        gateways = gateways if "gateway" in targets else []
         expanded = [g for t in targets for g in (gateways if t == "gateway" else [t])]
         active = [t for t in expanded if t == "direct" or t in bench.servers]
         for t in active:
@@ -833,7 +869,7 @@ def run(args: argparse.Namespace) -> int:
         if args.requests > 0:
             # Repeated as the fixed-rate phase is: interleaved, each gateway run judged
             # against the floor run beside it (_paired), the median run of each kept.
-            paced = [t for t in active if t in ("floor", "gateway")]
+            paced = [t for t in active if t in ("floor", "gateway", "gateway-base")]
             per: dict[str, list[dict[str, Any]]] = {t: [] for t in paced}
             for i in range(args.request_repeats):
                 for t in paced if i % 2 == 0 else paced[::-1]:
@@ -907,6 +943,12 @@ def main(argv: list[str] | None = None) -> int:
         "--workers", default="1", help="gateway worker counts to measure, comma-separated"
     )
     p.add_argument("--redis", action="store_true", help="the gateways on a Redis store")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also measure the gateway of another checkout (gateway-base), interleaved",
+    )
     p.add_argument("--out", default="results/gateway_load")
     args = p.parse_args(argv)
     for name in ("fixed_repeats", "sat_repeats", "request_repeats"):
