@@ -4,7 +4,13 @@ Papers:
 - Andes (Liu et al.) §3.1, Eq. 1: QoE = S_actual / S_expected.
 - Wang et al., "Revisiting SLOs and System Level Metrics in LLM Serving" §3-§4:
   per-token deadlines, user idle latency (Eq. 9), benefit (Eq. 10), smooth goodput (Eq. 11);
-  f(·) linear, quadratic or exponential per the journal version (004).
+  f(·) linear, quadratic or exponential per the journal version of that paper.
+- Freezes: what the reader sees stop. Tokens are shown by the client buffers' release
+  rule (recursion D of :mod:`qos.timeline`: the first on arrival, then
+  d_k = max(t_k, d_(k-1) + 1/TDS)); a freeze is a display gap beyond the reader's pace,
+  (d_k - d_(k-1)) - 1/TDS > 0. Wang et al. §4.3: users feel the longest wait, since
+  "once the slowdown has occurred, catching up later does not improve the user
+  experience"; Eq. 1 integrates only up to the last token and barely charges it.
 - `vllm bench serve` for TTFT, TPOT, ITL, E2EL and goodput under SLOs.
 
 All times are seconds since the request was sent; see :mod:`qos.timeline` for the
@@ -120,6 +126,96 @@ def user_idle_latency(timeline: TimelineInput, expected_ttft: float, expected_td
     times = token_times(timeline, name="timeline")
     deadlines = token_deadlines(times.size, expected_ttft, expected_tds)
     return max(float(np.max(times - deadlines)), 0.0)
+
+
+@dataclass(frozen=True)
+class Freezes:
+    """The freezes of one reply: display gaps beyond the reader's pace."""
+
+    longest_s: float  # the longest freeze (0 when the reply never froze)
+    count: int  # how many freezes (gaps > FREEZE_EPSILON_S)
+    total_s: float  # time frozen in all
+
+
+FREEZE_EPSILON_S = 1e-6
+"""Display gaps up to this much beyond the reader's pace are float noise, not freezes."""
+
+FREEZE_THRESHOLDS_S = (2.0, 5.0, 10.0)
+"""The run-level shares report the replies whose longest freeze passes these (seconds)."""
+
+
+def display_gaps(times: np.ndarray, tds: float) -> np.ndarray:
+    """(d_k - d_(k-1)) - 1/TDS for k = 2..n: how long the reader waited before each token
+    after the first, beyond its own pace; ``times`` validated per-token times."""
+    shown = digestion_starts(times, tds)
+    gaps: np.ndarray = np.diff(shown) - 1.0 / tds
+    return gaps
+
+
+def freezes(timeline: TimelineInput, expected_tds: float) -> Freezes:
+    """The freezes of a reply shown by the release rule (module doc) at ``expected_tds``.
+
+    The wait for the first token is the TTFT, not a freeze; from the first token on,
+    the reader is frozen whenever the next token is not there when the previous one has
+    been read.
+    """
+    times = token_times(timeline, name="timeline")
+    check_expectation(0.0, expected_tds)
+    gaps = display_gaps(times, expected_tds)
+    frozen = gaps[gaps > FREEZE_EPSILON_S]
+    if not frozen.size:
+        return Freezes(0.0, 0, 0.0)
+    return Freezes(float(frozen.max()), int(frozen.size), float(frozen.sum()))
+
+
+@dataclass(frozen=True)
+class ReaderSummary:
+    """What the readers of a set of replies saw: freezes and user idle latency.
+
+    ``frozen_share[x]``: the share of replies whose longest freeze is over ``x`` seconds,
+    for x in :data:`FREEZE_THRESHOLDS_S`; ``median_freeze_s``: the median longest freeze of
+    the replies that froze (None if none did); idle latency is Wang et al. Eq. 9.
+    """
+
+    replies: int
+    frozen_share: dict[float, float]
+    longest_freeze_s: float
+    median_freeze_s: float | None
+    idle_p50_s: float
+    idle_p99_s: float
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """Flat JSON keys: ``frozen_over_2s``, ..., ``idle_p99_s``."""
+        out: dict[str, float | int | None] = {"replies": self.replies}
+        out.update({f"frozen_over_{x:g}s": share for x, share in self.frozen_share.items()})
+        out.update(
+            longest_freeze_s=self.longest_freeze_s,
+            median_freeze_s=self.median_freeze_s,
+            idle_p50_s=self.idle_p50_s,
+            idle_p99_s=self.idle_p99_s,
+        )
+        return out
+
+
+def reader_summary(longest_freeze_s: Sequence[float], idle_s: Sequence[float]) -> ReaderSummary:
+    """:class:`ReaderSummary` of replies given their longest freezes and idle latencies."""
+    longest = np.asarray(longest_freeze_s, dtype=float)
+    idle = np.asarray(idle_s, dtype=float)
+    if longest.shape != idle.shape:
+        raise ValueError(
+            f"idle_s: {idle.size} idle latencies for {longest.size} replies; lengths must match"
+        )
+    if not longest.size:
+        raise ValueError("longest_freeze_s: no replies to summarise")
+    froze = longest[longest > FREEZE_EPSILON_S]
+    return ReaderSummary(
+        replies=int(longest.size),
+        frozen_share={x: float(np.mean(longest > x)) for x in FREEZE_THRESHOLDS_S},
+        longest_freeze_s=float(longest.max()),
+        median_freeze_s=float(np.median(froze)) if froze.size else None,
+        idle_p50_s=float(np.percentile(idle, 50)),
+        idle_p99_s=float(np.percentile(idle, 99)),
+    )
 
 
 def idle_penalty(idle_s: float, kind: IdlePenalty = "linear") -> float:

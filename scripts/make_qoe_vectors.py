@@ -13,13 +13,14 @@ no copy can drift silently. Rewrite the file after changing a formula:
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qos.metrics import andes_qoe, monotone_qoe
+from qos.metrics import andes_qoe, freezes, monotone_qoe, user_idle_latency
 from qos.timeline import digestion_starts, token_times
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "qoe.json"
@@ -54,6 +55,14 @@ def _hand_cases() -> list[tuple[str, Chunks, float, float]]:
         ("eq1-not-monotone-in-tds-fast", [(5.0, 1), (6.0, 1)], 1.0, 2.0),
         ("eq1-not-monotone-in-tds-slow", [(5.0, 1), (6.0, 1)], 1.0, 0.2),
         ("burst-after-pause", [(0.3, 1), (0.5, 1), (3.0, 30), (3.1, 1)], 1.0, 4.8),
+        (
+            "freeze-late-in-a-long-reply",
+            _per_token([*late[:90], *(t + 60.0 for t in late[90:])]),
+            1.0,
+            5.0,
+        ),
+        ("freezes-exactly-at-pace", _per_token([1.0 + k / 4.8 for k in range(12)]), 1.0, 4.8),
+        ("freeze-behind-a-buffer", [(1.0, 20), (4.0, 1), (9.0, 5)], 1.0, 5.0),
     ]
 
 
@@ -86,6 +95,8 @@ def vector(name: str, timeline: Chunks, ttft: float, tds: float) -> dict[str, An
         "andes": andes_qoe(timeline, ttft, tds),
         "monotone": monotone_qoe(timeline, ttft, tds),
         "digestion": digestion_starts(times, tds).tolist(),
+        "freezes": asdict(freezes(timeline, tds)),
+        "idle": user_idle_latency(timeline, ttft, tds),
     }
 
 
@@ -96,7 +107,9 @@ def build() -> dict[str, Any]:
             "QoE test vectors generated from qos.metrics by scripts/make_qoe_vectors.py; "
             "do not edit. timeline: [seconds since the request, tokens] per chunk; "
             "andes: Andes Eq. 1; monotone: monotone QoE (docs/qoe.md); digestion: "
-            "d_k = max(t_k, d_(k-1) + 1/TDS) per token, the pacing schedule."
+            "d_k = max(t_k, d_(k-1) + 1/TDS) per token, the pacing schedule; freezes: the "
+            "display gaps beyond the reader's pace, (d_k - d_(k-1)) - 1/TDS > 1e-6 s (longest, "
+            "count, total); idle: user idle latency (Wang et al. Eq. 9)."
         ),
         "vectors": [vector(*case) for case in cases],
     }

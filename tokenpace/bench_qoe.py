@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from qos.latency import LatencyProfile, get_profile
-from qos.policy.registry import POLICIES, make_policy
+from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.sim import (
     PROMPT_TOKEN_ESTIMATE,
     SPEAKING_TDS,
@@ -38,6 +38,8 @@ from qos.sim.engine import SimResult
 from qos.sim.shares import service_shares
 
 QOE_THRESHOLD = 0.9  # Andes §6.1: minimum acceptable average QoE
+FROZEN_SHARE_MAX = 0.01  # stall-free: at most 1 % of replies freeze for over 2 s
+OVERLOAD_FROZEN_MAX = 0.01  # under overload: at most 1 % of replies freeze for over 5 s
 
 WORKLOADS = ("chat", "voice")
 
@@ -62,9 +64,10 @@ def run_one(args: tuple[str, float, dict]) -> dict:
         tenants=tenants,
     )
     started = time.perf_counter()
-    result = simulate(workload, make_policy(policy_name, profile), profile)
+    pause = policy_name not in STOCK_POLICIES
+    result = simulate(workload, make_policy(policy_name, profile), profile, pause=pause)
     summary = result.summary()
-    summary.update(policy=policy_name, rate=rate, wall_s=time.perf_counter() - started)
+    summary.update(policy=policy_name, rate=rate, pause=pause, wall_s=time.perf_counter() - started)
     summary["expected_tds_mean"] = float(np.mean([r.tds for r in workload]))
     if tenants:
         summary["tenants"] = tenant_results(result, {name: w for name, w, _ in tenants})
@@ -176,6 +179,7 @@ def analyse(runs: list[dict], profile: LatencyProfile, table_rate: float | None)
             if same
             else None,
         }
+    out["reader"] = analyse_reader(by_policy)
     tiering = analyse_tiering(by_policy)
     if tiering:
         out["tiering"] = tiering
@@ -185,6 +189,79 @@ def analyse(runs: list[dict], profile: LatencyProfile, table_rate: float | None)
             for name, rs in by_policy.items()
             for r in rs
             if r["rate"] == table_rate
+        }
+    return out
+
+
+def stall_free_capacity(runs: list[dict]) -> float:
+    """Highest rate with average QoE ≥ 0.9 and at most 1 % of replies freezing for over
+    2 s (each criterion interpolated where it crosses; the first to fail decides)."""
+    rates = [r["rate"] for r in runs]
+    qoe = capacity_at(rates, [r["avg_qoe"] for r in runs])
+    frozen = [-r["reader"]["frozen_over_2s"] for r in runs]
+    return min(qoe, capacity_at(rates, frozen, -FROZEN_SHARE_MAX))
+
+
+def analyse_reader(by_policy: dict[str, list[dict]]) -> dict:
+    """What the readers saw, against FCFS in the same run: stall-free capacity, peak
+    smooth goodput, and, for every other policy, the light-load and overload checks
+    (rates where FCFS keeps QoE ≥ 0.9; every rate up to twice FCFS's stall-free
+    capacity)."""
+    out: dict = {
+        "stall_free_capacity_req_s": {n: stall_free_capacity(rs) for n, rs in by_policy.items()},
+        "peak_smooth_goodput": {
+            n: max(r["smooth_goodput"] for r in rs) for n, rs in by_policy.items()
+        },
+    }
+    fcfs = {r["rate"]: r for r in by_policy.get("fcfs", [])}
+    if not fcfs:
+        return out
+    limit = 2 * out["stall_free_capacity_req_s"]["fcfs"]
+    for name, rs in by_policy.items():
+        if name == "fcfs":
+            continue
+        light, overload = [], []
+        for run in rs:
+            base = fcfs.get(run["rate"])
+            if base is None:
+                continue
+            row = {
+                "rate": run["rate"],
+                "avg_qoe": run["avg_qoe"],
+                "fcfs_avg_qoe": base["avg_qoe"],
+                "throughput_vs_fcfs": run["throughput_tok_s"] / base["throughput_tok_s"],
+            }
+            if base["avg_qoe"] >= QOE_THRESHOLD:
+                row["ok"] = (
+                    run["avg_qoe"] >= base["avg_qoe"] - 0.005 and row["throughput_vs_fcfs"] >= 0.97
+                )
+                light.append(row)
+            if run["rate"] <= limit:
+                row = {
+                    **row,
+                    "frozen_over_5s": run["reader"]["frozen_over_5s"],
+                    "idle_p99_s": run["reader"]["idle_p99_s"],
+                    "fcfs_idle_p99_s": base["reader"]["idle_p99_s"],
+                }
+                row["ok"] = (
+                    row["frozen_over_5s"] <= OVERLOAD_FROZEN_MAX
+                    and run["avg_qoe"] >= base["avg_qoe"]
+                    and row["idle_p99_s"] <= row["fcfs_idle_p99_s"]
+                    and row["throughput_vs_fcfs"] >= 0.95
+                )
+                overload.append(row)
+        fcfs_cap = out["stall_free_capacity_req_s"]["fcfs"]
+        fcfs_peak = out["peak_smooth_goodput"]["fcfs"]
+        out[name] = {
+            "stall_free_capacity_vs_fcfs": out["stall_free_capacity_req_s"][name] / fcfs_cap
+            if fcfs_cap > 0
+            else None,
+            "peak_smooth_goodput_vs_fcfs": out["peak_smooth_goodput"][name] / fcfs_peak
+            if fcfs_peak > 0
+            else None,
+            "light_load": light,
+            "overload_up_to_req_s": limit,
+            "overload": overload,
         }
     return out
 
@@ -224,14 +301,20 @@ def summary_table(runs: list[dict]) -> str:
     QoE / TTFT p90 / service share against its fair share."""
     tenants = next((r["tenants"] for r in runs if "tenants" in r), None)
     names = [k for k in tenants if k != "share_over_time"] if tenants else []
-    head = f"{'rate':>5} {'policy':<20} {'avg QoE':>7} {'tok/s':>6} {'pre/req':>7}"
+    head = (
+        f"{'rate':>5} {'policy':<20} {'avg QoE':>7} {'tok/s':>6} {'pre/req':>7} "
+        f"{'frozen>2s':>9} {'>10s':>6} {'idle p99':>8} {'goodput':>7}"
+    )
     for name in names:
         head += f" | {name + ' QoE':>9} {'TTFT p90':>8} {'share/fair':>11}"
     lines = [head, "-" * len(head)]
     for run in sorted(runs, key=lambda r: (r["rate"], r["policy"])):
+        seen = run["reader"]
         line = (
             f"{run['rate']:>5g} {run['policy']:<20} {run['avg_qoe']:>7.3f} "
-            f"{run['throughput_tok_s']:>6.0f} {run['preemptions_per_request']:>7.2f}"
+            f"{run['throughput_tok_s']:>6.0f} {run['preemptions_per_request']:>7.2f} "
+            f"{seen['frozen_over_2s']:>9.1%} {seen['frozen_over_10s']:>6.1%} "
+            f"{seen['idle_p99_s']:>7.1f}s {run['smooth_goodput']:>7.0f}"
         )
         for name in names:
             t = run["tenants"][name]
@@ -275,8 +358,19 @@ def plot_service_share(runs: list[dict], out_dir: Path, rate: float, title: str)
     return path
 
 
+def _field(run: dict, key: str) -> float:
+    """``run[key]``, or a nested ``run[a][b]`` for a key ``"a.b"``."""
+    value: object = run
+    for part in key.split("."):
+        assert isinstance(value, dict)
+        value = value[part]
+    assert isinstance(value, int | float)
+    return float(value)
+
+
 def plot(runs: list[dict], out_dir: Path, title: str) -> list[Path]:
-    """Fig. 10, 12, 13 and smooth goodput vs rate, one PNG each."""
+    """Fig. 10, 12, 13, smooth goodput, the freezing share and idle latency p99 vs rate,
+    one PNG each."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -288,13 +382,15 @@ def plot(runs: list[dict], out_dir: Path, title: str) -> list[Path]:
         "preemptions.png": ("preemptions_per_request", "preemptions per request"),
         "smooth_goodput.png": ("smooth_goodput", "smooth goodput (benefit/s)"),
         "avg_monotone_qoe.png": ("avg_monotone_qoe", "average monotone QoE"),
+        "frozen_share.png": ("reader.frozen_over_2s", "replies freezing for over 2 s"),
+        "idle_p99.png": ("reader.idle_p99_s", "user idle latency p99 (s, Wang et al. Eq. 9)"),
     }
     paths = []
     for filename, (key, label) in figures.items():
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for name in dict.fromkeys(r["policy"] for r in runs):
             rs = sorted((r for r in runs if r["policy"] == name), key=lambda r: r["rate"])
-            ax.plot([r["rate"] for r in rs], [r[key] for r in rs], marker="o", label=name)
+            ax.plot([r["rate"] for r in rs], [_field(r, key) for r in rs], marker="o", label=name)
         if key == "avg_qoe":
             ax.axhline(QOE_THRESHOLD, color="grey", linestyle=":", linewidth=1)
             ax.set_ylim(0, 1.05)
@@ -419,6 +515,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tenants:
         plots.append(plot_service_share(runs, out_dir, table_rate, title))
     print(summary_table(runs))
+    reader = report["analysis"]["reader"]
+    print(f"stall_free_capacity_req_s: {json.dumps(reader['stall_free_capacity_req_s'])}")
     for key in ("capacity_req_s", "tiering"):
         if key in report["analysis"]:
             print(f"{key}: {json.dumps(report['analysis'][key])}")

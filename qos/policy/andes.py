@@ -60,6 +60,7 @@ from qos.latency import LatencyProfile
 from qos.policy.base import Policy, pack_in_order
 from qos.policy.fair import TenantShares, pack_by_level
 from qos.policy.forecast import Forecast, QoEKind
+from qos.policy.reader import ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 
 Objective = Literal["average", "max-min", "perfect"]
@@ -89,6 +90,9 @@ class Andes(Policy):
         fair_share_slack: float | None = None,
         counter: VirtualTokenCounter | None = None,
         wait_for_room: bool = False,
+        reader_guard: bool = False,
+        overdue_after_ttfts: float | None = 10.0,
+        lend_after_s: float | None = None,
     ) -> None:
         if objective not in ("average", "max-min", "perfect"):
             raise ValueError(f"objective: unknown {objective!r}; use average, max-min or perfect")
@@ -115,6 +119,11 @@ class Andes(Policy):
         self.solver = solver
         self.shares = None if fair_share_slack is None else TenantShares(fair_share_slack, counter)
         self.wait_for_room = wait_for_room
+        self.guard = (
+            ReaderGuard(profile, overdue_after_ttfts=overdue_after_ttfts, lend_after_s=lend_after_s)
+            if reader_guard
+            else None
+        )
         self._finished: deque[float] = deque(maxlen=64)  # recent completion times
         self.deferred = 0  # preemptions dropped for want of a claim
         self._levels: np.ndarray | None = None  # the last solve's tenant levels
@@ -134,6 +143,8 @@ class Andes(Policy):
     def set_profile(self, profile: LatencyProfile) -> None:
         """Decide with ``profile`` from the next decision on (a refitted latency model)."""
         self.profile = profile
+        if self.guard is not None:
+            self.guard.set_profile(profile)
         self._decode = np.zeros(0)  # the per-batch-size caches refill from it
         self._speeds = np.zeros(0)
 
@@ -196,12 +207,40 @@ class Andes(Policy):
             return np.zeros(0, dtype=bool)
         demand = capacity.demand(table)
         if not self.triggered(table, capacity, demand):
-            return np.ones(n, dtype=bool)
+            if self.guard is None or table.running.all():
+                return np.ones(n, dtype=bool)
+            # Everyone fits; the guard only spreads admissions' prefills so that none
+            # freezes a reader (rule 3), in arrival order.
+            waiting = (~table.running).nonzero()[0]
+            order = waiting[np.argsort(table.col("arrival")[waiting], kind="stable")]
+            tau = float(self.profile.decode_s(n))
+            return self.guard.apply(table, capacity, demand, order, now, tau, 1.0)
         self.solves += 1
         chosen = self._solve(table, capacity, demand, now)
+        if self.guard is not None:
+            return self._guarded(table, capacity, demand, now)
         if self.wait_for_room and self.preemption_budget > 0:  # else the cap keeps them all
             chosen = self._preempting_only_for_claims(table, capacity, demand, chosen)
         return self._cap_preemptions(table, capacity, demand, chosen)
+
+    def _guarded(
+        self, table: RequestTable, capacity: Capacity, demand: np.ndarray, now: float
+    ) -> np.ndarray:
+        """The reader guard's decision (:mod:`qos.policy.reader`): replies by their
+        readers' deadlines, requests with no token yet in this solve's packing order."""
+        assert self.guard is not None and self._forecast is not None
+        running = table.running
+        fresh = ~running & (table.col("output") == 0)
+        rows = fresh.nonzero()[0]
+        if self._levels is not None:
+            rows = rows[np.lexsort((-self._priority[rows], self._levels[rows]))]
+        else:
+            rows = rows[np.argsort(-self._priority[rows], kind="stable")]
+        run = self.guard.apply(
+            table, capacity, demand, rows, now, self._forecast[1], self.kv_watermark
+        )
+        self.preemptions += int(np.count_nonzero(running & ~run))
+        return run
 
     def forecast(self, table: RequestTable, now: float) -> Forecast:
         """Q_wait / Q_serve forecaster for this decision (waiting requests pay a prefill first)."""
@@ -506,6 +545,7 @@ TOKENPACE_ANDES: dict[str, Any] = {
     "kv_watermark": 0.95,
     "fair_share_slack": 8192.0,
     "wait_for_room": True,
+    "reader_guard": True,
 }
 
 

@@ -30,8 +30,18 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "andes-tp-unweighted": lambda profile, **kw: tokenpace_andes(
         profile, **{"fair_share_slack": None, **kw}
     ),
+    "andes-tp-unguarded": lambda profile, **kw: tokenpace_andes(
+        profile, **{"reader_guard": False, **kw}
+    ),
     "vtc": lambda profile, **_: VTC(),
 }
+
+
+STOCK_POLICIES = frozenset({"fcfs"})
+"""The policies that stand for an engine's own scheduler (vLLM's FCFS): run without the
+tokenpace plugin, so a running request left out loses its KV (recompute), as in stock
+vLLM. Every other policy runs as the plugin runs it, pausing a request it leaves out
+with its KV kept while the cache has room (``Capacity.pauses``)."""
 
 
 def make_policy(name: str, profile: LatencyProfile, **andes_options: Any) -> Policy:

@@ -49,6 +49,11 @@ class Capacity:
     kv_tokens: int  # M: KV-cache slots, in tokens
     max_batch: int  # most requests in one iteration
     block_size: int = 1  # KV is allocated in blocks of this many tokens (paged attention)
+    # a running request left out keeps its KV while the cache has room (the vLLM
+    # plugin's pause), rather than losing it to a recompute or a swap
+    pauses: bool = False
+    # how long a decision may stand before the next (0: every iteration decides)
+    decision_interval_s: float = 0.0
 
     def demand(self, table: RequestTable) -> np.ndarray:
         """KV tokens each request occupies after its next token, rounded up to whole blocks."""

@@ -59,13 +59,18 @@ import numpy as np
 
 from qos.latency import LatencyProfile
 from qos.metrics import (
+    Freezes,
     IdlePenalty,
+    ReaderSummary,
     RequestRecord,
     ServingMetrics,
     andes_qoe,
+    freezes,
     monotone_qoe,
+    reader_summary,
     request_benefit,
     serving_metrics,
+    user_idle_latency,
 )
 from qos.policy.base import Policy, pack_in_order
 from qos.policy.table import Capacity, RequestTable
@@ -138,6 +143,8 @@ class RequestResult:
     preemptions: int
     andes_qoe: float
     monotone_qoe: float
+    freezes: Freezes  # what the reader saw stop, by the release rule
+    idle_s: float  # user idle latency, Wang et al. Eq. 9
 
     @property
     def actual_ttft(self) -> float:
@@ -194,6 +201,7 @@ class Engine:
         kv_tokens: int | None = None,
         expose_output_len: bool = False,
         record: bool = False,
+        pause: bool = False,
     ) -> None:
         if preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption: must be 'recompute' or 'swap', got {preemption!r}")
@@ -213,12 +221,16 @@ class Engine:
         self.policy = policy
         self.profile = profile
         self.preemption: PreemptionMode = preemption
+        self.pause = pause
         self.block_size = block_size
         self.total_blocks = int(m) // block_size
         self.kv_tokens = self.total_blocks * block_size  # M
         self.max_batch = int(profile.max_batch)
         self.capacity = Capacity(
-            kv_tokens=self.kv_tokens, max_batch=self.max_batch, block_size=self.block_size
+            kv_tokens=self.kv_tokens,
+            max_batch=self.max_batch,
+            block_size=self.block_size,
+            pauses=pause,
         )
         self.expose_output_len = expose_output_len
         self.record = record
@@ -247,6 +259,7 @@ class Engine:
         self._stats: dict[str, list[float]] = {k: [] for k in _STAT_FIELDS}
         self.iterations = 0
         self.total_preemptions = 0
+        self.total_pauses = 0
 
     # -- submission ------------------------------------------------------------------
     def blocks_for(self, tokens: int) -> int:
@@ -349,7 +362,14 @@ class Engine:
         swap = self.preemption == "swap"
         extra_s = 0.0
 
-        preempt_rows = np.flatnonzero(running & ~run)
+        left_out = np.flatnonzero(running & ~run)
+        if self.pause:
+            for r in left_out.tolist():
+                table.pause(r, now)
+            self.total_pauses += left_out.size
+            preempt_rows = self._evict_paused(run, need)
+        else:
+            preempt_rows = left_out
         preempted = [keys[r] for r in preempt_rows.tolist()]
         for r in preempt_rows.tolist():
             if swap:
@@ -362,15 +382,17 @@ class Engine:
         admitted = [keys[r] for r in admit_rows.tolist()]
         prefill_tokens = 0
         first_prefill: list[int] = []
-        swapped_in = 0
-        swapped_in_ctx = 0
+        resumed = 0  # swapped back in, or paused with the KV kept: they decode at once
+        resumed_ctx = 0
         output = table.col("output")
+        computed = table.col("computed")
         for r in admit_rows.tolist():
-            if self._swapped[r]:
-                extra_s += profile.preempt_s(int(context[r]), "swap")
-                self._swapped[r] = False
-                swapped_in += 1
-                swapped_in_ctx += int(context[r])
+            if self._swapped[r] or computed[r] > 0:  # swapped out, or paused with its KV
+                if self._swapped[r]:
+                    extra_s += profile.preempt_s(int(context[r]), "swap")
+                    self._swapped[r] = False
+                resumed += 1
+                resumed_ctx += int(context[r])
             else:
                 prefill_tokens += int(context[r])
                 if output[r] == 0:
@@ -380,8 +402,8 @@ class Engine:
             self._adm_counter += 1
 
         decode_rows = np.flatnonzero(run & running)
-        decode_batch = decode_rows.size + swapped_in
-        decode_ctx = int(context[decode_rows].sum()) + swapped_in_ctx
+        decode_batch = decode_rows.size + resumed
+        decode_ctx = int(context[decode_rows].sum()) + resumed_ctx
         duration = float(
             profile.iteration_s(
                 decode_batch=decode_batch,
@@ -394,7 +416,7 @@ class Engine:
                 f"iteration at t={now}: duration {duration} s is not positive "
                 f"(decode_batch={decode_batch}, prefill_tokens={prefill_tokens})"
             )
-        kv_used = int(need[rows].sum()) * self.block_size
+        kv_used = (int(need[rows].sum()) + int(self._paused_blocks().sum())) * self.block_size
         if kv_used > self.kv_tokens or rows.size > self.max_batch:
             raise RuntimeError(
                 f"iteration at t={now}: {rows.size} requests using {kv_used} KV tokens "
@@ -484,6 +506,28 @@ class Engine:
         forced = int(keep_running.size - run[keep_running].sum())
         return run, need, int(chosen.size - run.sum()), forced
 
+    def _paused_blocks(self) -> np.ndarray:
+        """Blocks each row holds while it does not run: its KV, if paused with it kept."""
+        table = self.table
+        held = ~table.running & ~self._swapped[: table.n] & (table.col("computed") > 0)
+        blocks: np.ndarray = np.where(held, -(-table.col("computed") // self.block_size), 0)
+        return blocks
+
+    def _evict_paused(self, run: np.ndarray, need: np.ndarray) -> np.ndarray:
+        """Paused rows that lose their KV so that what runs fits beside the rest: the one
+        whose reader needs its next token last goes first, as the vLLM plugin does."""
+        table = self.table
+        blocks = self._paused_blocks()
+        blocks[run] = 0  # resumed this iteration: counted in ``need``
+        over = int(need[run].sum()) + int(blocks.sum()) - self.total_blocks
+        if over <= 0:
+            return np.zeros(0, dtype=np.int64)
+        held = np.flatnonzero(blocks)
+        deadline = table.col("dig_last")[held] + 1.0 / table.col("tds")[held]
+        order = held[np.argsort(-deadline, kind="stable")]
+        freed = np.cumsum(blocks[order])
+        return order[: int(np.searchsorted(freed, over)) + 1]
+
     # -- table bookkeeping -----------------------------------------------------------
     def _grow(self, cap: int) -> None:
         for name in ("_target", "_sub_seq", "_adm_seq", "_swapped"):
@@ -564,6 +608,8 @@ class Engine:
                     preemptions=preemptions,
                     andes_qoe=andes_qoe(rel, req.ttft, req.tds),
                     monotone_qoe=monotone_qoe(rel, req.ttft, req.tds),
+                    freezes=freezes(rel, req.tds),
+                    idle_s=user_idle_latency(rel, req.ttft, req.tds),
                 )
             )
 
@@ -663,6 +709,12 @@ class SimResult:
         )
         return float(total) / self.makespan
 
+    def reader(self) -> ReaderSummary:
+        """Freezes and user idle latency over the finished requests (:mod:`qos.metrics`)."""
+        return reader_summary(
+            [r.freezes.longest_s for r in self.requests], [r.idle_s for r in self.requests]
+        )
+
     def serving(self) -> ServingMetrics | None:
         """``vllm bench serve``-style metrics over the finished requests."""
         if not self.requests or not self.makespan > 0:
@@ -702,6 +754,7 @@ class SimResult:
             "throughput_tok_s": self.throughput,
             "preemptions_per_request": self.preemptions_per_request,
             "smooth_goodput": self.smooth_goodput(),
+            "reader": self.reader().as_dict() if self.requests else None,
             "serving": asdict(serving) if serving is not None else None,
             "iterations": {
                 "count": int(it["start"].size) if "start" in it else 0,
@@ -731,6 +784,7 @@ def simulate(
     kv_tokens: int | None = None,
     max_time: float | None = None,
     expose_output_len: bool = False,
+    pause: bool = False,
 ) -> SimResult:
     """Run ``workload`` through one :class:`Engine` until every request finishes.
 
@@ -750,6 +804,7 @@ def simulate(
         kv_tokens=kv_tokens,
         expose_output_len=expose_output_len,
         record=True,
+        pause=pause,
     )
     for req in sorted(workload, key=lambda r: r.arrival):
         engine.submit(req)

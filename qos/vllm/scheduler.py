@@ -188,6 +188,8 @@ class AndesScheduler(TimedScheduler):
             kv_tokens=blocks * self.block_size,
             max_batch=self.max_num_running_reqs,
             block_size=self.block_size,
+            pauses=self.qos_config.pause,
+            decision_interval_s=self.qos_config.decision_interval_s,
         )
         self.online: OnlineProfile | None = None
         if self.qos_config.profile == "online":

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from qos.metrics import andes_qoe, monotone_qoe
+from qos.metrics import andes_qoe, freezes, monotone_qoe, user_idle_latency
 from qos.timeline import digestion_starts, token_times
 from tests.support.paths import VECTORS
 
@@ -36,3 +36,14 @@ def test_vector_matches_qos(vec):
     assert monotone_qoe(timeline, ttft, tds) == pytest.approx(vec["monotone"], rel=1e-12)
     starts = digestion_starts(token_times(timeline), tds)
     np.testing.assert_allclose(starts, vec["digestion"], rtol=1e-12, atol=1e-12)
+    got = freezes(timeline, tds)
+    assert got.count == vec["freezes"]["count"]
+    assert got.longest_s == pytest.approx(vec["freezes"]["longest_s"], rel=1e-12, abs=1e-12)
+    assert got.total_s == pytest.approx(vec["freezes"]["total_s"], rel=1e-12, abs=1e-12)
+    assert user_idle_latency(timeline, ttft, tds) == pytest.approx(vec["idle"], rel=1e-12)
+
+
+def test_the_vectors_cover_freezes():
+    counts = [v["freezes"]["count"] for v in VECTORS]
+    assert 0 in counts and any(c > 1 for c in counts)
+    assert max(v["freezes"]["longest_s"] for v in VECTORS) > 10.0

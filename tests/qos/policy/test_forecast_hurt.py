@@ -148,7 +148,7 @@ def test_the_closed_form_decides_every_claim_of_the_benchmark_decision():
                 break
             table.record_tokens(row, now - 30.0 + k * 0.15)
     capacity = Capacity(kv_tokens=int(table.demand[table.running].sum()), max_batch=256)
-    policy = tokenpace_andes(get_profile("opt-66b-4xa100"))
+    policy = tokenpace_andes(get_profile("opt-66b-4xa100"), reader_guard=False)
     for row in range(table.n):
         policy.on_arrival(table, row, now)
     for k in range(10):

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.config.schema import DEFAULT_TIERS
 from qos.fairness import W_OUTPUT, W_PROMPT
+from qos.metrics import Freezes
 from qos.sim import TIERS, parse_tenants, parse_tier_mix
 from qos.sim.engine import RequestResult
 from qos.sim.shares import service_shares, water_fill
@@ -43,6 +44,8 @@ def result(rid: str, tenant: str, arrival: float, times: list[float], prompt: in
         preemptions=0,
         andes_qoe=1.0,
         monotone_qoe=1.0,
+        freezes=Freezes(0.0, 0, 0.0),
+        idle_s=0.0,
     )
 
 

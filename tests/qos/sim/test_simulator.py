@@ -134,11 +134,12 @@ def check_invariants(res, workload, kv_tokens):
 
 
 # -- engine invariants --------------------------------------------------------------------
+@pytest.mark.parametrize("pause", [False, True])
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 @pytest.mark.parametrize("policy_cls", [FCFS, Thrash, Everything])
-def test_invariants(policy_cls, preemption):
+def test_invariants(policy_cls, preemption, pause):
     wl = synthetic()
-    res = simulate(wl, policy_cls(), SMALL, preemption=preemption)
+    res = simulate(wl, policy_cls(), SMALL, preemption=preemption, pause=pause)
     check_invariants(res, wl, 512)
     assert res.kv_tokens == 512
     if policy_cls is Thrash:
@@ -157,6 +158,32 @@ def test_preempted_requests_resume_with_full_output():
     # Swap resumes without prefill: only first prefills (the prompts) are computed.
     assert swp.iterations["prefill_tokens"].sum() == sum(r.prompt_tokens for r in wl)
     assert rec.iterations["prefill_tokens"].sum() > sum(r.prompt_tokens for r in wl)
+
+
+def test_a_paused_request_keeps_its_kv_and_resumes_without_a_prefill():
+    """With the plugin's pause, a request left out keeps its KV while the cache has room
+    (here always): nothing is recomputed, nothing is preempted."""
+    wl = synthetic(n=30)
+    roomy = Engine(Thrash(), SMALL, kv_tokens=16 * 512, record=True, pause=True)
+    for req in wl:
+        roomy.submit(req)
+    now = 0.0
+    while roomy.has_work():
+        res = roomy.step(now)
+        now = res.end if res.batch_size else (roomy.next_arrival_time() or now)
+    assert roomy.total_pauses > 0 and roomy.total_preemptions == 0
+    prefilled = roomy.iteration_stats()["prefill_tokens"].sum()
+    assert prefilled == sum(r.prompt_tokens for r in wl)
+
+
+def test_paused_requests_lose_their_kv_when_what_runs_needs_it():
+    """A small cache: paused requests are preempted (the one whose reader needs its next
+    token last first), and the KV the running and paused requests hold never passes M."""
+    wl = synthetic(n=30)
+    res = simulate(wl, Thrash(), SMALL, pause=True)
+    check_invariants(res, wl, 512)
+    assert res.preemptions_per_request > 0
+    assert res.iterations["prefill_tokens"].sum() > sum(r.prompt_tokens for r in wl)
 
 
 def test_over_full_mask_is_clipped_to_capacity():

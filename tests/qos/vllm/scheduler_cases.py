@@ -29,6 +29,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+from qos.metrics import freezes
 from qos.policy.andes import Andes
 from qos.policy.base import Policy
 from qos.policy.table import Capacity, RequestTable
@@ -116,8 +117,11 @@ def make_scheduler(
     monkeypatch: pytest.MonkeyPatch,
     interval: float = 0.0,
     pause: bool = True,
+    policy: str | None = None,
 ):
     monkeypatch.setenv("TOKENPACE_PAUSE", "1" if pause else "0")
+    if policy is not None:
+        monkeypatch.setenv("TOKENPACE_POLICY", policy)
     monkeypatch.setenv("TOKENPACE_PROFILE", "llama-3.1-8b-h100")  # fixed: deterministic
     monkeypatch.setenv("TOKENPACE_DEFAULT_TTFT", "1.0")
     monkeypatch.setenv("TOKENPACE_DEFAULT_TDS", "4.8")
@@ -297,8 +301,11 @@ def test_paused_requests_are_preempted_when_the_running_ones_need_their_blocks(
 ):
     """A cache too small to keep the paused requests and grow the running ones: the paused
     ones give way (preempted, recomputed later), vLLM never has to preempt on its own,
-    and everyone finishes."""
-    scheduler, clock = make_scheduler(vllm_config, blocks=34, monkeypatch=monkeypatch)
+    and everyone finishes. (The policy without the reader guard, which over-commits the
+    cache: the guard keeps room for every started reply, so it never comes to this.)"""
+    scheduler, clock = make_scheduler(
+        vllm_config, blocks=34, monkeypatch=monkeypatch, policy="andes-tp-unguarded"
+    )
     own: list[int] = []  # vLLM's own preemptions, per step
     was_paused: list[bool] = []  # per preemption by the plugin
     schedule_step, preempt = scheduler._schedule_step, scheduler._preempt
@@ -323,25 +330,53 @@ def test_paused_requests_are_preempted_when_the_running_ones_need_their_blocks(
         assert list(req.output_token_ids) == [11] * req.max_tokens, rid
 
 
-def test_chat_burst_is_served_before_relaxed_requests(vllm_config, monkeypatch):
-    """Andes's point: the burst's first tokens come soon although the cache is full."""
-    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch)
+def first_tokens_and_times(scheduler, clock):
+    """Spy on the scheduler: each request's first-token time and output token times."""
     first_token: dict[str, float] = {}
+    times: dict[str, list[float]] = {}
     original = scheduler.update_from_output
 
     def spy(out, mro):
         result = original(out, mro)
         for rid, req in scheduler.requests.items():
+            seen = times.setdefault(rid, [])
+            seen.extend([clock[0]] * (req.num_output_tokens - len(seen)))
             if req.num_output_tokens and rid not in first_token:
                 first_token[rid] = clock[0]
         return result
 
     scheduler.update_from_output = spy
-    run_workload(scheduler, clock, contended_workload(clock[0]))
-    chat_arrival = 1000.0 + 30 * STEP_S
+    return first_token, times
+
+
+def test_chat_burst_is_served_before_relaxed_requests(vllm_config, monkeypatch):
+    """Andes's point: more requests than the batch holds, and the burst's first tokens
+    come soon, the relaxed replies ahead of their readers giving up their slots."""
+    scheduler, clock = make_scheduler(vllm_config, blocks=64, monkeypatch=monkeypatch)
+    first_token, _ = first_tokens_and_times(scheduler, clock)
+    run_workload(scheduler, clock, many_requests_workload(clock[0]))
+    chat_arrival = 1000.0 + 20 * STEP_S
     for i in range(4):
         ttft = first_token[f"chat{i}"] - (chat_arrival + i * STEP_S)
         assert ttft <= 0.5, (i, ttft)
+
+
+def test_a_full_cache_keeps_its_started_replies_and_the_burst_waits(vllm_config, monkeypatch):
+    """The cache holds four started replies: the burst waits for room rather than take
+    their KV, no started reply freezes at its reader's pace, and the burst is served as
+    the replies finish."""
+    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch)
+    first_token, times = first_tokens_and_times(scheduler, clock)
+    _, reqs = run_workload(scheduler, clock, contended_workload(clock[0]))
+    start = 1000.0
+    for i in range(4):
+        relaxed = [t - start for t in times[f"long{i}"]]
+        assert freezes(relaxed, 2.0).count == 0, i
+    last_relaxed = max(times[f"long{i}"][-1] for i in range(4))
+    assert min(first_token[f"chat{i}"] for i in range(4)) > start + 30 * STEP_S
+    assert all(first_token[f"chat{i}"] <= last_relaxed + 1.0 for i in range(4))
+    for rid, req in reqs.items():
+        assert list(req.output_token_ids) == [11] * req.max_tokens, rid
 
 
 def test_untagged_requests_get_the_defaults(vllm_config, monkeypatch):

@@ -1,0 +1,56 @@
+"""Freezes and the reader summary (qos.metrics): what the reader sees stop."""
+
+from __future__ import annotations
+
+import pytest
+
+from qos.metrics import FREEZE_THRESHOLDS_S, Freezes, andes_qoe, freezes, reader_summary
+
+
+def test_a_reply_faster_than_its_reader_never_freezes():
+    assert freezes([(1.0, 10), (1.1, 10), (1.2, 30)], 4.8) == Freezes(0.0, 0, 0.0)
+
+
+def test_the_wait_for_the_first_token_is_not_a_freeze():
+    assert freezes([(30.0, 1), (30.1, 5)], 5.0).count == 0
+
+
+def test_a_pause_counts_only_once_the_buffer_is_read():
+    # 20 tokens at 1 s are read by 5 s; the next arrives at 8 s: 3 s frozen; 5 more are
+    # read until 9 s, the last arrives at 12 s: 3 s more
+    got = freezes([(1.0, 20), (8.0, 5), (12.0, 1)], 5.0)
+    assert got.count == 2
+    assert got.longest_s == pytest.approx(3.0)
+    assert got.total_s == pytest.approx(6.0)
+
+
+def test_eq1_barely_charges_a_late_freeze_the_reader_summary_does():
+    on_time = [1.0 + k / 5.0 for k in range(300)]
+    late_freeze = [*on_time[:290], *(t + 120.0 for t in on_time[290:])]
+    assert andes_qoe(late_freeze, 1.0, 5.0) > 0.85  # two minutes stopped, QoE still high
+    assert freezes(late_freeze, 5.0).longest_s == pytest.approx(120.0)
+
+
+def test_reader_summary_shares_percentiles_and_median_freeze():
+    longest = [0.0] * 90 + [1.0] * 5 + [3.0] * 3 + [12.0, 40.0]
+    idle = [float(i) for i in range(100)]
+    summary = reader_summary(longest, idle)
+    assert summary.replies == 100
+    assert summary.frozen_share == {2.0: 0.05, 5.0: 0.02, 10.0: 0.02}
+    assert set(summary.frozen_share) == set(FREEZE_THRESHOLDS_S)
+    assert summary.longest_freeze_s == 40.0
+    assert summary.median_freeze_s == 2.0  # of 1, 1, 1, 1, 1, 3, 3, 3, 12, 40
+    assert summary.idle_p50_s == pytest.approx(49.5)
+    assert summary.idle_p99_s == pytest.approx(98.01)
+    flat = summary.as_dict()
+    assert flat["frozen_over_2s"] == 0.05 and flat["frozen_over_10s"] == 0.02
+    assert reader_summary([0.0], [0.0]).median_freeze_s is None
+
+
+def test_reader_summary_bad_input():
+    with pytest.raises(ValueError, match="no replies"):
+        reader_summary([], [])
+    with pytest.raises(ValueError, match="lengths must match"):
+        reader_summary([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="expected_tds"):
+        freezes([(1.0, 1)], 0.0)

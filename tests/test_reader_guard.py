@@ -1,0 +1,208 @@
+"""The reader guard (qos/policy/reader.py): a started reply is never left without a token.
+
+Hand-made tables check each rule on one decision; the simulator checks the promise over
+whole runs: on random small workloads (hypothesis), under either engine (pausing with
+the KV kept, or preempting by recompute), no reply ever freezes for longer than the
+documented bound, one iteration with the longest single (re)compute prefill.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qos.latency import LatencyProfile
+from qos.metrics import freezes
+from qos.policy.andes import tokenpace_andes
+from qos.policy.reader import ReaderGuard
+from qos.policy.table import Capacity, RequestTable
+from qos.sim.engine import simulate
+from qos.sim.workload import SimRequest
+
+# 50 tokens/s per request at B=1, 25 at B=8: a reader at 5 tokens/s is always outpaced.
+SMALL = LatencyProfile(
+    name="small",
+    source="test",
+    batch_sizes=(1, 8),
+    decode_s_at=(0.02, 0.04),
+    kv_capacity_tokens=2_000,
+    max_batch=8,
+    prefill_per_token_s=2e-4,
+    prefill_base_s=0.005,
+    swap_per_token_s=1e-4,
+)
+TAU = 0.04  # decode latency at the full batch
+
+
+def started(table: RequestTable, key: str, *, tokens: int, last_at: float, now: float) -> int:
+    """A running reply with ``tokens`` tokens, the last received at ``last_at``."""
+    row = table.add(key, arrival=0.0, prompt_tokens=20, ttft=1.0, tds=5.0)
+    table.admit(row)
+    for k in range(tokens):
+        table.record_tokens(row, min(last_at, 0.5 + 0.01 * k))
+    assert table.col("dig_last")[row] <= now + 60.0
+    return row
+
+
+def fresh(table: RequestTable, key: str, *, arrival: float, prompt: int = 20) -> int:
+    return table.add(key, arrival=arrival, prompt_tokens=prompt, ttft=1.0, tds=5.0)
+
+
+def test_slack_is_the_time_left_before_the_reader_runs_out():
+    table = RequestTable()
+    row = started(table, "a", tokens=10, last_at=0.5, now=1.0)
+    guard = ReaderGuard(SMALL)
+    slack = guard.slack(table, 1.0, TAU)
+    # 10 tokens from 0.5 s, read at 5 tokens/s: the reader runs out at 0.5 + 10/5 = 2.5 s
+    assert slack[row] == pytest.approx(2.5 - 1.0 - TAU)
+    fresh(table, "b", arrival=0.9)
+    assert guard.slack(table, 1.0, TAU)[1] == np.inf  # no token yet: no reader to keep
+    table.preempt(row, 1.0)  # the KV is gone: its next token waits for a recompute too
+    recompute = SMALL.prefill_s(int(table.context[row]))
+    assert guard.slack(table, 1.0, TAU)[row] == pytest.approx(2.5 - 1.0 - TAU - recompute)
+
+
+@pytest.mark.parametrize("pauses", [True, False])
+def test_a_reply_whose_reader_is_running_out_runs_though_fresh_requests_wait(pauses):
+    """One slot: the paused reply is due (its reader has 0.05 s of text left), so it runs
+    and the fresh request, which the solver would rather admit, waits."""
+    now = 2.45
+    table = RequestTable()
+    row = started(table, "due", tokens=10, last_at=0.5, now=now)  # reader out at 2.5 s
+    table.pause(row, now) if pauses else table.preempt(row, now)
+    newcomer = fresh(table, "new", arrival=now - 1.5)  # past its TTFT: Andes wants it
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    run = policy.schedule(table, Capacity(2_000, 1, pauses=pauses), now)
+    assert run[row] and not run[newcomer]
+    assert policy.guard is not None and policy.guard.forced == 1
+
+
+def test_a_reply_ahead_of_its_reader_gives_its_slot_to_a_fresh_request():
+    """With pausing, the slot of a reply 20 s ahead of its reader goes to a request that
+    waits for its first token; the reply keeps its KV and loses nothing."""
+    now = 1.0
+    table = RequestTable()
+    ahead = started(table, "ahead", tokens=100, last_at=0.6, now=now)
+    newcomer = fresh(table, "new", arrival=0.0)
+    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(
+        table, Capacity(2_000, 1, pauses=True), now
+    )
+    assert run[newcomer] and not run[ahead]
+
+
+def test_without_pausing_a_running_reply_stays_rather_than_lose_its_kv():
+    """Leaving a reply out would cost a recompute: it keeps running, the newcomer waits
+    for room (the shortfall lands before the first token)."""
+    now = 1.0
+    table = RequestTable()
+    ahead = started(table, "ahead", tokens=100, last_at=0.6, now=now)
+    newcomer = fresh(table, "new", arrival=0.0)
+    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(
+        table, Capacity(2_000, 1, pauses=False), now
+    )
+    assert run[ahead] and not run[newcomer]
+
+
+@pytest.mark.parametrize("pauses", [True, False])
+def test_fresh_requests_get_only_the_room_every_started_reply_leaves(pauses):
+    """The KV of a reply parked earlier stays counted: a fresh request that would need it
+    waits, so the reply can always come back."""
+    now = 5.0
+    table = RequestTable()
+    parked = table.add("parked", arrival=0.0, prompt_tokens=500, ttft=1.0, tds=5.0)
+    table.admit(parked)
+    for k in range(100):
+        table.record_tokens(parked, 0.5 + 0.01 * k)  # its reader is busy until ~20.5 s
+    table.preempt(parked, 1.0)
+    newcomer = fresh(table, "new", arrival=now - 2.0, prompt=1_000)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    run = policy.schedule(table, Capacity(1_200, 8, block_size=1, pauses=pauses), now)
+    assert not run[newcomer]  # 601 + 1001 > 0.95 * 1200: it would take the parked reply's KV
+    small = fresh(table, "small", arrival=now - 2.0, prompt=400)
+    run = policy.schedule(table, Capacity(1_200, 8, block_size=1, pauses=pauses), now)
+    assert run[small] and not run[newcomer]  # 601 + 401 fits beside it
+
+
+def test_an_admission_waits_when_its_prefill_would_freeze_a_running_reply():
+    """A running reply with 0.05 s of slack cannot wait for a 0.2 s prefill: the first
+    admission of an iteration always goes in, the next one waits."""
+    now = 2.4
+    table = RequestTable()
+    reply = started(table, "tight", tokens=10, last_at=0.5, now=now)  # out at 2.5 s
+    first = fresh(table, "first", arrival=now - 1.2, prompt=100)
+    second = fresh(table, "second", arrival=now - 1.1, prompt=1_000)
+    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(
+        table, Capacity(2_000, 8, pauses=True), now
+    )
+    assert run[reply] and run[first] and not run[second]
+
+
+def test_overdue_requests_go_first_oldest_first():
+    guard = ReaderGuard(SMALL, overdue_after_ttfts=10.0)
+    table = RequestTable()
+    for key, arrival in (("young", 95.0), ("old", 50.0), ("older", 20.0), ("mid", 99.0)):
+        fresh(table, key, arrival=arrival)
+    policy_order = np.array([0, 3, 1, 2])  # as a policy ranked them
+    # at 100 s: old (50 s) and older (80 s) have waited more than 10 TTFTs of 1 s
+    assert guard.overdue_first(table, policy_order, 100.0).tolist() == [2, 1, 0, 3]
+    assert (
+        ReaderGuard(SMALL, overdue_after_ttfts=None)
+        .overdue_first(table, policy_order, 100.0)
+        .tolist()
+        == policy_order.tolist()
+    )
+
+
+def test_bad_options_are_refused_naming_the_option():
+    with pytest.raises(ValueError, match="margin_s"):
+        ReaderGuard(SMALL, margin_s=0.0)
+    with pytest.raises(ValueError, match="overdue_after_ttfts"):
+        ReaderGuard(SMALL, overdue_after_ttfts=-1.0)
+    with pytest.raises(ValueError, match="lend_after_s"):
+        ReaderGuard(SMALL, lend_after_s=0.0)
+
+
+def freeze_bound(profile: LatencyProfile, workload: list[SimRequest]) -> float:
+    """The documented bound (docs/architecture.md, "The reader guard"): one iteration at
+    the full batch with the longest single (re)compute prefill, a whole context's."""
+    longest = max(r.prompt_tokens + r.output_tokens for r in workload)
+    tau = float(profile.decode_s(profile.max_batch))
+    return tau + profile.prefill_s(longest)
+
+
+workloads = st.lists(
+    st.tuples(
+        st.floats(0.0, 20.0),  # arrival
+        st.integers(1, 300),  # prompt tokens
+        st.integers(1, 300),  # output tokens
+        st.sampled_from([3.3, 4.8, 25.0]),  # TDS: voice, chat, fast
+        st.sampled_from([("free", 1.0), ("pro", 2.0), ("ent", 4.0)]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=workloads, pauses=st.booleans(), weighted=st.booleans())
+def test_no_reply_freezes_beyond_the_bound_on_random_workloads(spec, pauses, weighted):
+    workload = [
+        SimRequest(
+            id=f"r{i}",
+            arrival=arrival,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            ttft=1.0,
+            tds=tds,
+            tenant=tenant,
+            weight=weight,
+        )
+        for i, (arrival, prompt, output, tds, (tenant, weight)) in enumerate(spec)
+    ]
+    policy = tokenpace_andes(SMALL, fair_share_slack=500.0 if weighted else None)
+    result = simulate(workload, policy, SMALL, pause=pauses)
+    bound = freeze_bound(SMALL, workload)
+    worst = max(freezes(r.times, r.tds).longest_s for r in result.requests)
+    assert worst <= bound + 1e-9, (worst, bound)
