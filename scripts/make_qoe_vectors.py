@@ -13,8 +13,8 @@ no copy can drift silently. Rewrite the file after changing a formula:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
