@@ -7,8 +7,9 @@ tokenpace gateway (``tokenpace serve`` with a generated configuration: one tenan
 one HTTP backend with ``tokenpace: false``, WARNING logging) and the LiteLLM proxy
 (``litellm --config``, an OpenAI-compatible model on the same upstream, no database),
 then for each N and each target drives N concurrent streams from a load generator in a
-process of its own (this file with ``--loadgen``: asyncio + uvloop + httptools, one
-keep-alive connection per stream slot, a receive time for every read).
+process of its own (``bench/loadgen.py``: asyncio + uvloop + httptools, one keep-alive
+connection per stream slot, a receive time for every read). Every server is a process
+of ``bench/launch.py``.
 
 Two phases per (N, target), measured the same way for every target:
 
@@ -36,6 +37,10 @@ this process are pinned to the first half of the CPUs and the proxies to the oth
 half, as a proxy on hosts of its own would run: its CPU use does not slow the
 upstream or the client, and direct is measured on the same CPUs.
 
+``--baseline DIR`` also measures the gateway of another checkout (``gateway-base``: that
+tree's ``gateway`` package run with this environment, e.g. an older commit in a git
+worktree) in every phase, next to this one's, and reports the two repeat by repeat.
+
 ``--workers 1,2`` measures the gateway once per worker count, side by side in the same
 run (``gateway`` is the single process, ``gateway-2w`` ``tokenpace serve --workers 2``).
 A gateway of more workers than the proxy half has CPUs is pinned to every CPU: on two
@@ -61,393 +66,35 @@ requests through the gateway and samples its RSS every 1,000. Results:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
 import platform
-import re
-import resource
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from launch import Server, free_port
+from loadgen import LoadSpec, spec_json
+
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "bench" / "fixed_rate_upstream.py"
+LOADGEN = ROOT / "bench" / "loadgen.py"
 FLOOR = ROOT / "bench" / "stack_floor.py"
 BENCH_KEY = "tp-bench-key-0001"
 LITELLM_KEY = "sk-tokenpace-bench-0001"  # the proxy's master key (it refuses to run without one)
 TARGETS = ("direct", "floor", "gateway", "litellm")
-_STAMP = re.compile(rb'"content": ?"(\d+)"')
-
-
-# ---------------------------------------------------------------------------------
-# the load generator (its own process)
-
-
-@dataclass
-class LoadSpec:
-    """One load generator run against one target."""
-
-    host: str
-    port: int
-    key: str
-    model: str
-    tokens: int
-    concurrency: int
-    ramp_s: float  # stream starts staggered over this long
-    record_s: float  # streams started in [ramp_s, ramp_s + record_s) are recorded
-    stop_s: float  # no stream starts after this (from the run's start)
-    cut_s: float | None = None  # in-flight streams are dropped at this time
-    window: tuple[float, float] | None = None  # chunks read in this window → chunks/s
-    requests: int | None = None  # stop after this many completed streams
-    progress_every: int = 0  # print {"progress": n} after every n completed streams
-
-
-@dataclass
-class LoadStats:
-    ttft_us: array = field(default_factory=lambda: array("q"))
-    delay_us: array = field(default_factory=lambda: array("q"))
-    gap_us: array = field(default_factory=lambda: array("q"))
-    win_start_us: int = 0
-    win_end_us: int = 0
-    win_chunks: int = 0
-    chunks: int = 0
-    completed: int = 0
-    incomplete: int = 0
-    errors: int = 0
-    started: int = 0
-
-
-class _Stream:
-    """One streaming request's bookkeeping, fed by the connection's body callback."""
-
-    __slots__ = ("buf", "done", "error", "first", "last", "n", "record", "sent", "stats")
-
-    def __init__(self, stats: LoadStats, record: bool) -> None:
-        self.stats = stats
-        self.sent = 0  # set when the request is written
-        self.record = record
-        self.buf = b""
-        self.n = 0
-        self.first = 0
-        self.last = 0
-        self.done = False
-        self.error = False
-
-    def feed(self, body: bytes, now: int) -> None:
-        buf = self.buf + body
-        end = buf.rfind(b"\n\n")
-        if end < 0:
-            self.buf = buf
-            return
-        events, self.buf = buf[:end], buf[end + 2 :]
-        stamps = _STAMP.findall(events)
-        if b"[DONE]" in events:
-            self.done = True
-        if b'{"error"' in events:
-            self.error = True
-        if not stamps:
-            return
-        n = len(stamps)
-        st = self.stats
-        st.chunks += n
-        if st.win_start_us <= now < st.win_end_us:
-            st.win_chunks += n
-        if self.record:
-            if self.n == 0:
-                st.ttft_us.append(now - self.sent)
-            else:
-                st.gap_us.append(now - self.last)
-            st.gap_us.extend([0] * (n - 1))
-            st.delay_us.extend([now - int(s) for s in stamps])
-        self.n += n
-        self.last = now
-
-
-class _Connection(asyncio.Protocol):
-    """A keep-alive HTTP/1.1 connection that runs one streaming request at a time."""
-
-    def __init__(self) -> None:
-        import httptools
-
-        self._parser = httptools.HttpResponseParser(self)
-        self._error = httptools.HttpParserError
-        self.transport: Any = None  # uvloop's TCPTransport
-        self.stream: _Stream | None = None
-        self.status = 0
-        self.reusable = True
-        self._now = 0
-        self._waiter: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self._now = time.time_ns() // 1000
-        try:
-            self._parser.feed_data(data)
-        except self._error as exc:
-            self._fail(ConnectionError(f"bad HTTP response: {exc}"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.reusable = False
-        self._fail(ConnectionError("connection closed"))
-
-    def _fail(self, exc: Exception) -> None:
-        self.reusable = False
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(exc)
-
-    # httptools callbacks
-    def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
-        self.reusable = self._parser.should_keep_alive()
-
-    def on_body(self, body: bytes) -> None:
-        if self.stream is not None:
-            self.stream.feed(body, self._now)
-
-    def on_message_complete(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def request(self, payload: bytes, stream: _Stream) -> None:
-        assert self.transport is not None
-        self.stream = stream
-        self.status = 0
-        self._waiter = asyncio.get_running_loop().create_future()
-        stream.sent = time.time_ns() // 1000
-        self.transport.write(payload)
-        await self._waiter
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-def _request_bytes(spec: LoadSpec) -> bytes:
-    body = json.dumps(
-        {
-            "model": spec.model,
-            "messages": [{"role": "user", "content": "Say something."}],
-            "max_tokens": spec.tokens,
-            "stream": True,
-        }
-    ).encode()
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {spec.host}:{spec.port}\r\n"
-        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-        f"Authorization: Bearer {spec.key}\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-async def _slot(i: int, spec: LoadSpec, stats: LoadStats, t0: float) -> None:
-    """One of the N stream slots: streams back to back on a keep-alive connection."""
-    loop = asyncio.get_running_loop()
-    payload = _request_bytes(spec)
-    await asyncio.sleep(max(0.0, t0 + spec.ramp_s * i / spec.concurrency - loop.time()))
-    conn: _Connection | None = None
-    try:
-        while True:
-            now = loop.time() - t0
-            if now >= spec.stop_s or (spec.requests is not None and stats.started >= spec.requests):
-                return
-            if conn is None or not conn.reusable:
-                if conn is not None:
-                    conn.close()
-                _, conn = await loop.create_connection(_Connection, spec.host, spec.port)
-            record = spec.ramp_s <= now < spec.ramp_s + spec.record_s
-            stream = _Stream(stats, record)
-            stats.started += 1
-            try:
-                await conn.request(payload, stream)
-            except ConnectionError:
-                stats.errors += 1
-                conn.close()
-                conn = None
-                continue
-            if conn.status != 200 or stream.error:
-                stats.errors += 1
-            elif stream.done and stream.n == spec.tokens:
-                stats.completed += 1
-                if spec.progress_every and stats.completed % spec.progress_every == 0:
-                    print(json.dumps({"progress": stats.completed}), flush=True)
-            else:
-                stats.incomplete += 1
-    finally:
-        if conn is not None:
-            conn.close()
-
-
-def _pcts(values: array) -> dict[str, float] | None:
-    import numpy as np
-
-    if not len(values):
-        return None
-    a = np.frombuffer(values, dtype=np.int64) / 1000.0  # ms
-    p50, p90, p99, p999 = np.percentile(a, [50, 90, 99, 99.9])
-    return {
-        "n": len(a),
-        "mean": float(a.mean()),
-        "p50": float(p50),
-        "p90": float(p90),
-        "p99": float(p99),
-        "p99.9": float(p999),
-        "max": float(a.max()),
-    }
-
-
-async def _run_load(spec: LoadSpec) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    stats = LoadStats()
-    t0 = loop.time() + 0.05
-    if spec.window is not None:
-        base = time.time_ns() // 1000 + 50_000
-        stats.win_start_us = base + int(spec.window[0] * 1e6)
-        stats.win_end_us = base + int(spec.window[1] * 1e6)
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    slots = [loop.create_task(_slot(i, spec, stats, t0)) for i in range(spec.concurrency)]
-    if spec.cut_s is not None:
-        await asyncio.wait(slots, timeout=max(0.0, t0 + spec.cut_s - loop.time()))
-        for task in slots:
-            task.cancel()
-    results = await asyncio.gather(*slots, return_exceptions=True)
-    wall = loop.time() - t0
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    failures = [r for r in results if isinstance(r, BaseException)]
-    failures = [r for r in failures if not isinstance(r, asyncio.CancelledError)]
-    out: dict[str, Any] = {
-        "wall_s": wall,
-        "loadgen_cpu_s": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
-        "streams_started": stats.started,
-        "streams_completed": stats.completed,
-        "streams_incomplete": stats.incomplete,
-        "streams_cut": stats.started - stats.completed - stats.incomplete - stats.errors,
-        "errors": stats.errors + len(failures),
-        "slot_failures": [repr(f) for f in failures[:3]],
-        "chunks": stats.chunks,
-        "ttft_ms": _pcts(stats.ttft_us),
-        "delay_ms": _pcts(stats.delay_us),
-        "gap_ms": _pcts(stats.gap_us),
-    }
-    if spec.window is not None:
-        out["window_chunks"] = stats.win_chunks
-        out["chunks_per_s"] = stats.win_chunks / (spec.window[1] - spec.window[0])
-    return out
-
-
-def loadgen_main(spec_json: str) -> int:
-    """``--loadgen SPEC``: run one load and print its result as one JSON line."""
-    import uvloop
-
-    spec = LoadSpec(**json.loads(spec_json))
-    if spec.window is not None:
-        spec.window = (spec.window[0], spec.window[1])
-    result = uvloop.run(_run_load(spec))
-    print(json.dumps({"result": result}), flush=True)
-    return 0
 
 
 # ---------------------------------------------------------------------------------
 # servers
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """A server subprocess (in its own session), with CPU and RSS of its process tree."""
-
-    def __init__(
-        self,
-        name: str,
-        cmd: list[str],
-        port: int,
-        ready_path: str,
-        log_dir: Path,
-        cpus: set[int] | None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        import psutil
-
-        self.name = name
-        self.port = port
-        self.ready_url = f"http://127.0.0.1:{port}{ready_path}"
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-            cwd=ROOT,
-        )
-        if cpus:
-            os.sched_setaffinity(self.proc.pid, cpus)
-        self.ps = psutil.Process(self.proc.pid)
-        self._psutil = psutil
-
-    def wait_ready(self, timeout: float) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited; see {self.log_path}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.ready_url, timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s; see {self.log_path}")
-
-    def _tree(self) -> list[Any]:
-        try:
-            return [self.ps, *self.ps.children(recursive=True)]
-        except self._psutil.Error:
-            return [self.ps]
-
-    def cpu_s(self) -> float:
-        total = 0.0
-        for p in self._tree():
-            with contextlib.suppress(self._psutil.Error):
-                t = p.cpu_times()
-                total += t.user + t.system
-        return total
-
-    def rss(self) -> int:
-        total = 0
-        for p in self._tree():
-            with contextlib.suppress(self._psutil.Error):
-                total += p.memory_info().rss
-        return total
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self._log.close()
 
 
 class RssSampler:
@@ -547,7 +194,7 @@ def _cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
 def _run_loadgen(
     spec: LoadSpec, cpus: set[int] | None, on_progress: Callable[[int], None] | None = None
 ) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--loadgen", json.dumps(spec.__dict__)]
+    cmd = [sys.executable, str(LOADGEN), spec_json(spec)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     if cpus:
         os.sched_setaffinity(proc.pid, cpus)
@@ -616,83 +263,75 @@ class Bench:
         self.ports: dict[str, int] = {}
         self.sampler: RssSampler | None = None
         self.skipped: dict[str, str] = {}
-        self.redis: subprocess.Popen[bytes] | None = None
+        self.redis: Server | None = None
+
+    def launch(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        ready_path: str,
+        cpus: set[int] | None,
+        *,
+        env: dict[str, str] | None = None,
+        source: Path = ROOT,
+    ) -> None:
+        """Start the server ``name`` (``bench/launch.py``), its log in this run's folder."""
+        self.servers[name] = Server(
+            name,
+            cmd,
+            port=port,
+            ready_path=ready_path,
+            log_dir=self.tmp,
+            cpus=cpus,
+            env=env,
+            cwd=source,
+        )
+        self.ports[name] = port
 
     def start(self, targets: list[str], litellm_bin: Path | None) -> None:
         a = self.args
         up_port = free_port()
-        self.servers["upstream"] = Server(
-            "upstream",
-            [sys.executable, str(UPSTREAM), "--port", str(up_port), "--rate", str(a.rate)],
-            up_port,
-            "/v1/models",
-            self.tmp,
-            self.harness_cpus,
-        )
-        self.ports["direct"] = up_port
+        upstream = [sys.executable, str(UPSTREAM), "--port", str(up_port), "--rate", str(a.rate)]
+        self.launch("upstream", upstream, up_port, "/v1/models", self.harness_cpus)
+        self.ports["direct"] = up_port  # the load generator straight to the upstream
         conc = max(a.ns) * 2
         if "gateway" in targets:
             redis = None
             if a.redis or max(a.workers) > 1:
                 redis = self.start_redis()
-            tokenpace = Path(sys.executable).parent / "tokenpace"
-            for workers in a.workers:
-                name = gateway_name(workers)
-                port = free_port()
-                cfg = self.tmp / f"{name}.yaml"
-                store = (redis, f"bench-{name}") if redis else None
-                cfg.write_text(gateway_config(port, up_port, conc, store))
-                cmd = [str(tokenpace), "serve", "--config", str(cfg), "--workers", str(workers)]
-                cpus = self.gateway_cpus(workers)
-                self.servers[name] = Server(name, cmd, port, "/readyz", self.tmp, cpus)
-                self.ports[name] = port
+            sources = [("", ROOT)] + ([("-base", a.baseline.resolve())] if a.baseline else [])
+            for suffix, source in sources:
+                for workers in a.workers:
+                    name = gateway_name(workers) + suffix
+                    port = free_port()
+                    cfg = self.tmp / f"{name}.yaml"
+                    store = (redis, f"bench-{name}") if redis else None
+                    cfg.write_text(gateway_config(port, up_port, conc, store))
+                    serve = ["serve", "--config", str(cfg), "--workers", str(workers)]
+                    cmd = [sys.executable, "-m", "gateway.cli", *serve]
+                    cpus = self.gateway_cpus(workers)
+                    env = {"PYTHONPATH": str(source)}  # that checkout's gateway, this venv
+                    self.launch(name, cmd, port, "/readyz", cpus, env=env, source=source)
         if "floor" in targets:
             port = free_port()
-            self.servers["floor"] = Server(
-                "floor",
-                [
-                    sys.executable,
-                    str(FLOOR),
-                    "--port",
-                    str(port),
-                    "--upstream",
-                    f"http://127.0.0.1:{up_port}/v1",
-                    "--max-connections",
-                    str(conc),
-                ],
-                port,
-                "/healthz",
-                self.tmp,
-                self.proxy_cpus,
-            )
-            self.ports["floor"] = port
+            upstream_url = f"http://127.0.0.1:{up_port}/v1"
+            cmd = [sys.executable, str(FLOOR), "--port", str(port), "--upstream", upstream_url]
+            cmd += ["--max-connections", str(conc)]
+            self.launch("floor", cmd, port, "/healthz", self.proxy_cpus)
         if "litellm" in targets and litellm_bin is not None:
             port = free_port()
             cfg = self.tmp / "litellm.yaml"
             cfg.write_text(litellm_config(up_port, [f"tps-{a.rate:g}", "tps-0"]))
-            self.servers["litellm"] = Server(
-                "litellm",
-                [
-                    str(litellm_bin),
-                    "--config",
-                    str(cfg),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                port,
-                "/health/liveliness",
-                self.tmp,
-                self.proxy_cpus,
-                env={
-                    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                    "LITELLM_LOG": "ERROR",
-                    "LITELLM_MODE": "PRODUCTION",
-                    "DISABLE_ADMIN_UI": "True",
-                },
-            )
-            self.ports["litellm"] = port
+            cmd = [str(litellm_bin), "--config", str(cfg), "--host", "127.0.0.1"]
+            env = {
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_LOG": "ERROR",
+                "LITELLM_MODE": "PRODUCTION",
+                "DISABLE_ADMIN_UI": "True",
+            }
+            cmd += ["--port", str(port)]
+            self.launch("litellm", cmd, port, "/health/liveliness", self.proxy_cpus, env=env)
         for s in self.servers.values():
             _say(self.out, f"starting {s.name} on port {s.port} ...")
             s.wait_ready(180.0 if s.name == "litellm" else 60.0)
@@ -712,16 +351,10 @@ class Bench:
         port = free_port()
         args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--dir", str(self.tmp)]
-        self.redis = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
-        if self.harness_cpus:
-            os.sched_setaffinity(self.redis.pid, self.harness_cpus)
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if time.monotonic() > deadline or self.redis.poll() is not None:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
+        self.redis = Server(
+            "redis", args, port=port, ready_path=None, log_dir=self.tmp, cpus=self.harness_cpus
+        )
+        self.redis.wait_ready(10.0, interval_s=0.05)
         return f"redis://127.0.0.1:{port}/0"
 
     def spec(self, target: str, **kw: Any) -> LoadSpec:
@@ -877,8 +510,7 @@ class Bench:
         for s in reversed(list(self.servers.values())):
             s.stop()
         if self.redis is not None:
-            self.redis.terminate()
-            self.redis.wait(10)
+            self.redis.stop()
 
 
 def _added(res: dict[str, Any], direct: dict[str, Any], key: str, p: str) -> float | None:
@@ -907,13 +539,15 @@ def _median_run(
 def _paired(
     repeats: dict[str, list[dict[str, Any]]],
     figure: Callable[[dict[str, Any], dict[str, Any]], float | None],
+    target: str = "gateway",
+    reference: str = "floor",
 ) -> tuple[list[float], float] | None:
-    """``figure(gateway run, floor run)`` of each repeat (the two ran next to each other),
-    and its median; None without both targets or with a figure missing. ``repeats``:
-    target -> its runs, one per repeat."""
-    if "gateway" not in repeats or "floor" not in repeats:
+    """``figure(target's run, reference's run)`` of each repeat (the two ran next to each
+    other), and its median; None without both targets or with a figure missing.
+    ``repeats``: target -> its runs, one per repeat."""
+    if target not in repeats or reference not in repeats:
         return None
-    pairs = zip(repeats["gateway"], repeats["floor"], strict=True)
+    pairs = zip(repeats[target], repeats[reference], strict=True)
     per = [figure(g, f) for g, f in pairs]
     values = [v for v in per if v is not None]
     if not values or len(values) < len(per):
@@ -1015,7 +649,53 @@ def summarize(results: dict[str, Any], targets: list[str], ns: list[int]) -> lis
             pairs = " · ".join(f"{v:.3f}" for v in own[0])
             lines.append(f"| gateway − floor, per pair | {pairs} (median {own[1]:.3f}) | | |")
         lines.append("")
-    return lines
+    return lines + _baseline_lines(results, ns)
+
+
+def _sustained_ratio(gw: dict[str, Any], base: dict[str, Any]) -> float:
+    return float(gw["chunks_per_s"]) / float(base["chunks_per_s"])
+
+
+def _baseline_lines(results: dict[str, Any], ns: list[int]) -> list[str]:
+    """This checkout's gateway against ``--baseline``'s, repeat by repeat (each pair ran
+    next to each other): ratios of CPU per token and sustained chunks/s, differences of
+    added TTFT p50 and CPU per request."""
+    if not results["settings"].get("baseline"):
+        return []
+    lines = [
+        "| gateway / gateway-base, per repeat pair (median) | value |",
+        "| --- | --- |",
+    ]
+
+    def row(what: str, paired: tuple[list[float], float] | None, spec: str) -> None:
+        if paired is not None:
+            per = " · ".join(format(v, spec) for v in paired[0])
+            lines.append(f"| {what} | {per} ({format(paired[1], spec)}) |")
+
+    for n in ns:
+        by = results["runs"][str(n)]
+        fixed = _fixed_repeats(by)
+        row(
+            f"CPU per token, ratio, N = {n}",
+            _paired(fixed, _cpu_ratio, "gateway", "gateway-base"),
+            ".3f",
+        )
+        row(
+            f"added TTFT p50 difference, ms, N = {n}",
+            _paired(fixed, _extra_ttft, "gateway", "gateway-base"),
+            ".2f",
+        )
+        sat = {t: [{"chunks_per_s": v} for v in by[t]["saturation_chunks_per_s"]] for t in by}
+        row(
+            f"sustained chunks/s, ratio, N = {n}",
+            _paired(sat, _sustained_ratio, "gateway", "gateway-base"),
+            ".3f",
+        )
+    own = _paired(
+        results.get("per_request_repeats", {}), _own_cpu_per_request, "gateway", "gateway-base"
+    )
+    row("CPU per request difference, ms", own, ".3f")
+    return [*lines, ""]
 
 
 def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]]:
@@ -1144,10 +824,13 @@ def run(args: argparse.Namespace) -> int:
         },
         "runs": {},
     }
+    results["settings"]["baseline"] = str(args.baseline.resolve()) if args.baseline else None
     started = time.monotonic()
     try:
         bench.start(targets, litellm_bin)
-        gateways = [gateway_name(w) for w in args.workers] if "gateway" in targets else []
+        suffixes = ["", "-base"] if args.baseline else [""]
+        gateways = [gateway_name(w) + s for w in args.workers for s in suffixes]
+        gateways = gateways if "gateway" in targets else []
         expanded = [g for t in targets for g in (gateways if t == "gateway" else [t])]
         active = [t for t in expanded if t == "direct" or t in bench.servers]
         for t in active:
@@ -1186,7 +869,7 @@ def run(args: argparse.Namespace) -> int:
         if args.requests > 0:
             # Repeated as the fixed-rate phase is: interleaved, each gateway run judged
             # against the floor run beside it (_paired), the median run of each kept.
-            paced = [t for t in active if t in ("floor", "gateway")]
+            paced = [t for t in active if t in ("floor", "gateway", "gateway-base")]
             per: dict[str, list[dict[str, Any]]] = {t: [] for t in paced}
             for i in range(args.request_repeats):
                 for t in paced if i % 2 == 0 else paced[::-1]:
@@ -1230,7 +913,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Gateway cost: direct vs tokenpace vs LiteLLM.")
-    p.add_argument("--loadgen", metavar="SPEC", help=argparse.SUPPRESS)
     p.add_argument("--ns", default="64,256", help="concurrent streams, comma-separated")
     p.add_argument("--targets", default=",".join(TARGETS), help="subset of " + ",".join(TARGETS))
     p.add_argument("--rate", type=float, default=25.0, help="tokens/s per stream, fixed phase")
@@ -1261,13 +943,17 @@ def main(argv: list[str] | None = None) -> int:
         "--workers", default="1", help="gateway worker counts to measure, comma-separated"
     )
     p.add_argument("--redis", action="store_true", help="the gateways on a Redis store")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also measure the gateway of another checkout (gateway-base), interleaved",
+    )
     p.add_argument("--out", default="results/gateway_load")
     args = p.parse_args(argv)
     for name in ("fixed_repeats", "sat_repeats", "request_repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}: must be at least 1")
-    if args.loadgen:
-        return loadgen_main(args.loadgen)
     args.ns = [int(x) for x in args.ns.split(",") if x]
     args.workers = sorted({int(x) for x in args.workers.split(",") if x})
     return run(args)

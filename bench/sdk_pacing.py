@@ -36,30 +36,22 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import tokenpace_client as tp
+from launch import Server, free_port
 from tokenpace_client import reader
 from tokenpace_client.qoe import digestion_starts, token_times
 from tokenpace_client.timeline import gaps_over
 
 KEY = "tp-bench-sdk-0000000000000001"
 PACED_MODEL, FCFS_MODEL, ANDES_MODEL = "sim", "sim-fcfs", "sim-andes"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gateway_config(port: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -92,27 +84,19 @@ def gateway_config(port: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def start_gateway(tmp: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+def start_gateway(tmp: Path, args: argparse.Namespace) -> Server:
     port = free_port()
     cfg = tmp / "gateway.json"
     cfg.write_text(json.dumps(gateway_config(port, args)))
     tokenpace = Path(sys.executable).parent / "tokenpace"
-    proc = subprocess.Popen(
-        [str(tokenpace), "serve", "--config", str(cfg)],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "gateway.log", "w"),  # noqa: SIM115 - closed with the process
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, f"{url}/v1"
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"the gateway did not start: {(tmp / 'gateway.log').read_text()}")
+    cmd = [str(tokenpace), "serve", "--config", str(cfg)]
+    server = Server("gateway", cmd, port=port, ready_path="/readyz", log_dir=tmp)
+    try:
+        server.wait_ready(30.0, interval_s=0.1)
+    except RuntimeError:
+        server.stop()
+        raise
+    return server
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -441,12 +425,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        proc, base_url = start_gateway(Path(tmp), args)
+        gateway = start_gateway(Path(tmp), args)
         try:
-            results = asyncio.run(run(base_url, args))
+            results = asyncio.run(run(f"http://127.0.0.1:{gateway.port}/v1", args))
         finally:
-            proc.terminate()
-            proc.wait(10)
+            gateway.stop()
     results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     results["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     print(table(results))

@@ -2,7 +2,7 @@
 
 A FastAPI app with one route, ``POST /v1/chat/completions``, that forwards the body to
 the upstream through an ``httpx.AsyncClient`` on the gateway's own transport
-(``gateway.backends.upstream_transport``) and streams the reply back through
+(``gateway.backends.http.upstream_transport``) and streams the reply back through
 sse-starlette, relaying the upstream's bytes as read: no authentication, validation,
 tiers, admission, metrics, parsing or QoE. Served by uvicorn with the same settings
 as ``tokenpace serve`` (no access log; start-up objects frozen out of the collector).
@@ -27,8 +27,8 @@ from fastapi import FastAPI, Request
 from sse_starlette.sse import EventSourceResponse
 
 from gateway.backends.http import upstream_transport
-from gateway.cli import freeze_startup_objects
-from gateway.upstream import body_reader
+from gateway.backends.upstream import body_reader
+from gateway.runtime.server import freeze_startup_objects
 
 
 def create_app(upstream: str, max_connections: int) -> FastAPI:

@@ -1,11 +1,12 @@
 """Real vLLM servers behind the tokenpace gateway, driven by the official openai client.
 
-Shared by ``bench/vllm_compare.py`` and ``tests/test_vllm_e2e.py``:
+Shared by ``bench/vllm_compare.py`` and ``tests/qos/vllm/test_e2e.py``:
 
-- :class:`VllmServer`: ``python -m vllm.entrypoints.openai.api_server`` as a subprocess
-  (in its own process group, stopped with SIGTERM then SIGKILL), with the qos plugin
-  (``--scheduler-cls qos.vllm.AndesScheduler``) or vLLM's stock FCFS / priority policy
-  (timed by ``qos.vllm.TimedScheduler``: same scheduling, plus the step statistics);
+- :class:`VllmServer`: ``python -m vllm.entrypoints.openai.api_server`` as a process of
+  ``bench/launch.py`` (its own process group, stopped with SIGTERM then SIGKILL), with
+  the qos plugin (``--scheduler-cls qos.vllm.AndesScheduler``) or vLLM's stock FCFS /
+  priority policy (timed by ``qos.vllm.TimedScheduler``: same scheduling, plus the step
+  statistics);
 - :func:`serve_gateway`: the gateway app on a loopback port with uvicorn;
 - :func:`run_jobs`: a workload of timed requests, streamed through the gateway with
   ``openai.AsyncOpenAI``; each reply's tokens are timed on receipt (vLLM's
@@ -19,10 +20,8 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 import statistics
-import subprocess
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -35,22 +34,17 @@ import numpy as np
 import openai
 import psutil
 import uvicorn
+from launch import Server, free_port
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig
-from gateway.config_loader import parse_config
+from gateway.config.loader import parse_config
+from gateway.config.schema import GatewayConfig
 from qos.metrics import andes_qoe
 
 API_KEY = "tp-bench-key-0000001"
 ROOT = Path(__file__).resolve().parents[1]  # the checkout whose qos the engines load
 PLUGIN = "qos.vllm.AndesScheduler"
 TIMED_STOCK = "qos.vllm.TimedScheduler"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _engine_cpu() -> int | None:
@@ -86,7 +80,7 @@ class VllmServer:
     dummy_weights: bool = True
     nice: int = 0  # niceness of the engine's processes (> 0: API server, gateway, client first)
     port: int = field(default_factory=free_port)
-    proc: subprocess.Popen | None = None
+    server: Server | None = None
 
     @property
     def url(self) -> str:
@@ -140,7 +134,6 @@ class VllmServer:
         # another checkout's.
         pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         env = {
-            **os.environ,
             "PYTHONPATH": pythonpath,
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "TOKENPACE_STATS_FILE": str(self.stats_file),
@@ -152,32 +145,23 @@ class VllmServer:
         cpu = _engine_cpu()
         if cpu is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
-        with open(self.log_file, "w") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # its own process group: engine core and worker too
-                preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
-            )
+        self.server = Server(
+            self.name,
+            self.command(),
+            port=self.port,
+            ready_path="/health",
+            log_dir=self.workdir,
+            cpus=None if cpu is None else {cpu},
+            env=env,
+            stop_grace_s=20.0,
+        )
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Poll /health until it answers 200; RuntimeError with the log's tail otherwise."""
-        assert self.proc is not None, "start() first"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM {self.name} exited ({self.proc.returncode}):\n{self.tail()}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    self._renice_engine()
-                    return
-            time.sleep(0.5)
-        raise RuntimeError(f"vLLM {self.name} not ready after {timeout_s:.0f} s:\n{self.tail()}")
+        """Until /health answers 200; RuntimeError with the log's tail otherwise."""
+        assert self.server is not None, "start() first"
+        self.server.wait_ready(timeout_s, interval_s=0.5)
+        self._renice_engine()
 
     def _renice_engine(self) -> None:
         """Lower the engine's processes (engine core, worker) to ``nice``; not the API server.
@@ -185,16 +169,14 @@ class VllmServer:
         The API server shares its CPU with the model's compute (see :func:`_engine_cpu`);
         it goes first, as it would on a GPU server.
         """
-        assert self.proc is not None
+        assert self.server is not None
         if self.nice:
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
+            for child in self.server.tree()[1:]:
                 with contextlib.suppress(psutil.Error):
                     child.nice(self.nice)
 
     def tail(self, chars: int = 4000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_file.read_text(errors="replace")[-chars:]
-        return ""
+        return self.server.tail(chars) if self.server is not None else ""
 
     def stats(self) -> dict[str, Any]:
         """The scheduler's counters (``qos.vllm.TimedScheduler.stats``), as last written."""
@@ -202,15 +184,8 @@ class VllmServer:
 
     def stop(self) -> None:
         """SIGTERM to the server's process group, SIGKILL after 20 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.server is not None:
+            self.server.stop()
 
 
 def gateway_config(

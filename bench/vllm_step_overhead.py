@@ -2,7 +2,7 @@
 
 Constructs :class:`qos.vllm.TimedScheduler` (vLLM's scheduler, timed) and
 :class:`qos.vllm.AndesScheduler` directly against the tiny model's configuration, as
-``tests/vllm_scheduler_cases.py`` does (no weights, no worker), and drives each through
+``tests/qos/vllm/scheduler_cases.py`` does (no weights, no worker), and drives each through
 the same workload: requests from the Andes trace (lengths × 0.25, 70 % chat and 30 %
 batch tier scaled ×10, as ``bench/vllm_compare.py``) arriving as a Poisson process at
 ``--load`` times what the batch limit can serve, on a fake clock that advances

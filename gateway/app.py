@@ -2,10 +2,10 @@
 
 Each component gets the narrow dependencies it uses (a configuration section, the
 store, the router, the metrics); nothing below this module reaches for the others. A
-request goes through the HTTP server's connection limits (:mod:`gateway.server`),
-:class:`~gateway.middleware.GatewayMiddleware`, CORS, :class:`~gateway.middleware.BodyGate`,
-then its route (:mod:`gateway.routes`, :mod:`gateway.admin`). docs/architecture.md
-describes the whole path.
+request goes through the HTTP server's connection limits (:mod:`gateway.runtime.server`),
+:class:`~gateway.http.middleware.GatewayMiddleware`, CORS,
+:class:`~gateway.http.gate.AccessGate`, then its route (:mod:`gateway.http.routes`,
+:mod:`gateway.http.admin`). docs/architecture.md describes the whole path.
 """
 
 from __future__ import annotations
@@ -20,29 +20,30 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
-from gateway.admin import add_admin_routes
-from gateway.admin_status import add_status_route
-from gateway.admission import AdmissionController
-from gateway.auth import Authenticator
+from gateway.admission.controller import AdmissionController
 from gateway.backends import Backend, BackendRuntime
 from gateway.backends.http import build_http_client
 from gateway.backends.kinds import build_backends
+from gateway.backends.routing import Router
 from gateway.background import stop
-from gateway.completions import CompletionService
-from gateway.config import GatewayConfig, TenantConfig
-from gateway.dispatch import Dispatcher
-from gateway.errors import install_error_handlers
-from gateway.keys import KeyCache
-from gateway.metrics import GatewayMetrics
-from gateway.middleware import BodyGate, GatewayMiddleware
-from gateway.openapi import openapi_document
-from gateway.pages import add_page_routes
-from gateway.routes import add_api_routes, auth_before_validation
-from gateway.routing import Router
+from gateway.config.schema import GatewayConfig, TenantConfig
+from gateway.http.admin import add_admin_routes
+from gateway.http.admin_status import add_status_route
+from gateway.http.auth import Authenticator
+from gateway.http.errors import install_error_handlers
+from gateway.http.gate import AccessGate
+from gateway.http.keys import KeyCache
+from gateway.http.middleware import GatewayMiddleware
+from gateway.http.openapi import openapi_document
+from gateway.http.pages import add_page_routes
+from gateway.http.routes import add_api_routes
+from gateway.relay.dispatch import Dispatcher
+from gateway.request.completions import CompletionService
+from gateway.request.tiers import TIER_HEADER
 from gateway.store import ResilientStore, Store, build_store
-from gateway.telemetry import Telemetry
-from gateway.telemetry_token import TOKEN_HEADER, TelemetryTokens
-from gateway.tiers import TIER_HEADER
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.reports import Telemetry
+from gateway.telemetry.tokens import TOKEN_HEADER, TelemetryTokens
 
 log = logging.getLogger("tokenpace.gateway")
 
@@ -92,11 +93,13 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     metrics = GatewayMetrics(router)
     store = build_store(config)
     keys = KeyCache(store, config.store.key_cache_s)
-    auth = Authenticator(keys, tenants, config.admin.key_sha256)
     caps = {b.name: b.max_concurrent or 0 for b in config.backends}
     admission = AdmissionController(config.admission, caps, store, router, metrics)
     telemetry = Telemetry(config.telemetry, config.limits, store, metrics)
     telemetry_tokens = TelemetryTokens(config.telemetry, store, tenants)
+    auth = Authenticator(
+        keys, tenants, telemetry_tokens, config.admin.key_sha256, config.metrics.token_sha256
+    )
     dispatcher = Dispatcher(router, metrics, config.timeouts, config.health.interval_s)
     service = CompletionService(
         config, router, admission, dispatcher, telemetry, telemetry_tokens, metrics
@@ -160,23 +163,21 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
         openapi_url="/openapi.json" if config.server.docs else None,
     )
     app.state.gateway = gateway
-    install_error_handlers(app, auth_first=auth_before_validation(auth))
+    install_error_handlers(app)
     add_api_routes(
         app,
-        auth=auth,
         service=service,
         router=router,
         telemetry_service=telemetry,
-        telemetry_tokens=telemetry_tokens,
         gateway_metrics=metrics,
     )
-    add_admin_routes(app, auth, tenants, store, keys)
-    add_status_route(app, auth, store, router, metrics, tenants)
+    add_admin_routes(app, tenants, store, keys)
+    add_status_route(app, store, router, metrics, tenants)
     add_page_routes(app)
     tiers, max_points = list(config.tiers), config.telemetry.max_points
     app.openapi = lambda: openapi_document(app, tiers, max_points)  # type: ignore[method-assign]
     # inside CORS: its 401 and 413 carry CORS headers
-    app.add_middleware(BodyGate, auth=auth, limits=config.limits, telemetry=config.telemetry)
+    app.add_middleware(AccessGate, auth=auth, limits=config.limits, telemetry=config.telemetry)
     if config.cors.allow_origins:
         app.add_middleware(
             CORSMiddleware,

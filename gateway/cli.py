@@ -9,14 +9,13 @@ works on its own.
 Without ``--config`` (or ``$TOKENPACE_CONFIG``), ``serve`` starts the demo
 configuration: one tenant ``demo`` with a fresh key (or ``$TOKENPACE_DEMO_KEY``), a fresh
 admin key (or ``$TOKENPACE_ADMIN_KEY``) and the embedded simulated engine
-(:mod:`gateway.embedded`, model ``tokenpace-sim``) as the backend. It prints the keys,
+(:mod:`gateway.backends.embedded`, model ``tokenpace-sim``) as the backend. It prints the keys,
 the URLs of the web pages and ready-to-paste curl and openai examples.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -24,10 +23,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.config import CONFIG_ENV, DEMO_MODEL, ConfigError, GatewayConfig, hash_key, new_api_key
-from gateway.config_loader import demo_config, load_config
-from gateway.pages import PAGES, is_built
-from gateway.serveability import unservable_tiers
+from gateway.backends.serveability import unservable_tiers
+from gateway.config.loader import demo_config, load_config
+from gateway.config.schema import (
+    CONFIG_ENV,
+    DEMO_MODEL,
+    ConfigError,
+    GatewayConfig,
+    hash_key,
+    new_api_key,
+)
+from gateway.http.pages import PAGES, is_built
 
 DEMO_KEY_ENV = "TOKENPACE_DEMO_KEY"
 ADMIN_KEY_ENV = "TOKENPACE_ADMIN_KEY"
@@ -165,8 +171,6 @@ def load_serve_config(
     config_path: str | None,
 ) -> tuple[GatewayConfig, str | None, str | None]:
     """The configuration ``serve`` runs: the file, else the demo (and its two keys)."""
-    import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
-
     path = config_path or os.environ.get(CONFIG_ENV) or None
     if path:
         return load_config(path), None, None
@@ -179,8 +183,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.logs import setup_logging
-    from gateway.server import listen, uvicorn_config
+    from gateway.runtime.server import freeze_startup_objects, listen, uvicorn_config
+    from gateway.telemetry.logs import setup_logging
 
     try:
         config, demo_key, admin_key = load_serve_config(ns.config)
@@ -193,8 +197,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     level = ns.log_level or config.logging.level
     setup_logging(json_logs=json_logs, level=level)
     try:
-        if ns.workers > 1:  # the app is built in each worker (gateway.workers)
-            from gateway.workers import WorkerPool
+        if ns.workers > 1:  # the app is built in each worker (gateway.runtime.workers)
+            from gateway.runtime.workers import WorkerPool
 
             pool = WorkerPool(config, ns.workers, log_json=json_logs, log_level=level)
         else:
@@ -230,18 +234,6 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     return 0
 
 
-def freeze_startup_objects() -> None:
-    """Move everything built at start-up out of the cyclic garbage collector's sight.
-
-    The imported libraries and the app are hundreds of thousands of long-lived objects;
-    every full collection walked them all again, which under streaming load (many short-lived
-    objects per chunk) cost the gateway about 15 % of its CPU. ``gc.freeze()`` after one
-    collection is the CPython-documented remedy for long-running servers.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 def serve(argv: Sequence[str] | None = None) -> int:
     """``tokenpace serve [--config FILE] [--host H] [--port P] [--workers N]``; the exit code."""
     p = argparse.ArgumentParser(prog="tokenpace serve", description="Run the gateway.")
@@ -254,7 +246,6 @@ def serve(argv: Sequence[str] | None = None) -> int:
 
 
 def _check_ns(ns: argparse.Namespace) -> int:
-    import gateway.embedded  # noqa: F401 - registers the backend kinds (http, embedded)
     from gateway.backends.kinds import build_backends
 
     try:

@@ -1,5 +1,9 @@
-"""What the gateway knows about one request, as typed records.
+"""What the gateway knows about one request, as typed records, and where a request's
+ASGI scope keeps them.
 
+- :class:`ResolvedTier`: the tier a request is served under (resolved by
+  :mod:`gateway.request.tiers`).
+- :class:`Caller`: who made a request, as :mod:`gateway.http.auth` authenticated it.
 - :class:`RequestRecord`: made by the middleware when a request arrives; the route
   fills in its labels (tenant, tier, model, backend) and, at the end, how it went. The
   middleware counts and logs the request from it.
@@ -13,15 +17,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from gateway.tiers import ResolvedTier
+from starlette.types import Scope, Send
 
 if TYPE_CHECKING:
-    from gateway.admission import Ticket
-    from gateway.config import TenantConfig
+    from gateway.config.schema import TenantConfig
 
 Endpoint = Literal["chat.completions", "completions"]
 Outcome = Literal["completed", "error", "aborted"]
 UNKNOWN = "-"  # the label of what is not known (yet): no tenant before authentication
+RECORD_KEY = "tokenpace"  # scope["state"][RECORD_KEY]: the request's RequestRecord
+SERVER_SEND_KEY = "tokenpace.server_send"  # scope["state"][...]: the server's own send
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedTier:
+    name: str  # a tier of the table, or "custom" for explicit numbers
+    ttft: float
+    tds: float
+    priority: int
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-TokenPace-Tier": self.name,
+            "X-TokenPace-TTFT": format_number(self.ttft),
+            "X-TokenPace-TDS": format_number(self.tds),
+        }
+
+
+def format_number(x: float) -> str:
+    """Shortest decimal that reads back as ``x`` ("1.0", "4.8", "0.5", "25.0")."""
+    return repr(float(x))
 
 
 @dataclass(slots=True)
@@ -37,7 +62,6 @@ class RequestContext:
     stream: bool
     received_at: float  # time.monotonic() when the gateway received the request
     expected_tokens: int  # output tokens expected, for the waiting-time estimate
-    hold: Ticket | None = None  # admission's ticket: the slot tried first, moved on failover
 
 
 @dataclass(slots=True)
@@ -53,13 +77,24 @@ class StreamOutcome:
     error: str | None = None  # the message of the error event that ended it
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who made a request: a tenant (by its API key, or by a telemetry token), the operator
+    (the admin key), or nobody in particular (a route with no credential, or /metrics
+    with its token)."""
+
+    tenant: TenantConfig | None = None
+    admin: bool = False
+    report_on: str | None = None  # a telemetry token's request: the one it may report on
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """One HTTP request's labels and results, for the request counter and access log."""
 
     request_id: str
     received_at: float  # time.monotonic()
-    tenant: TenantConfig | None = None  # who the key belongs to, once authenticated
+    caller: Caller | None = None  # who is calling, once authenticated
     tenant_name: str = UNKNOWN
     tier: str = UNKNOWN
     model: str | None = None
@@ -71,9 +106,10 @@ class RequestRecord:
     qoe_monotone: float | None = None
     error: str | None = None
 
-    def authenticated(self, tenant: TenantConfig) -> None:
-        self.tenant = tenant
-        self.tenant_name = tenant.name
+    def authenticated(self, caller: Caller) -> None:
+        self.caller = caller
+        if caller.tenant is not None:
+            self.tenant_name = caller.tenant.name
 
     def finished_stream(self, result: StreamOutcome) -> None:
         self.backend = result.backend
@@ -98,3 +134,17 @@ class RequestRecord:
         if self.backend != UNKNOWN:
             fields["backend"] = self.backend
         return fields
+
+
+def request_record(scope: Scope) -> RequestRecord:
+    """The record :class:`~gateway.http.middleware.GatewayMiddleware` made for this request."""
+    record: RequestRecord = scope["state"][RECORD_KEY]
+    return record
+
+
+def server_send(scope: Scope) -> Send | None:
+    """The server's ``send``, under every middleware's wrapper, for a response's body
+    messages once its start went through them
+    (:class:`~gateway.http.middleware.GatewayMiddleware`)."""
+    send: Send | None = scope.get("state", {}).get(SERVER_SEND_KEY)
+    return send

@@ -4,7 +4,7 @@ The gateway's :meth:`gateway.backends.chunk.ChunkView.tokens` is the reference
 (docs/protocol.md, "Gateway-side measurements"). The client SDKs (``sdk_python``,
 ``sdk_web``) count the tokens of the chunks they pace with their own dependency-free
 copies; each test suite checks its copy against ``tests/vectors/chunk_tokens.json``, and
-``tests/test_gateway_backends_chunk.py`` checks that every count in the committed file is
+``tests/gateway/backends/test_chunk.py`` checks that every count in the committed file is
 what the gateway counts today. Rewrite the file after changing the rule:
 
     .venv/bin/python scripts/make_chunk_vectors.py

@@ -3,7 +3,7 @@
 ``qos.metrics`` is the reference. The client SDKs (``sdk_python``, ``sdk_web``) carry
 their own dependency-free copies of the digestion schedule (recursion D), Andes QoE
 (Andes, Liu et al., §3.1 Eq. 1) and the monotone QoE (docs/qoe.md); each test suite
-checks its copy against ``tests/vectors/qoe.json``, and ``tests/test_qoe_vectors.py``
+checks its copy against ``tests/vectors/qoe.json``, and ``tests/qos/test_qoe_vectors.py``
 checks that every value in the committed file is what ``qos.metrics`` computes today, so
 no copy can drift silently. Rewrite the file after changing a formula:
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gateway.config import DEFAULT_TIERS, TenantConfig
+from gateway.config.schema import DEFAULT_TIERS, TenantConfig
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "tiers.json"
 

@@ -6,7 +6,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from redis_server import RedisServer
+
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

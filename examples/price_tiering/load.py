@@ -36,7 +36,7 @@ import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.telemetry import FLUSH_INTERVAL_S
+from gateway.telemetry.reports import FLUSH_INTERVAL_S
 
 HERE = Path(__file__).resolve().parent
 ADMIN_KEY = "tp-example-admin-key"

@@ -11,6 +11,7 @@ the short way for an engine in this process: implement ``generate()``.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -20,11 +21,11 @@ import httpx
 import orjson
 
 from gateway.backends.aggregate import aggregate_chunks
+from gateway.backends.cancel_safe import ShieldedSteps
 from gateway.backends.chunk import ChunkView, read_chunk
-from gateway.cancel_safe import ShieldedSteps
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.context import Endpoint, RequestContext
-from gateway.errors import UPSTREAM_ERROR, error_body
+from gateway.errors import UPSTREAM_ERROR, GatewayError
 
 ENDPOINT_PATHS: dict[str, str] = {
     "chat.completions": "chat/completions",
@@ -32,8 +33,8 @@ ENDPOINT_PATHS: dict[str, str] = {
 }
 
 
-class BackendError(Exception):
-    """A backend refused or failed a request.
+class BackendError(GatewayError):
+    """A backend refused or failed a request: the answer the client gets when it is final.
 
     ``retryable``: another backend may succeed (connection refused, 5xx, timeout,
     garbage); the gateway fails over when nothing was sent to the client yet.
@@ -41,7 +42,7 @@ class BackendError(Exception):
     (``body`` defaults to OpenAI's error shape with ``message``).
     ``unhealthy``: evidence that the backend is down, not just this request; the router
     stops choosing it until a health check passes. ``retry_after_s``: sent as
-    ``Retry-After`` when this is the final answer.
+    ``Retry-After`` (whole seconds, at least 1) when this is the final answer.
     """
 
     def __init__(
@@ -56,21 +57,13 @@ class BackendError(Exception):
         unhealthy: bool = False,
         retry_after_s: float | None = None,
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retry_after_s = retry_after_s
-        self.status = status
+        headers = {}
+        if retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+        super().__init__(status, message, type=type, code=code, headers=headers, body=body)
         self.retryable = retryable
-        self.code = code
-        self.type = type
         self.unhealthy = unhealthy
-        self._body = body
-
-    @property
-    def body(self) -> dict[str, Any]:
-        if self._body is not None:
-            return self._body
-        return error_body(self.message, self.type, None, self.code)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(slots=True)
@@ -138,7 +131,7 @@ class ChunkStream(ABC):
 class GeneratorChunkStream(ChunkStream):
     """A :class:`ChunkStream` over an async generator (closing it closes the generator).
 
-    The generator is stepped in :class:`~gateway.cancel_safe.ShieldedSteps`, so a
+    The generator is stepped in :class:`~gateway.backends.cancel_safe.ShieldedSteps`, so a
     cancelled :meth:`next_batch` does not end it: the next call picks up the chunk.
     """
 

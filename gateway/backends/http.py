@@ -24,10 +24,10 @@ from gateway.backends.base import (
     ChunkStream,
 )
 from gateway.backends.sse import MAX_ERROR_BODY, HttpChunkStream, is_openai_error
-from gateway.config import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
+from gateway.backends.upstream import UpstreamTransport
+from gateway.config.schema import BackendConfig, GatewayConfig, HealthConfig, TimeoutsConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import TIMEOUT, error_body
-from gateway.upstream import UpstreamTransport
 
 DEFAULT_MAX_CONNECTIONS = 100  # to an origin no backend names (none, normally)
 
@@ -54,7 +54,7 @@ def _origin(url: str) -> str:
 def build_http_client(config: GatewayConfig) -> httpx.AsyncClient:
     """The one shared client: an aiohttp connection pool per backend origin.
 
-    (gateway/upstream.py says why aiohttp carries the bytes.) Two backends behind one
+    (gateway/backends/upstream.py says why aiohttp carries the bytes.) Two backends behind one
     origin share its pool, sized by the larger of their ``max_connections``.
     """
     t = config.timeouts
@@ -117,7 +117,7 @@ class HttpBackend(Backend):
         }
         self._stream_header_items: list[tuple[bytes, bytes]] = []  # with the client's, at start
         # A stream has no read timeout: the caller bounds the wait for the response
-        # headers (Dispatcher.open_stream) and the relay the first-chunk and
+        # headers (Failover.open_stream) and the relay the first-chunk and
         # between-chunk gaps; a per-read timer here would cost every chunk.
         self._stream_timeout = httpx.Timeout(
             connect=timeouts.connect_s, read=None, write=timeouts.connect_s, pool=timeouts.connect_s

@@ -12,7 +12,7 @@ import orjson
 
 from gateway.backends.base import BackendError, Batch, ChunkStream
 from gateway.backends.chunk import ChunkView, read_chunk
-from gateway.upstream import body_reader
+from gateway.backends.upstream import body_reader
 
 MAX_ERROR_BODY = 64 * 1024  # the most of an error (or a stream's tail) the gateway reads
 _DRAIN_S = 0.25  # longest wait for the end of a stream's body after [DONE]
@@ -25,7 +25,7 @@ def is_openai_error(body: Any) -> bool:
 class HttpChunkStream(ChunkStream):
     """Server-sent events from an upstream response, read as chunks.
 
-    Each :meth:`next_batch` is one read of the body (:func:`gateway.upstream.body_reader`:
+    Each :meth:`next_batch` is one read of the body (:func:`gateway.backends.upstream.body_reader`:
     everything the connection has buffered), split into events as bytes (SSE is UTF-8 by
     definition), each decoded only as far as the relay reads it
     (:func:`~gateway.backends.chunk.read_chunk`) and counted; a read of whole ``data:``

@@ -6,7 +6,7 @@ the local fallback of :class:`ResilientStore`. See ``gateway/store/base.py``.
 
 from __future__ import annotations
 
-from gateway.config import GatewayConfig
+from gateway.config.schema import GatewayConfig
 from gateway.store.base import (
     Admission,
     Arrival,
@@ -16,6 +16,7 @@ from gateway.store.base import (
     Slot,
     Store,
     StoreUnavailable,
+    store_unavailable,
 )
 from gateway.store.memory import MemoryStore
 from gateway.store.redis import RedisStore
@@ -34,6 +35,7 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "build_store",
+    "store_unavailable",
 ]
 
 

@@ -3,7 +3,7 @@
 Two implementations with the same behaviour: :class:`gateway.store.memory.MemoryStore`
 (one process; also the local fallback while Redis is down) and
 :class:`gateway.store.redis.RedisStore` (shared by every replica; each operation is one
-Lua script, so every read-modify-write is atomic). ``tests/test_gateway_store.py`` runs one
+Lua script, so every read-modify-write is atomic). ``tests/gateway/store/test_stores.py`` runs one
 suite against both. Operations are coarse on purpose: one call is one round trip.
 
 Fair share is the Virtual Token Counter of the VTC slides (Sheng et al.,
@@ -22,13 +22,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.ratelimit import RateState
+from gateway.errors import SERVER_ERROR, GatewayError
+from gateway.store.ratelimit import RateState
 
 Status = Literal["admitted", "queued", "full", "limited", "queue_full", "gone"]
 
 
 class StoreUnavailable(Exception):
     """The shared store cannot be reached (and the gateway fails closed)."""
+
+
+def store_unavailable() -> GatewayError:
+    """The answer while the shared store is unreachable (fail closed): 503, Retry-After."""
+    return GatewayError(
+        503,
+        "The gateway's shared state is unavailable; try again shortly.",
+        type=SERVER_ERROR,
+        code="store_unavailable",
+        headers={"Retry-After": "1"},
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.ratelimit import RateState, estimate, reset_ms, wait_ms, window_position
 from gateway.store.base import (
     Admission,
     Arrival,
@@ -22,6 +21,7 @@ from gateway.store.base import (
     Slot,
     Store,
 )
+from gateway.store.ratelimit import RateState, estimate, reset_ms, wait_ms, window_position
 from qos.fairness import VirtualTokenCounter
 
 

@@ -2,8 +2,8 @@
 
 The scripts are the atomic form of :class:`qos.fairness.VirtualTokenCounter` (enqueue
 with counter lift, dequeue, charge; ``w_p``/``w_q`` are passed in from
-:mod:`qos.fairness`, never written here) and of :mod:`gateway.ratelimit`'s windows;
-``tests/test_gateway_store.py`` checks them against the Python on the same events. Times are
+:mod:`qos.fairness`, never written here) and of :mod:`gateway.store.ratelimit`'s windows;
+``tests/gateway/store/test_stores.py`` checks them against the Python on the same events. Times are
 the Redis server's (``TIME``), so replicas need no synchronised clocks.
 
 Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot):
@@ -44,7 +44,6 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
-from gateway.ratelimit import RateState
 from gateway.store.base import (
     Admission,
     Arrival,
@@ -55,6 +54,7 @@ from gateway.store.base import (
     Status,
     Store,
 )
+from gateway.store.ratelimit import RateState
 from qos.fairness import W_OUTPUT, W_PROMPT
 
 _STATUSES = frozenset(get_args(Status))

@@ -134,7 +134,7 @@ class Forecast:
 
     :meth:`q_serve` is :func:`append_stream` followed by :func:`digested_area_at` and
     :func:`score`, fused on these precomputed columns (one decision evaluates it for
-    several batch sizes; ``tests/test_forecast.py`` checks the two agree). Q_wait is
+    several batch sizes; ``tests/qos/policy/test_forecast.py`` checks the two agree). Q_wait is
     computed with them, since every objective needs it.
     """
 

@@ -112,7 +112,7 @@ VOICE = Tier("voice", 1.0, SPEAKING_TDS)
 FAST = Tier("fast", 0.5, 25.0)
 BATCH = Tier("batch", 60.0, 50.0)
 TIERS = {t.name: t for t in (CHAT, VOICE, FAST, BATCH)}
-"""The gateway's default tiers (``gateway.config.DEFAULT_TIERS``), by name."""
+"""The gateway's default tiers (``gateway.config.schema.DEFAULT_TIERS``), by name."""
 
 
 def default_trace_path() -> Path:

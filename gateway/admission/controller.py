@@ -1,0 +1,423 @@
+"""Admission: weighted fair share (VTC) at the gateway, a queue, backend capacity.
+
+A request is admitted when it is the head of its model's queue (the tenant with the
+least virtual token counter, then the earliest TTFT deadline; VTC as in "Fairness in
+Serving Large Language Models", Sheng et al.) and a backend serving the model has a free
+slot; otherwise it waits. The queue, the counters and the slots are in the store, so the
+order holds across replicas; each replica pumps its own waiters. docs/architecture.md,
+"Fair share across gateway replicas", has the design and its round trips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from gateway.admission.errors import queue_full, queue_timeout, rate_limited
+from gateway.backends.routing import BackendState, Lease, Router
+from gateway.background import stop
+from gateway.config.schema import AdmissionConfig, TenantConfig
+from gateway.context import RequestContext
+from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
+from gateway.store.ratelimit import RateState
+from gateway.telemetry.metrics import GatewayMetrics, series
+
+log = logging.getLogger("tokenpace.gateway.admission")
+
+
+def tenant_limits(t: TenantConfig) -> Limits:
+    return Limits(
+        requests_per_minute=t.requests_per_minute or 0,
+        tokens_per_minute=t.tokens_per_minute or 0,
+        token_budget=t.token_budget or 0,
+        budget_period_s=t.budget_period_s,
+        max_queued=t.max_queued,
+    )
+
+
+@dataclass(eq=False)
+class Ticket:
+    """An admitted request's one hold on the backend that serves it: the store slot
+    (global) and the router lease (this replica's load estimate) together.
+
+    Made when the store grants the slot; :meth:`move` takes both to the backend a
+    failover goes to; :meth:`close` releases both, once.
+    """
+
+    controller: AdmissionController
+    request_id: str
+    tenant: str
+    weight: float
+    model: str
+    budget_period_s: int
+    rate: RateState
+    lease: Lease
+    closed: bool = field(default=False)
+
+    @property
+    def backend(self) -> str:
+        """The backend the request holds its slot on (where it runs, or is sent next)."""
+        return self.lease.state.name
+
+    def tokens(self, n: int) -> None:
+        """``n`` output tokens reached the client: that much less work outstanding on the
+        backend (the lease), and charged to the tenant's share in the next batch."""
+        if n > 0 and not self.closed:
+            self.lease.tokens(n)
+            self.controller.add_usage(self.tenant, self.weight, n, self.budget_period_s)
+
+    async def move(self, state: BackendState) -> bool:
+        """Hold ``state`` instead (failover): False, and nothing moved, when its slots are
+        full (or the ticket is closed). Raises :class:`StoreUnavailable` when the store
+        cannot be asked."""
+        if self.closed:
+            return False
+        if state is self.lease.state:
+            return True
+        return await self.controller.move(self, state)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.controller.release(self)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    arrival: Arrival
+    deadline: float  # time.monotonic()
+    counter: float
+    future: asyncio.Future[Admission]
+
+
+class AdmissionController:
+    """The queue, the slots and the charges of one replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: AdmissionConfig,
+        caps: Mapping[str, int],
+        store: Store,
+        router: Router,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.router = router
+        self._caps = dict(caps)  # backend -> max_concurrent (0: no cap)
+        self._waiters: dict[str, dict[str, _Waiter]] = {}  # model -> request id -> waiter
+        self._pump_locks: dict[str, asyncio.Lock] = {}
+        self._held: dict[str, Ticket] = {}
+        self._usage: dict[str, list[Any]] = {}  # tenant -> [weight, tokens, budget period]
+        self._counters: dict[str, float] = {}
+        self._queued = asyncio.Event()  # set while this replica has waiters to poll
+        self._charges = asyncio.Event()  # set while output tokens wait to be charged
+        self._tasks: list[asyncio.Task[None]] = []
+        self._releases: set[asyncio.Task[None]] = set()
+        self.m_admissions = series(metrics.admissions)
+        self.m_waiting = metrics.queue_waiting
+        self.m_counter = series(metrics.vtc_counter)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        # fresh for this loop: an event that has waited is bound to its loop
+        self._queued, self._charges = asyncio.Event(), asyncio.Event()
+        if self._usage:  # left over from a flush that failed at the last close
+            self._charges.set()
+        specs: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = [
+            ("poll", self._poll_loop),
+            ("charge", self._charge_loop),
+            ("heartbeat", self._heartbeat_loop),
+        ]
+        if any(s.backend.probes_capacity for s in self.router.states):
+            interval = self.cfg.metrics_interval_s
+            specs.append(("vllm-metrics", lambda: self.router.capacity_loop(interval)))
+        for name, fn in specs:
+            self._tasks.append(loop.create_task(fn(), name=f"tokenpace-admission-{name}"))
+
+    async def aclose(self) -> None:
+        await stop(*self._tasks)
+        await asyncio.gather(*self._releases, return_exceptions=True)
+        self._tasks.clear()
+        with contextlib.suppress(Exception):
+            await self._flush_usage()
+
+    # -- backends -------------------------------------------------------------------------
+    def slots_for(self, model: str) -> list[Slot]:
+        """Backends serving ``model`` with room by their own report, in routing order: the
+        store grants the first with a free slot, and that is the backend the request goes
+        to (the one place a backend is chosen; failover goes on in the router's order).
+        Unhealthy backends only when none serving the model is healthy: a slot on one
+        while the healthy ones are full would fail over into no room."""
+        ranked = self.router.ranked(model)
+        if any(s.healthy for s in ranked):
+            ranked = [s for s in ranked if s.healthy]
+        return [Slot(s.name, self._caps.get(s.name, 0)) for s in ranked if not s.saturated]
+
+    # -- admission ------------------------------------------------------------------------
+    async def admit(self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int) -> Ticket:
+        """Wait for a slot in fair-share order; raise 429 (limits, queue bound) or 503."""
+        arrival = Arrival(
+            request_id=ctx.request_id,
+            tenant=tenant.name,
+            weight=tenant.weight,
+            model=ctx.model,
+            tier=ctx.tier.name,
+            ttft_s=ctx.tier.ttft,
+            tds=ctx.tier.tds,
+            prompt_tokens=prompt_tokens,
+            expected_tokens=ctx.expected_tokens,
+            limits=tenant_limits(tenant),
+        )
+        slots = self.slots_for(ctx.model)
+        result = await self.store.arrive(arrival, slots, self.cfg.lease_s)
+        rate = result.rate
+        self._note(tenant.name, result)
+        if result.status == "limited":
+            self.m_admissions(tenant.name, "limited").inc()
+            raise rate_limited(result.limited_by, result.retry_after_ms, rate)
+        if result.status == "queue_full":
+            self.m_admissions(tenant.name, "queue_full").inc()
+            raise queue_full(tenant.max_queued, result.retry_after_ms, rate)
+        if result.status != "admitted":
+            self.m_admissions(tenant.name, "queued").inc()
+            result = await self._wait(arrival, ctx, result)
+        self.m_admissions(tenant.name, "admitted").inc()
+        assert result.backend is not None
+        lease = self.router.acquire(self.router.state(result.backend), ctx.expected_tokens)
+        ticket = Ticket(
+            self,
+            ctx.request_id,
+            tenant.name,
+            tenant.weight,
+            ctx.model,
+            tenant.budget_period_s,
+            rate,
+            lease,
+        )
+        self._held[ctx.request_id] = ticket
+        return ticket
+
+    async def _wait(self, arrival: Arrival, ctx: RequestContext, first: Admission) -> Admission:
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(
+            arrival, ctx.received_at + ctx.tier.ttft, first.counter, loop.create_future()
+        )
+        queue = self._waiters.setdefault(arrival.model, {})
+        queue[arrival.request_id] = waiter
+        self._queued.set()
+        self.m_waiting.inc()
+        admitted = False
+        try:
+            with anyio.fail_after(self.cfg.max_wait_s):
+                result = await asyncio.shield(waiter.future)
+            admitted = True
+            return result
+        except TimeoutError:
+            self.m_admissions(arrival.tenant, "timeout").inc()
+            raise queue_timeout(self.cfg.max_wait_s) from None
+        finally:
+            self.m_waiting.dec()
+            queue.pop(arrival.request_id, None)
+            if not admitted:  # timed out, or the client went away (cancelled)
+                self.m_admissions(arrival.tenant, "gone_away").inc()
+                if waiter.future.done() and not waiter.future.cancelled():
+                    # admitted at that very moment: give the slot back
+                    backend = waiter.future.result().backend or ""
+                    self._spawn_release(arrival.request_id, backend, arrival.model)
+                else:
+                    waiter.future.cancel()  # the pump leaves it to us now
+                    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                        await self.store.leave(arrival.request_id)
+                    self._kick(arrival.model)
+
+    def _note(self, tenant: str, result: Admission) -> None:
+        if result.status in ("admitted", "queued", "full"):
+            self._counters[tenant] = result.counter
+            self.m_counter(tenant).set(result.counter)
+
+    def _kick(self, model: str) -> None:
+        if self._waiters.get(model):
+            self._spawn(self.pump(model))
+
+    async def pump(self, model: str) -> None:
+        """Admit this replica's waiters for ``model`` while they are the global head."""
+        lock = self._pump_locks.setdefault(model, asyncio.Lock())
+        async with lock:
+            queue = self._waiters.get(model)
+            tried: set[str] = set()
+            head: str | None = None
+            while queue:
+                if head is not None and head in queue and head not in tried:
+                    waiter = queue[head]
+                else:
+                    pending = [w for rid, w in queue.items() if rid not in tried]
+                    if not pending or (head is not None and tried):
+                        return  # the head is on another replica
+                    waiter = min(
+                        pending,
+                        key=lambda w: (self._counters.get(w.arrival.tenant, w.counter), w.deadline),
+                    )
+                rid = waiter.arrival.request_id
+                tried.add(rid)
+                if waiter.future.done():
+                    queue.pop(rid, None)
+                    continue
+                try:
+                    result = await self.store.retry(rid, self.slots_for(model), self.cfg.lease_s)
+                    if result.status == "gone" and not waiter.future.done():
+                        # lost (its lease lapsed, or the store restarted empty): queue again
+                        again = dataclasses.replace(waiter.arrival, limits=Limits())
+                        result = await self.store.arrive(
+                            again, self.slots_for(model), self.cfg.lease_s
+                        )
+                except StoreUnavailable:
+                    return  # the store is down (fail closed); the next poll tries again
+                if waiter.future.done():  # the client left during the call: undo it
+                    if result.status == "admitted":
+                        self._spawn_release(rid, result.backend or "", model)
+                    elif result.status in ("queued", "full"):
+                        self._spawn_leave(rid)
+                    queue.pop(rid, None)
+                    continue
+                self._note(waiter.arrival.tenant, result)
+                waiter.counter = result.counter
+                if result.status == "admitted":
+                    queue.pop(rid, None)
+                    waiter.future.set_result(result)
+                    tried.clear()
+                    head = None
+                    continue
+                if result.status == "full":
+                    return  # the head has no room: nobody else would
+                head = result.head
+
+    # -- failover, release and charges ----------------------------------------------------
+    async def move(self, ticket: Ticket, state: BackendState) -> bool:
+        """Move ``ticket``'s slot in the store, then its lease, if ``state`` has room.
+
+        Shielded: a cancelled failover still leaves the ticket naming the backend the
+        store counts the slot on, so the release frees that one.
+        """
+        source = ticket.backend
+        with anyio.CancelScope(shield=True):
+            moved = await self.store.move(
+                ticket.request_id,
+                source,
+                Slot(state.name, self._caps.get(state.name, 0)),
+                self.cfg.lease_s,
+            )
+        if not moved:
+            return False
+        if ticket.closed:  # released meanwhile (from ``source``): free what the move took
+            self._spawn_release(ticket.request_id, state.name, ticket.model)
+            return False
+        ticket.lease.move(state)
+        self._kick(ticket.model)  # a slot on ``source`` is free
+        return True
+
+    async def release(self, ticket: Ticket) -> None:
+        self._held.pop(ticket.request_id, None)
+        ticket.lease.release()
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await self.store.release(ticket.request_id, ticket.backend)
+        self._kick(ticket.model)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        async def run() -> None:
+            with contextlib.suppress(Exception):
+                await coro
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    def _spawn_release(self, rid: str, backend: str, model: str) -> None:
+        async def release() -> None:
+            await self.store.release(rid, backend)
+            self._kick(model)
+
+        self._spawn(release())
+
+    def _spawn_leave(self, rid: str) -> None:
+        self._spawn(self.store.leave(rid))
+
+    def add_usage(self, tenant: str, weight: float, tokens: int, period_s: int) -> None:
+        entry = self._usage.get(tenant)
+        if entry is None:
+            self._usage[tenant] = [weight, tokens, period_s]
+            self._charges.set()
+        else:
+            entry[1] += tokens
+
+    async def _flush_usage(self) -> None:
+        if not self._usage:
+            return
+        usage, self._usage = self._usage, {}
+        batch = {t: (float(w), int(n), int(p)) for t, (w, n, p) in usage.items()}
+        try:
+            counters = await self.store.charge(batch)
+        except StoreUnavailable:
+            for tenant, (w, n, p) in batch.items():  # keep them for the next batch
+                self.add_usage(tenant, w, n, p)
+            return
+        for tenant, value in counters.items():
+            self._counters[tenant] = value
+            self.m_counter(tenant).set(value)
+
+    async def _charge_loop(self) -> None:
+        """Charge the tokens streamed in each ``charge_interval_s``; idle while none are."""
+        while True:
+            await self._charges.wait()
+            await asyncio.sleep(self.cfg.charge_interval_s)
+            self._charges.clear()  # the flush takes every token added until now
+            try:
+                await self._flush_usage()
+            except Exception:
+                log.warning("charging output tokens failed", exc_info=True)
+
+    async def _poll_loop(self) -> None:
+        """Pump this replica's waiters every ``poll_interval_s``; idle while it has none
+        (each replica pumps only its own, see the module docstring)."""
+        while True:
+            await self._queued.wait()
+            await asyncio.sleep(self.cfg.poll_interval_s)
+            for model in [m for m, q in self._waiters.items() if q]:
+                try:
+                    await self.pump(model)
+                except Exception:
+                    log.warning("admission pump failed", exc_info=True)
+            if not any(self._waiters.values()):
+                self._queued.clear()
+
+    async def renew(self) -> None:
+        """Renew (or re-create) this replica's slots and queue places in the store."""
+        slots = [(t.backend, rid) for rid, t in self._held.items()]
+        waiting = [rid for q in self._waiters.values() for rid in q]
+        if not (slots or waiting):
+            return
+        await self.store.renew(slots, waiting, self.cfg.lease_s)
+        for backend, rid in slots:
+            ticket = self._held.get(rid)
+            if ticket is None or ticket.backend != backend:
+                # released or moved during the call, which may have re-created the slot
+                self._spawn(self.store.release(rid, backend))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.lease_s / 3)
+            try:
+                await self.renew()
+            except StoreUnavailable:
+                pass
+            except Exception:
+                log.warning("lease renewal failed", exc_info=True)

@@ -1,0 +1,197 @@
+"""Routing: backend health, load, and the order in which backends are tried.
+
+A request goes to the healthy backend with the least outstanding work, measured as
+QLM's request waiting time estimate (Patke et al., §6, Eq. 2;
+:func:`qos.queueing.request_waiting_time`): the output tokens still expected from the
+requests already on that backend, divided by its token throughput Θ. A request's
+expected output is its ``max_tokens`` capped by ``routing.expected_output_tokens``
+(QLM uses the mean output length for the queue), and shrinks as its tokens stream back.
+Ties go to the backend with fewer requests in flight, then round robin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from gateway.backends import Backend, BackendError
+from gateway.config.schema import GatewayConfig
+from qos.queueing import request_waiting_time
+
+log = logging.getLogger("tokenpace.gateway")
+
+
+@dataclass(eq=False)
+class BackendState:
+    backend: Backend
+    index: int
+    throughput_tps: float
+    healthy: bool = True
+    saturated: bool = False  # the engine's own report: no room (Backend.saturated)
+    in_flight: int = 0
+    outstanding_tokens: int = 0
+    last_error: str | None = None
+    checked_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def waiting_time(self) -> float:
+        return request_waiting_time(self.outstanding_tokens, self.throughput_tps)
+
+
+@dataclass(eq=False)
+class Lease:
+    """A request's share of a backend's outstanding work; released exactly once.
+
+    Owned by the request's admission ticket (:class:`gateway.admission.controller.Ticket`), which
+    moves it with the store slot on failover.
+    """
+
+    state: BackendState
+    remaining: int
+    released: bool = field(default=False)
+
+    def tokens(self, n: int) -> None:
+        """``n`` more output tokens arrived: that much less work is outstanding."""
+        if n <= 0 or self.released:
+            return
+        dec = min(n, self.remaining)
+        self.remaining -= dec
+        self.state.outstanding_tokens -= dec
+
+    def move(self, state: BackendState) -> None:
+        """The request now runs on ``state``: its share of the work goes with it."""
+        if self.released or state is self.state:
+            return
+        self.state.in_flight -= 1
+        self.state.outstanding_tokens -= self.remaining
+        state.in_flight += 1
+        state.outstanding_tokens += self.remaining
+        self.state = state
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.state.in_flight -= 1
+        self.state.outstanding_tokens -= self.remaining
+        self.remaining = 0
+
+
+class Router:
+    """Backend health, local load, and the order in which backends are tried."""
+
+    def __init__(self, backends: Sequence[Backend], config: GatewayConfig) -> None:
+        default_tps = config.routing.throughput_tps
+        self.states = [
+            BackendState(b, i, b.throughput_tps or default_tps) for i, b in enumerate(backends)
+        ]
+        self._by_name = {s.name: s for s in self.states}
+        self._rr = 0
+        self._health = config.health
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """``/v1/models`` entries: each named model once, described by its first backend."""
+        seen: dict[str, dict[str, Any]] = {}
+        for s in self.states:
+            for m in s.backend.models:
+                if m != "*" and m not in seen:
+                    seen[m] = {**s.backend.model_card(m), "id": m}
+        return list(seen.values())
+
+    def state(self, name: str) -> BackendState:
+        """The backend called ``name`` (KeyError if none is)."""
+        return self._by_name[name]
+
+    def knows_model(self, model: str) -> bool:
+        return any(s.backend.serves(model) for s in self.states)
+
+    def any_healthy(self) -> bool:
+        return any(s.healthy for s in self.states)
+
+    def serving(self, model: str) -> list[BackendState]:
+        return [s for s in self.states if s.backend.serves(model)]
+
+    def ranked(self, model: str, exclude: Iterable[str] = ()) -> list[BackendState]:
+        """The backends serving ``model`` outside ``exclude``, best first: the one order.
+
+        Healthy before unhealthy (tried only when no healthy one is left), then least
+        waiting time, fewest in flight, round robin: from the backend after the last one
+        chosen, one further at each call (concurrent arrivals, admitted before any of them
+        is sent, spread over equals).
+        """
+        excluded = set(exclude)
+        n, rr = len(self.states), self._rr
+        self._rr = (rr + 1) % max(n, 1)
+        return sorted(
+            (s for s in self.states if s.name not in excluded and s.backend.serves(model)),
+            key=lambda s: (not s.healthy, s.waiting_time(), s.in_flight, (s.index - rr) % n),
+        )
+
+    def choose(
+        self, model: str, exclude: Collection[str] = (), prefer: str | None = None
+    ) -> BackendState | None:
+        """The backend for the next attempt, or None when every candidate was tried.
+
+        ``prefer`` (the backend admission reserved a slot on) goes first when untried.
+        """
+        best = self._by_name.get(prefer) if prefer is not None else None
+        if best is None or best.name in exclude or not best.backend.serves(model):
+            ranked = self.ranked(model, exclude)
+            best = ranked[0] if ranked else None
+        if best is not None:
+            self._rr = (best.index + 1) % len(self.states)  # round robin: start after it
+        return best
+
+    def acquire(self, state: BackendState, expected_tokens: int) -> Lease:
+        state.in_flight += 1
+        state.outstanding_tokens += expected_tokens
+        return Lease(state, expected_tokens)
+
+    def report_failure(self, state: BackendState, exc: BackendError) -> None:
+        state.last_error = exc.message
+        if exc.unhealthy and state.healthy:
+            state.healthy = False
+            log.warning("backend %s marked unhealthy: %s", state.name, exc.message)
+
+    async def check(self, state: BackendState) -> bool:
+        try:
+            with anyio.fail_after(self._health.timeout_s + 1.0):
+                ok = bool(await state.backend.check_health())
+        except Exception as exc:  # a broken health check is an unhealthy backend
+            ok = False
+            state.last_error = f"health check failed: {exc!r}"
+        if ok != state.healthy:
+            log.log(
+                logging.INFO if ok else logging.WARNING,
+                "backend %s is %s",
+                state.name,
+                "healthy" if ok else "unhealthy",
+            )
+        state.healthy = ok
+        state.checked_at = time.monotonic()
+        return ok
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(s) for s in self.states))
+
+    async def capacity_loop(self, interval_s: float) -> None:
+        """Poll the backends that report their capacity (vLLM's ``/metrics``)."""
+        probed = [s for s in self.states if s.backend.probes_capacity]
+        while probed:
+            for state in probed:
+                state.saturated = await state.backend.saturated()
+            await asyncio.sleep(interval_s)
+
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._health.interval_s)
+            await self.check_all()

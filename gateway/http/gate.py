@@ -1,0 +1,132 @@
+"""Who may call, then the body within its limit: the one place requests are authenticated.
+
+:class:`AccessGate` sits inside CORS (its refusals carry the CORS headers a browser
+needs to read them), in front of every route.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.config.schema import LimitsConfig, TelemetryConfig
+from gateway.context import request_record
+from gateway.errors import GatewayError
+from gateway.http.auth import Access, Authenticator, access_rule
+from gateway.http.errors import too_large
+from gateway.request.disconnect import ClientGone
+from gateway.store import StoreUnavailable, store_unavailable
+
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class AccessGate:
+    """Authenticate every request to a route that asks for a credential, then read its
+    body within its limit.
+
+    The credential comes from the headers and is checked before a byte of the body is
+    read (401 else), so an unauthenticated client never costs the gateway body memory.
+    The one exception is a QoE report without an ``Authorization`` header: it may carry
+    its telemetry token inside its body (a browser beacon cannot set headers), so that
+    body is read first, within ``telemetry.max_body_bytes``, and the token taken out of
+    it. The caller is left on the request's record (:func:`~gateway.http.auth.caller_of`).
+    Routes that ask for nothing, and routes the gateway does not have, never have their
+    body read here. A body is read whole (413 past the limit, before any parsing) and
+    replayed to the app; later ``receive()`` calls go to the server, so the app still
+    sees ``http.disconnect``.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        auth: Authenticator,
+        limits: LimitsConfig,
+        telemetry: TelemetryConfig,
+    ) -> None:
+        self.app = app
+        self.auth = auth
+        self.max_body = limits.max_body_bytes
+        self.max_report = min(limits.max_body_bytes, telemetry.max_body_bytes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rule = access_rule(scope.get("path", "")) if scope["type"] == "http" else None
+        if rule is None:
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_report if rule is Access.REPORT else self.max_body
+        with_body = scope.get("method") in _BODY_METHODS
+        authorization = header(scope, b"authorization")
+        body: bytes | None = b""
+        try:
+            if rule is Access.REPORT and not authorization:
+                if with_body:
+                    body = await _read_body(scope, receive, limit)
+                if body is not None:
+                    caller, body = await self.auth.reporter(Headers(scope=scope), body)
+            else:
+                caller = await self.auth.caller(rule, authorization)
+                if with_body:
+                    body = await _read_body(scope, receive, limit)
+        except GatewayError as exc:
+            await exc.response()(scope, receive, send)
+            return
+        except StoreUnavailable:
+            await store_unavailable().response()(scope, receive, send)
+            return
+        except ClientGone:
+            await Response(status_code=499)(scope, receive, send)  # counted; nobody reads it
+            return
+        if body is None:
+            await too_large(limit).response()(scope, receive, send)
+            return
+        request_record(scope).authenticated(caller)
+        if with_body:
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None when it is (or announces being) larger than ``limit``;
+    raises :class:`ClientGone` when the client went away before its end."""
+    length = header(scope, b"content-length")
+    if length is not None:
+        with contextlib.suppress(ValueError):
+            if int(length) > limit:
+                return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            return None
+        chunks.append(part)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,83 @@
+"""The web pages the gateway serves: ``/demo`` (a chat page on the web SDK) and
+``/dashboard`` (the operator's live view).
+
+Their sources are in ``webui/``; ``make webui`` (part of ``make run`` and ``make test``)
+bundles them, with the web SDK and uPlot, into ``webui/dist``, which is what is served
+here: every asset comes from the gateway itself, so the pages work without any network.
+``$TOKENPACE_WEBUI_DIR`` points elsewhere (an installed copy of the bundle).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.staticfiles import StaticFiles
+
+from gateway.errors import SERVER_ERROR, GatewayError
+
+WEBUI_DIR_ENV = "TOKENPACE_WEBUI_DIR"
+ASSETS_PATH = "/webui"
+PAGES = {"/demo": "demo.html", "/dashboard": "dashboard.html"}
+HTML = "text/html; charset=utf-8"
+
+
+def pages_not_built(directory: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"The web pages are not built ({directory} has none): run `make webui`, which runs "
+        "npm ci and the build in webui/.",
+        type=SERVER_ERROR,
+        code="webui_not_built",
+    )
+
+
+def webui_dir() -> Path:
+    """Where the built pages are: ``$TOKENPACE_WEBUI_DIR``, else the checkout's webui/dist."""
+    configured = os.environ.get(WEBUI_DIR_ENV)
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[2] / "webui" / "dist"
+
+
+def is_built(directory: Path | None = None) -> bool:
+    return all(((directory or webui_dir()) / name).is_file() for name in PAGES.values())
+
+
+class _Assets(StaticFiles):
+    """The bundle's scripts and styles; never cached stale across rebuilds."""
+
+    def file_response(self, *args: object, **kwargs: object) -> Response:
+        response = super().file_response(*args, **kwargs)  # type: ignore[arg-type]
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def add_page_routes(app: FastAPI) -> None:
+    """``GET /demo``, ``GET /dashboard`` and their assets under ``/webui/``."""
+    directory = webui_dir()
+
+    def page(name: str) -> Callable[[Request], Awaitable[Response]]:
+        async def serve(request: Request) -> Response:
+            path = directory / name
+            if not path.is_file():
+                raise pages_not_built(str(directory))
+            return FileResponse(path, media_type=HTML, headers={"Cache-Control": "no-cache"})
+
+        return serve
+
+    for route, name in PAGES.items():
+        app.add_api_route(
+            route,
+            page(name),
+            methods=["GET"],
+            tags=["pages"],
+            summary=f"The {name.removesuffix('.html')} page (HTML)",
+            response_class=Response,
+            include_in_schema=False,
+        )
+    app.mount(ASSETS_PATH, _Assets(directory=directory, check_dir=False), name="webui")

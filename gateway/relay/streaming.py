@@ -1,0 +1,255 @@
+"""The SSE relay: backend chunks out to the client as they come, nothing added to them.
+
+One :class:`StreamRelay` per streaming request; :meth:`StreamRelay.send_body` sends the
+response body. It reads the backend's :class:`~gateway.backends.ChunkStream` a batch at
+a time with a deadline (pings while it waits, the first-chunk and between-chunk
+timeouts), fails over before the first chunk, and otherwise ends a failed stream with an
+OpenAI error event and ``data: [DONE]``. Every chunk carrying tokens is timed as it is
+handed to the client; :meth:`StreamRelay.finish` returns the stream's
+:class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
+gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
+:func:`qos.metrics.monotone_qoe`). docs/architecture.md, "The streaming relay".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from array import array
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from starlette.types import Send
+
+from gateway.backends import BackendError, Batch
+from gateway.config.schema import TimeoutsConfig
+from gateway.context import Outcome, StreamOutcome
+from gateway.errors import TIMEOUT, GatewayError, sse_error_event
+from gateway.relay.dispatch import Attempt, Failover
+from gateway.relay.read_deadline import ReadDeadline
+from gateway.telemetry.metrics import GatewayMetrics, observe_many
+from qos.metrics import andes_qoe, monotone_qoe
+
+log = logging.getLogger("tokenpace.gateway")
+
+BODY = "http.response.body"  # the ASGI message type
+PING = b": ping\n\n"
+DONE = b"data: [DONE]\n\n"
+# Tokens sent are charged (router lease, fair share) and their gaps observed in one
+# settlement: with the first write carrying tokens this long after the last settlement,
+# and when the stream ends.
+SETTLE_S = 1.0
+
+
+class StreamRelay:
+    """Relays one streaming request; :meth:`send_body` sends the response body."""
+
+    def __init__(
+        self,
+        failover: Failover,
+        metrics: GatewayMetrics,
+        timeouts: TimeoutsConfig,
+        attempt: Attempt,
+        on_finish: Callable[[StreamOutcome], Awaitable[None]] | None = None,
+    ) -> None:
+        self.failover = failover  # the request's attempts; its hold is charged the tokens
+        self.metrics = metrics
+        self.timeouts = timeouts
+        self.on_finish = on_finish  # once, with the outcome, after the stream's teardown
+        self.ctx = ctx = failover.ctx
+        self.attempt: Attempt | None = attempt
+        self.backend = attempt.state.name
+        self.outcome: Outcome = "aborted"  # until it completes or errs
+        self.error: str | None = None
+        self.sent_any = False  # a chunk reached the client: no more failover
+        self.times = array("d")  # emission times of token-carrying chunks, s since receipt
+        self.counts = array("q")  # tokens in each
+        self.n_tokens = 0
+        self.usage: dict[str, Any] | None = None
+        self._quiet_until = 0.0  # the backend must send something by then (a timeout)
+        self._settled = 0  # batches of ``times`` charged and observed (:meth:`_settle`)
+        self._settle_at = 0.0  # when the next token-carrying batch settles
+        self._together = 0  # token chunks sent in a write after its first, not yet observed
+        self._result: StreamOutcome | None = None
+        self._deadline = ReadDeadline()
+        tier = ctx.tier.name
+        self._ttft = metrics.ttft.labels(ctx.tenant, tier, self.backend)
+        self._itl = metrics.itl.labels(tier, self.backend)
+
+    # -- the response body ---------------------------------------------------------
+    async def send_body(self, send: Send) -> None:
+        """Send the body's messages with the ASGI ``send``, each with ``more_body``
+        (the response sends the last), then :meth:`finish`."""
+        t = self.timeouts
+        ping = t.ping_interval_s
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            while True:
+                assert self.attempt is not None
+                stream = self.attempt.stream
+                self._quiet_until = time.monotonic() + t.first_byte_s
+                failure: BackendError | None = None
+                while True:
+                    deadline = self._quiet_until
+                    now = time.monotonic()
+                    if now >= deadline:
+                        what = "between two chunks" if self.sent_any else "before the first chunk"
+                        failure = BackendError(
+                            f"The backend sent nothing for too long ({what}).",
+                            status=504,
+                            code="upstream_timeout",
+                            type=TIMEOUT,
+                        )
+                        break
+                    until = min(deadline, now + ping) if ping > 0 else deadline
+                    # The next batch (no chunks at the end), None when none came by ``until``
+                    # (the read is cancelled; reads are cancel-safe), or its failure.
+                    self._deadline.begin(task, until)
+                    try:
+                        got = await stream.next_batch()
+                    except asyncio.CancelledError:
+                        if not self._deadline.passed():
+                            raise
+                        got = None
+                    except BackendError as exc:
+                        failure = exc
+                        break
+                    except Exception as exc:
+                        log.warning("backend stream raised %r", exc, exc_info=exc)
+                        failure = BackendError(
+                            f"The backend failed mid-stream ({type(exc).__name__})."
+                        )
+                        break
+                    finally:
+                        self._deadline.end()
+                    if got is None:  # a deadline passed: a ping, or the timeout above
+                        if time.monotonic() < deadline:
+                            await send({"type": BODY, "body": PING, "more_body": True})
+                        continue
+                    if not got.payloads:
+                        break
+                    # Everything that arrived goes out in one write: under load, one send
+                    # (and one syscall) for several chunks; never a wait to batch.
+                    await send({"type": BODY, "body": self._emit(got), "more_body": True})
+                if failure is None:
+                    self.outcome = "completed"
+                    await send({"type": BODY, "body": DONE, "more_body": True})
+                    return
+                failed = self.attempt
+                await self._close_attempt()
+                final: GatewayError = failure
+                if self.sent_any:
+                    self.failover.report(failed.state, failure)
+                else:
+                    # Only pings went out: the next backend, unseen by the client.
+                    try:
+                        self.attempt = await self.failover.open_stream(failed, failure)
+                    except GatewayError as exc:
+                        final = exc
+                        self.backend = self.failover.backend or self.backend
+                    else:
+                        self._relabel()
+                        continue
+                self.outcome = "error"
+                self.error = final.message
+                end = sse_error_event(final.body) + DONE
+                await send({"type": BODY, "body": end, "more_body": True})
+                return
+        finally:
+            await self.finish()
+
+    def _relabel(self) -> None:
+        assert self.attempt is not None
+        name = self.backend = self.attempt.state.name
+        self._ttft = self.metrics.ttft.labels(self.ctx.tenant, self.ctx.tier.name, name)
+        self._itl = self.metrics.itl.labels(self.ctx.tier.name, name)
+
+    def _emit(self, batch: Batch) -> bytes:
+        """Account for a batch (tokens, times, usage); return its event bytes."""
+        now = time.monotonic()
+        if batch.usage is not None:
+            self.usage = batch.usage
+        n = batch.tokens
+        if n:
+            at = now - self.ctx.received_at
+            if not self.n_tokens:
+                self._ttft.observe(at)
+            # Tokens sent in one write reach the client together: one point of the timeline.
+            self.times.append(at)
+            self.counts.append(n)
+            self.n_tokens += n
+            self._together += batch.token_chunks - 1  # chunks sent together: 0 s apart
+            if now >= self._settle_at:
+                self._settle(now)
+        self.sent_any = True
+        self._quiet_until = now + self.timeouts.idle_s
+        return batch.data
+
+    def _settle(self, now: float) -> None:
+        """Charge the tokens sent since the last settlement to the request's hold (the
+        router's lease, the tenant's share; no I/O) and observe their inter-token gaps, in
+        bulk."""
+        self._settle_at = now + SETTLE_S
+        done, end = self._settled, len(self.times)
+        if done == end:
+            return
+        self._settled = end
+        self.failover.hold.tokens(sum(self.counts[done:end]))
+        times = self.times
+        gaps = [times[i] - times[i - 1] for i in range(max(done, 1), end)]
+        gaps += [0.0] * self._together
+        self._together = 0
+        if gaps:
+            observe_many(self._itl, gaps)
+
+    # -- teardown ------------------------------------------------------------------
+    async def _close_attempt(self) -> None:
+        self._settle(time.monotonic())
+        attempt, self.attempt = self.attempt, None
+        if attempt is not None:
+            await attempt.close()  # shielded, bounded by CLOSE_TIMEOUT_S
+
+    async def finish(self) -> StreamOutcome:
+        """Close everything, then ``on_finish``; the stream's outcome and measurements
+        (idempotent).
+
+        Runs when :meth:`send_body` ends (normally, by error or cancelled) and again as
+        the response's background task, for a response that never started its body.
+        """
+        if self._result is None:
+            self._deadline.close()
+            await self._close_attempt()
+            self._result = result = self._measure()
+            on_finish, self.on_finish = self.on_finish, None
+            if on_finish is not None:
+                await on_finish(result)
+        return self._result
+
+    def _measure(self) -> StreamOutcome:
+        tokens = self.n_tokens
+        if self.usage is not None and isinstance(self.usage.get("completion_tokens"), int):
+            tokens = self.usage["completion_tokens"]
+        result = StreamOutcome(self.outcome, self.backend, tokens, error=self.error)
+        if self.n_tokens:
+            result.ttft_s = self.times[0]
+        if self.outcome != "completed" or not self.n_tokens:
+            return result
+        ctx, m = self.ctx, self.metrics
+        # Per token: the (time, tokens) pairs are expanded once here, not in each formula.
+        timeline = np.repeat(
+            np.frombuffer(self.times, dtype=np.float64), np.frombuffer(self.counts, dtype=np.int64)
+        )
+        try:
+            andes = andes_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)
+            mono = monotone_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)
+        except ValueError as exc:  # cannot happen with monotonic times; never fail a stream
+            log.warning("QoE not computed: %s", exc)
+            return result
+        m.qoe.labels(ctx.tenant, ctx.tier.name, "andes").observe(andes)
+        m.qoe.labels(ctx.tenant, ctx.tier.name, "monotone").observe(mono)
+        result.qoe_andes = andes
+        result.qoe_monotone = mono
+        return result

@@ -1,0 +1,220 @@
+"""The completion request path: checks, tier, admission, dispatch, the response.
+
+After authentication and validation (:mod:`gateway.http`, FastAPI with the models of
+:mod:`gateway.request.schemas`): the body within the configured caps and encodable for
+the backend (400), the tier (:mod:`gateway.request.tiers`, 400/403), the model (404),
+admission (:mod:`gateway.admission`: 429, or a wait in the fair-share queue for a
+backend slot, held until the response ends), then the backend: streaming through
+:class:`~gateway.relay.streaming.StreamRelay` in a
+:class:`~gateway.relay.response.RelayResponse`, non-streaming through
+:meth:`~gateway.relay.dispatch.Failover.complete`, both with failover before the
+first byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.admission.controller import AdmissionController
+from gateway.backends.routing import Router
+from gateway.config.schema import GatewayConfig, TenantConfig
+from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
+from gateway.errors import INVALID_REQUEST, GatewayError
+from gateway.relay.dispatch import Dispatcher, Failover
+from gateway.relay.response import RelayResponse
+from gateway.relay.streaming import StreamRelay
+from gateway.request.body import check_forwardable, check_limits
+from gateway.request.disconnect import ClientGone, DisconnectWatch
+from gateway.request.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.request.tiers import resolve_tier
+from gateway.telemetry.metrics import GatewayMetrics, series
+from gateway.telemetry.reports import Telemetry
+from gateway.telemetry.tokens import TelemetryTokens
+from qos.prompt_tokens import estimate_prompt_tokens
+
+
+def model_not_found(model: str) -> GatewayError:
+    # OpenAI's exact wording and code for an unknown model.
+    return GatewayError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        type=INVALID_REQUEST,
+        param="model",
+        code="model_not_found",
+    )
+
+
+class CompletionService:
+    """Serves ``/v1/chat/completions`` and ``/v1/completions`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        router: Router,
+        admission: AdmissionController,
+        dispatcher: Dispatcher,
+        telemetry: Telemetry,
+        tokens: TelemetryTokens,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.config = config  # the tiers (resolve_tier), limits, routing and timeouts
+        self.router = router
+        self.admission = admission
+        self.dispatcher = dispatcher
+        self.telemetry = telemetry
+        self.tokens = tokens
+        self.metrics = metrics
+        self.default_tokens = config.routing.expected_output_tokens
+        self._tokens = series(metrics.tokens)
+
+    async def serve(
+        self,
+        request: Request,
+        record: RequestRecord,
+        endpoint: Endpoint,
+        body: ChatCompletionRequest | CompletionRequest,
+        tenant: TenantConfig,
+        header_tier: str | None,
+    ) -> Response:
+        # The JSON FastAPI parsed into ``body`` (Starlette keeps it on the request: not
+        # parsed again), as the client wrote it: the base of the upstream body. Every
+        # decision below reads the validated ``body``.
+        raw: dict[str, Any] = await request.json()
+        check_forwardable(raw)
+        check_limits(body, self.config.limits)
+        options = body.tokenpace.model_dump(exclude_unset=True) if body.tokenpace else None
+        tier = resolve_tier(self.config, tenant, header_tier, options)
+        record.tier = tier.name
+        headers = tier.headers()
+        model = body.model
+        record.model = model
+        try:
+            if not self.router.knows_model(model):
+                raise model_not_found(model)
+            ctx = RequestContext(
+                request_id=record.request_id,
+                tenant=tenant.name,
+                weight=tenant.weight,
+                tier=tier,
+                endpoint=endpoint,
+                model=model,
+                stream=bool(body.stream),
+                received_at=record.received_at,
+                expected_tokens=self._expected_tokens(body),
+            )
+            watch = DisconnectWatch(request.receive)
+            try:
+                return await self._admitted(watch, raw, ctx, tenant, record, headers)
+            finally:
+                await watch.close()  # before the response listens for the disconnect
+        except GatewayError as exc:
+            exc.headers = {**headers, **exc.headers}
+            raise
+
+    async def _admitted(
+        self,
+        watch: DisconnectWatch,
+        raw: dict[str, Any],
+        ctx: RequestContext,
+        tenant: TenantConfig,
+        record: RequestRecord,
+        headers: dict[str, str],
+    ) -> Response:
+        """Admission, then the backend; ``headers`` gain the admission's."""
+        token = await self.tokens.header(ctx.request_id, tenant.name)
+        admit = self.admission.admit(ctx, tenant, estimate_prompt_tokens(raw))
+        try:
+            ticket = await watch.run(admit)
+        except ClientGone:
+            return client_gone(record)
+        # from here every path closes the ticket (no await until _stream/_complete); the
+        # failover moves it on in the router's order
+        failover = self.dispatcher.failover(raw, ctx, ticket)
+        headers.update(ticket.rate.headers())
+        headers.update(token)
+        if ctx.stream:
+            return await self._stream(watch, failover, record, headers)
+        return await self._complete(watch, failover, record, headers)
+
+    def _expected_tokens(self, body: ChatCompletionRequest | CompletionRequest) -> int:
+        """Output tokens expected (QLM's estimate): ``max_tokens`` capped by
+        ``routing.expected_output_tokens``, times ``n``."""
+        expected = self.default_tokens
+        for value in (getattr(body, "max_completion_tokens", None), body.max_tokens):
+            if value is not None:
+                expected = min(expected, value)
+        return expected * (body.n or 1)
+
+    def _count_tokens(self, ctx: RequestContext, backend: str, tokens: int) -> None:
+        """The one place output tokens are counted (streams and whole responses)."""
+        if tokens:
+            self._tokens(ctx.tenant, ctx.tier.name, backend).inc(tokens)
+
+    async def _stream(
+        self,
+        watch: DisconnectWatch,
+        failover: Failover,
+        record: RequestRecord,
+        headers: dict[str, str],
+    ) -> Response:
+        ctx, ticket = failover.ctx, failover.hold
+        try:
+            attempt = await watch.run(failover.open_stream())
+        except GatewayError:
+            record.backend = failover.backend or record.backend
+            await ticket.close()
+            raise
+        except ClientGone:
+            record.backend = failover.backend or record.backend
+            await ticket.close()
+            return client_gone(record)
+        except BaseException:
+            await ticket.close()
+            raise
+        record.backend = attempt.state.name
+
+        async def finished(result: StreamOutcome) -> None:
+            """Once, after the relay's teardown: the record, the tokens, the slot back."""
+            record.finished_stream(result)
+            self._count_tokens(ctx, result.backend, result.tokens)
+            self.telemetry.record_stream(ctx, result)
+            await ticket.close()
+
+        relay = StreamRelay(
+            failover, self.metrics, self.config.timeouts, attempt, on_finish=finished
+        )
+        try:
+            return RelayResponse(relay, headers)
+        except BaseException:
+            await relay.finish()
+            raise
+
+    async def _complete(
+        self,
+        watch: DisconnectWatch,
+        failover: Failover,
+        record: RequestRecord,
+        headers: dict[str, str],
+    ) -> Response:
+        ctx, ticket = failover.ctx, failover.hold
+        tokens = 0
+        try:
+            done = await watch.run(failover.complete())
+            tokens = done.tokens
+        except ClientGone:
+            return client_gone(record)
+        finally:
+            record.backend = failover.backend or record.backend
+            ticket.tokens(tokens)
+            await ticket.close()
+        record.tokens = tokens
+        self._count_tokens(ctx, done.backend, tokens)
+        return JSONResponse(done.result, headers=headers)
+
+
+def client_gone(record: RequestRecord) -> Response:
+    record.outcome = "aborted"
+    return Response(status_code=499)  # nginx's "client closed request": never seen by anyone

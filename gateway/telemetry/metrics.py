@@ -1,0 +1,322 @@
+"""Prometheus metrics, in a registry of the app's own (two apps never share series).
+
+Series (labels bounded: tenants, tiers and backends come from the configuration;
+requests that fail before a tenant or tier is known are labelled ``-``):
+
+- ``tokenpace_requests_total{tenant,tier,backend,endpoint,status,outcome}``: finished
+  API requests; ``status`` is the HTTP status, ``outcome`` one of ``completed``,
+  ``error`` (an error answer, or a stream ended by an error event), ``aborted`` (the
+  client went away).
+- ``tokenpace_requests_in_flight{endpoint}``.
+- ``tokenpace_ttft_seconds{tenant,tier,backend}``: request receipt to the first chunk
+  carrying a token, as the gateway emitted it.
+- ``tokenpace_inter_token_seconds{tier,backend}``: gaps between chunks carrying tokens,
+  observed in bulk about once a second per stream and at its end.
+- ``tokenpace_qoe{tenant,tier,metric}``: QoE of every completed stream, from the
+  times the gateway emitted each token; ``metric`` is ``andes`` (Andes Eq. 1,
+  :func:`qos.metrics.andes_qoe`) or ``monotone`` (:func:`qos.metrics.monotone_qoe`).
+- ``tokenpace_output_tokens_total{tenant,tier,backend}``.
+- ``tokenpace_failovers_total{backend}``: attempts on a backend that failed before
+  the first byte and were retried elsewhere.
+- ``tokenpace_backend_healthy{backend}``, ``tokenpace_backend_in_flight{backend}``,
+  ``tokenpace_backend_outstanding_tokens{backend}``,
+  ``tokenpace_backend_waiting_time_seconds{backend}`` (the routing estimate): read
+  from the router at scrape time.
+- ``tokenpace_admissions_total{tenant,outcome}``, ``tokenpace_queue_waiting``,
+  ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission.controller`).
+- ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
+  ``telemetry.window_s`` (:mod:`gateway.telemetry.reports`), refreshed at each scrape.
+
+Several workers (``tokenpace serve --workers N``) share one view through
+``prometheus_client.multiprocess``: each process writes to ``$PROMETHEUS_MULTIPROC_DIR``
+and any worker's scrape reads every file (docs/architecture.md, "Worker processes", says
+how each series combines). The backend series are then gauges each worker publishes
+(:meth:`GatewayMetrics.publish_backends`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, TypeVar
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from gateway.backends.routing import BackendState, Router
+from gateway.context import UNKNOWN
+
+__all__ = ["UNKNOWN", "GatewayMetrics", "QoESummary", "observe_many"]
+
+# gateway.telemetry.reports.summarize: tenant -> tiers -> sides -> stats
+QoESummary = dict[str, Any]
+_STATS = ("mean", "p50", "p90", "p99")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's switch to multiprocess mode
+_LATENCY_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+_ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+)
+_QOE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+def series(metric: M) -> Callable[..., M]:
+    """``metric.labels``, each label set's series looked up once and kept: the gateway's
+    label values are bounded (configured tenants, tiers and backends; endpoints,
+    statuses, outcomes) and no series is removed."""
+    return functools.cache(metric.labels)
+
+
+def observe_many(histogram: Histogram, values: Iterable[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values`` (finite, as a relay's gaps are),
+    with one update per bucket.
+
+    ``observe`` takes a lock for the sum and one for the bucket on every call; the relay
+    has one gap per token. This counts them first and adds each bucket once, through
+    prometheus-client's ``_upper_bounds``, ``_buckets`` and ``_sum`` (pinned in
+    pyproject.toml; ``tests/gateway/test_dependency_interfaces.py`` checks it against
+    ``observe``).
+    """
+    bounds = histogram._upper_bounds  # ascending, the last +Inf
+    counts = [0] * len(bounds)
+    total = 0.0
+    for value in values:
+        counts[bisect_left(bounds, value)] += 1  # the first bound >= value: its "le"
+        total += value
+    for bucket, count in zip(histogram._buckets, counts, strict=True):
+        if count:
+            bucket.inc(count)
+    histogram._sum.inc(total)
+
+
+# Each backend series: name, help, how workers' values combine, how a router state reads.
+_Combine = Literal["livemin", "livesum"]  # prometheus_client's multiprocess modes used here
+_BACKEND_SERIES: tuple[tuple[str, str, _Combine, Callable[[BackendState], float]], ...] = (
+    (
+        "tokenpace_backend_healthy",
+        "1 when the backend passes health checks",
+        "livemin",
+        lambda s: 1.0 if s.healthy else 0.0,
+    ),
+    (
+        "tokenpace_backend_in_flight",
+        "requests in flight on the backend",
+        "livesum",
+        lambda s: float(s.in_flight),
+    ),
+    (
+        "tokenpace_backend_outstanding_tokens",
+        "output tokens still expected from the backend's requests",
+        "livesum",
+        lambda s: float(s.outstanding_tokens),
+    ),
+    (
+        "tokenpace_backend_waiting_time_seconds",
+        "QLM request waiting time estimate used for routing",
+        "livesum",
+        lambda s: s.waiting_time(),
+    ),
+)
+
+
+class _BackendCollector(Collector):
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, doc, _mode, read in _BACKEND_SERIES:
+            family = GaugeMetricFamily(name, doc, labels=["backend"])
+            for s in self._router.states:
+                family.add_metric([s.name], read(s))
+            yield family
+
+
+class _MultiProcessRegistry(CollectorRegistry):
+    """What every worker wrote to ``path``, plus this process's collectors of other kinds.
+
+    The metrics registered here (counters, gauges, histograms) write to ``path``; they are
+    read back from there with the other workers', not collected twice.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(auto_describe=True)
+        self._files = MultiProcessCollector(None, path)
+        self._live: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        if not isinstance(collector, MetricWrapperBase):
+            self._live.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        if collector in self._live:
+            self._live.remove(collector)
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._files.collect()
+        for collector in list(self._live):
+            yield from collector.collect()
+
+
+class _QoEWindowCollector(Collector):
+    """``tokenpace_qoe_window`` from the last telemetry summary."""
+
+    def __init__(self) -> None:
+        self.summary: QoESummary = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily(
+            "tokenpace_qoe_window",
+            "QoE over telemetry.window_s, all replicas (side=gateway|client, "
+            "metric=andes|monotone|displayed_andes, stat=mean|p50|p90|p99|count)",
+            labels=["tenant", "tier", "side", "metric", "stat"],
+        )
+        for tenant, t in self.summary.items():
+            for tier, sides in t["tiers"].items():
+                for side, s in sides.items():
+                    g.add_metric([tenant, tier, side, "all", "count"], float(s["count"]))
+                    for metric in ("andes", "monotone", "displayed_andes"):
+                        for stat in _STATS:
+                            if metric in s:
+                                g.add_metric([tenant, tier, side, metric, stat], s[metric][stat])
+        yield g
+
+
+class GatewayMetrics:
+    """Every series the gateway exports, in one registry of the app's own."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        path = os.environ.get(MULTIPROC_ENV)
+        self.multiprocess = bool(path)
+        r = _MultiProcessRegistry(path) if path else CollectorRegistry(auto_describe=True)
+        self.registry = r
+        self.requests = Counter(
+            "tokenpace_requests",
+            "finished API requests",
+            ["tenant", "tier", "backend", "endpoint", "status", "outcome"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "tokenpace_requests_in_flight",
+            "API requests being served",
+            ["endpoint"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tokenpace_ttft_seconds",
+            "time from request receipt to the first token the gateway emitted",
+            ["tenant", "tier", "backend"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "tokenpace_inter_token_seconds",
+            "time between consecutive token-carrying chunks the gateway emitted",
+            ["tier", "backend"],
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.qoe = Histogram(
+            "tokenpace_qoe",
+            "QoE of completed streams from the gateway's emission times (metric=andes|monotone)",
+            ["tenant", "tier", "metric"],
+            buckets=_QOE_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "tokenpace_output_tokens",
+            "output tokens relayed to clients",
+            ["tenant", "tier", "backend"],
+            registry=r,
+        )
+        self.failovers = Counter(
+            "tokenpace_failovers",
+            "attempts that failed before the first byte and were retried on another backend",
+            ["backend"],
+            registry=r,
+        )
+        self.admissions = Counter(
+            "tokenpace_admissions",
+            "admission decisions (admitted, queued, limited, queue_full, timeout, gone_away)",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.queue_waiting = Gauge(
+            "tokenpace_queue_waiting",
+            "requests waiting in this replica's queue",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.vtc_counter = Gauge(
+            "tokenpace_vtc_counter",
+            "virtual token counter (VTC) per tenant, as this replica last saw it",
+            ["tenant"],
+            multiprocess_mode="livemostrecent",
+            registry=r,
+        )
+        self.qoe_window = _QoEWindowCollector()
+        r.register(self.qoe_window)
+        self._backend_gauges: list[tuple[Gauge, Callable[[BackendState], float]]] = []
+        if self.multiprocess:
+            for name, doc, mode, read in _BACKEND_SERIES:
+                gauge = Gauge(name, doc, ["backend"], multiprocess_mode=mode, registry=r)
+                self._backend_gauges.append((gauge, read))
+        else:
+            r.register(_BackendCollector(router))
+
+    def publish_backends(self) -> None:
+        """Write this worker's view of the backends for the others' scrapes (multiprocess)."""
+        for gauge, read in self._backend_gauges:
+            for s in self._router.states:
+                gauge.labels(s.name).set(read(s))
+
+    def render(self) -> tuple[bytes, str]:
+        self.publish_backends()
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

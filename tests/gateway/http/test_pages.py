@@ -1,0 +1,73 @@
+"""The gateway's web pages (/demo, /dashboard and their assets) and the dashboard's
+status document. The built pages themselves run in Chromium: webui/test/."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.http.pages import WEBUI_DIR_ENV
+from tests.support.fake_upstream import MODEL, upstream
+from tests.support.gateway import KEY, backend_entry, gateway, make_config
+
+ADMIN = "admin-key-0000001"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+@pytest.fixture
+def webui(tmp_path, monkeypatch):
+    monkeypatch.setenv(WEBUI_DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+async def test_pages_and_assets_are_served_with_a_charset(webui) -> None:
+    (webui / "demo.html").write_text("<!doctype html><title>デモ</title>", encoding="utf-8")
+    (webui / "dashboard.html").write_text("<!doctype html><title>board</title>")
+    (webui / "demo.js").write_text("console.log('é');", encoding="utf-8")
+    async with (
+        upstream() as fake,
+        gateway(make_config([backend_entry(fake, "up")])) as gw,
+        gw.client("") as c,
+    ):
+        r = await c.get("/demo")
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "text/html; charset=utf-8"
+        assert "デモ" in r.text
+        assert (await c.get("/dashboard")).text.endswith("board</title>")
+        js = await c.get("/webui/demo.js")
+        assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+        assert (await c.get("/webui/missing.js")).status_code == 404
+        assert (await c.get("/webui/../pyproject.toml")).status_code == 404
+
+
+async def test_an_unbuilt_ui_says_how_to_build_it(webui) -> None:
+    async with (
+        upstream() as fake,
+        gateway(make_config([backend_entry(fake, "up")])) as gw,
+        gw.client("") as c,
+    ):
+        r = await c.get("/demo")
+        assert r.status_code == 503
+        error = r.json()["error"]
+        assert error["code"] == "webui_not_built" and "make webui" in error["message"]
+
+
+async def test_admin_status_shows_backends_load_and_fair_share() -> None:
+    async with upstream() as fake:
+        config = make_config([backend_entry(fake, "up")], admin={"key": ADMIN})
+        async with gateway(config) as gw:
+            async with gw.client(KEY) as tenant, gw.client(ADMIN) as admin:
+                assert (await tenant.get("/v1/tokenpace/admin/status")).status_code == 401
+                r = await tenant.post("/v1/chat/completions", json=CHAT)
+                assert r.status_code == 200
+                assert (await tenant.get("/v1/models")).status_code == 200  # not a completion
+                await asyncio.sleep(0.1)  # output tokens are charged in batches
+                status = (await admin.get("/v1/tokenpace/admin/status")).json()
+            assert status["ready"] is True
+            assert status["backends"][0]["name"] == "up" and status["backends"][0]["healthy"]
+            assert status["requests_in_flight"] == 0 and status["requests_queued"] == 0
+            acme = status["tenants"]["acme"]
+            assert acme["weight"] == 2.0 and acme["requests"] == 1
+            assert acme["output_tokens"] > 0 and acme["vtc_counter"] > 0
+            assert status["tenants"]["basic"]["output_tokens"] == 0

@@ -1,0 +1,275 @@
+"""One suite, two stores: the in-memory store and Redis (a real redis-server).
+
+The VTC cases drive :class:`qos.fairness.VirtualTokenCounter` with the same events and
+compare counters: the Lua scripts must be the atomic form of that class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.store import (
+    Arrival,
+    Limits,
+    MemoryStore,
+    QoERecord,
+    RedisStore,
+    RequestInfo,
+    Slot,
+    Store,
+)
+from gateway.store.ratelimit import WINDOW_MS, wait_ms
+from qos.fairness import VirtualTokenCounter
+
+LEASE = 10.0
+ONE = [Slot("b1", 1)]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request, key_prefix) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    server = request.getfixturevalue("redis_server")
+    s = RedisStore(server.url, key_prefix)
+    try:
+        yield s
+    finally:
+        await s.aclose()
+
+
+def arrival(rid: str, tenant: str, weight: float = 1.0, prompt: int = 10, **kw) -> Arrival:
+    fields = {
+        "model": "m",
+        "tier": "chat",
+        "ttft_s": 1.0,
+        "tds": 4.8,
+        "expected_tokens": 20,
+        **kw,
+    }
+    return Arrival(rid, tenant, weight, prompt_tokens=prompt, **fields)
+
+
+async def test_vtc_matches_reference(store: Store) -> None:
+    ref = VirtualTokenCounter()
+
+    async def check() -> None:
+        got = await store.counters()
+        for tenant, value in ref.counters.items():
+            assert got.get(tenant, 0.0) == pytest.approx(value), tenant
+
+    # a admitted at once: enqueue, dequeue, prompt charge
+    a = await store.arrive(arrival("a1", "a", 1.0, prompt=10), ONE, LEASE)
+    assert (a.status, a.backend) == ("admitted", "b1")
+    ref.enqueue("a")
+    ref.dequeue("a")
+    ref.charge("a", 1.0, prompt_tokens=10)
+    await check()
+    # b (weight 2) is the head but the only slot is taken; c joins and is lifted to b's
+    b = await store.arrive(arrival("b1", "b", 2.0, prompt=30), ONE, LEASE)
+    assert b.status == "full" and b.head == "b1"
+    ref.enqueue("b")
+    await store.charge({"a": (1.0, 7, 86400)})
+    ref.charge("a", 1.0, output_tokens=7)
+    c = await store.arrive(arrival("c1", "c", 1.0, prompt=4), ONE, LEASE)
+    assert c.status == "queued" and c.head == "b1"  # same counter, b's deadline is earlier
+    ref.enqueue("c")
+    await check()
+    # the slot frees: b goes first (prompt 30 / weight 2), then c waits for room again
+    await store.release("a1", "b1")
+    assert (await store.retry("c1", ONE, LEASE)).status == "queued"
+    got = await store.retry("b1", ONE, LEASE)
+    assert (got.status, got.backend) == ("admitted", "b1")
+    ref.dequeue("b")
+    ref.charge("b", 2.0, prompt_tokens=30)
+    assert got.counter == pytest.approx(ref.counter("b"))
+    assert (await store.retry("c1", ONE, LEASE)).status == "full"
+    await store.charge({"b": (2.0, 11, 86400), "a": (1.0, 3, 86400)})
+    ref.charge("b", 2.0, output_tokens=11)
+    ref.charge("a", 1.0, output_tokens=3)
+    await check()
+    # c leaves (its client went away): the last tenant to leave is c
+    await store.leave("c1")
+    ref.dequeue("c")
+    # d arrives with nobody queued: lifted to the last leaver's counter (c's)
+    await store.release("b1", "b1")
+    d = await store.arrive(arrival("d1", "d", 1.0, prompt=2), ONE, LEASE)
+    ref.enqueue("d")
+    ref.dequeue("d")
+    ref.charge("d", 1.0, prompt_tokens=2)
+    assert d.status == "admitted"
+    await check()
+    # a returns while e is queued: lifted to e's counter, not banked from its idle time
+    e = await store.arrive(arrival("e1", "e", 1.0, prompt=1), ONE, LEASE)
+    ref.enqueue("e")
+    assert e.status == "full"
+    await store.charge({"e": (1.0, 50, 86400)})
+    ref.charge("e", 1.0, output_tokens=50)
+    a2 = await store.arrive(arrival("a2", "a", 1.0, prompt=1), ONE, LEASE)
+    ref.enqueue("a")
+    assert a2.status == "queued" and a2.head == "e1"
+    await check()
+    assert ref.counter("a") == ref.counter("e") > 30  # lifted past its own 30
+
+
+async def test_head_is_least_counter_then_deadline(store: Store) -> None:
+    assert (await store.arrive(arrival("x", "hog", prompt=5), ONE, LEASE)).status == "admitted"
+    await store.charge({"hog": (1.0, 100, 86400)})
+    # the hog queues first (fast tier, earlier deadline) but light has the lower counter
+    slow = arrival("h2", "hog", prompt=5, ttft_s=0.1)
+    assert (await store.arrive(slow, ONE, LEASE)).status == "full"
+    light = await store.arrive(arrival("l1", "light", prompt=5, ttft_s=5.0), ONE, LEASE)
+    # lifted to the least queued counter (hog's): tie on counter, hog's deadline first
+    assert light.status == "queued" and light.head == "h2"
+    # within a tenant, the earliest deadline goes first
+    assert (await store.arrive(arrival("h3", "hog", ttft_s=0.01), ONE, LEASE)).head == "h3"
+    await store.release("x", "b1")
+    assert (await store.retry("h3", ONE, LEASE)).status == "admitted"
+    # hog's counter grew by the prompt: light is now the least
+    assert (await store.retry("h2", ONE, LEASE)).head == "l1"
+
+
+async def test_slots_by_capacity_and_order(store: Store) -> None:
+    slots = [Slot("big", 2), Slot("small", 1)]
+    got = [await store.arrive(arrival(f"r{i}", "t"), slots, LEASE) for i in range(4)]
+    assert [g.backend for g in got] == ["big", "big", "small", None]
+    assert got[3].status == "full"
+    assert await store.in_flight("big") == 2
+    unlimited = await store.arrive(arrival("u", "t", model="other"), [Slot("x", 0)], LEASE)
+    assert unlimited.status == "admitted"
+
+
+async def test_move_takes_the_slot_to_a_backend_with_room(store: Store) -> None:
+    slots = [Slot("a", 1), Slot("b", 1), Slot("c", 1)]
+    assert (await store.arrive(arrival("r1", "t"), slots, LEASE)).backend == "a"
+    assert (await store.arrive(arrival("r2", "t"), slots, LEASE)).backend == "b"
+    # b is full: nothing moves, r1 still counts on a
+    assert not await store.move("r1", "a", Slot("b", 1), LEASE)
+    assert [await store.in_flight(n) for n in "abc"] == [1, 1, 0]
+    # c has room: the slot leaves a and counts on c, in one step
+    assert await store.move("r1", "a", Slot("c", 1), LEASE)
+    assert [await store.in_flight(n) for n in "abc"] == [0, 1, 1]
+    # a's freed slot is granted again; a backend without a cap always has room
+    assert (await store.arrive(arrival("r3", "t"), slots, LEASE)).backend == "a"
+    assert await store.move("r3", "a", Slot("d", 0), LEASE)
+    assert await store.in_flight("d") == 1
+    # released from where it moved to: every count back to zero
+    for rid, backend in (("r1", "c"), ("r2", "b"), ("r3", "d")):
+        await store.release(rid, backend)
+    assert [await store.in_flight(n) for n in "abcd"] == [0, 0, 0, 0]
+
+
+async def test_leases_lapse_and_renew_recreates(store: Store) -> None:
+    assert (await store.arrive(arrival("a", "t"), ONE, 0.05)).status == "admitted"
+    assert (await store.arrive(arrival("b", "t"), ONE, 0.05)).status == "full"
+    await asyncio.sleep(0.12)
+    # b's queue place lapsed too (its replica stopped renewing): gone
+    assert (await store.retry("b", ONE, LEASE)).status == "gone"
+    c = await store.arrive(arrival("c", "t"), ONE, LEASE)
+    assert c.status == "admitted"  # a's slot lapsed
+    await store.release("c", "b1")
+    await store.renew([("b1", "c")], [], LEASE)  # a holder re-registers a lost slot
+    assert await store.in_flight("b1") == 1
+
+
+async def test_queue_bound(store: Store) -> None:
+    lim = Limits(max_queued=2)
+    statuses = [
+        (await store.arrive(arrival(f"q{i}", "t", limits=lim), [], LEASE)).status for i in range(3)
+    ]
+    assert statuses == ["full", "queued", "queue_full"]
+    await store.leave("q0")
+    assert (await store.arrive(arrival("q3", "t", limits=lim), [], LEASE)).status == "queued"
+
+
+async def test_requests_per_minute(store: Store) -> None:
+    lim = Limits(requests_per_minute=3)
+    out = [
+        await store.arrive(arrival(f"r{i}", "t", limits=lim), [Slot("b", 0)], LEASE)
+        for i in range(5)
+    ]
+    assert [o.status for o in out] == ["admitted"] * 3 + ["limited"] * 2
+    assert [o.rate.remaining_requests for o in out[:3]] == [2, 1, 0]
+    assert out[3].limited_by == "requests"
+    assert 0 < out[3].retry_after_ms <= 2 * WINDOW_MS
+    assert out[0].rate.headers()["x-ratelimit-limit-requests"] == "3"
+    # another tenant is not affected
+    other = await store.arrive(arrival("o", "u", limits=lim), [Slot("b", 0)], LEASE)
+    assert other.status == "admitted"
+
+
+async def test_tokens_per_minute_and_budget(store: Store) -> None:
+    lim = Limits(tokens_per_minute=100)
+    first = await store.arrive(arrival("a", "t", prompt=30, limits=lim), [Slot("b", 0)], LEASE)
+    assert first.status == "admitted" and first.rate.remaining_tokens == 70
+    await store.charge({"t": (1.0, 60, 86400)})  # streamed output counts too
+    second = await store.arrive(arrival("b", "t", prompt=5, limits=lim), [Slot("b", 0)], LEASE)
+    assert (second.status, second.limited_by) == ("limited", "tokens")
+    budget = Limits(token_budget=50, budget_period_s=3600)
+    ok = await store.arrive(arrival("c", "u", prompt=40, limits=budget), [Slot("b", 0)], LEASE)
+    assert ok.status == "admitted"
+    await store.charge({"u": (1.0, 20, 3600)})
+    over = await store.arrive(arrival("d", "u", prompt=1, limits=budget), [Slot("b", 0)], LEASE)
+    assert (over.status, over.limited_by) == ("limited", "budget")
+    assert 0 < over.retry_after_ms <= 3600 * 1000
+
+
+def test_window_arithmetic() -> None:
+    # nothing in the windows: fits now; a cost above the limit never fits
+    assert wait_ms(10, 1, 0, 0, 0.5) == 0
+    assert wait_ms(10, 11, 0, 0, 0.5) == -1
+    # full previous window: fits once enough of it has faded
+    assert wait_ms(10, 1, 10, 0, 0.0) == pytest.approx(0.1 * WINDOW_MS)
+    # full current window: waits into the next one
+    assert wait_ms(10, 1, 0, 10, 0.5) == pytest.approx(0.6 * WINDOW_MS)
+
+
+async def test_keys(store: Store) -> None:
+    await store.seed_keys({"d1": "acme", "d2": "acme", "d3": "basic"}, {"acme": "{}"})
+    assert await store.tenant_for_key("d1") == "acme"
+    assert await store.tenant_keys("acme") == ["d1", "d2"]
+    assert not await store.revoke_key("basic", "d1")  # not basic's key
+    assert await store.revoke_key("acme", "d1")
+    await store.seed_keys({"d1": "acme"}, {})  # a restart does not bring it back
+    assert await store.tenant_for_key("d1") is None
+    await store.add_key("basic", "d4")
+    assert await store.tenant_keys("basic") == ["d3", "d4"]
+
+
+async def test_requests_and_qoe(store: Store) -> None:
+    await store.remember("r1", RequestInfo("acme", "chat", 1.0, 4.8, "m"))
+    assert await store.request_info("r1") == RequestInfo("acme", "chat", 1.0, 4.8, "m")
+    assert await store.request_info("nope") is None
+
+    def rec(rid: str, tenant: str, side: str = "client", andes: float = 0.5) -> QoERecord:
+        return QoERecord(rid, tenant, "chat", side, andes, andes, "completed", 0.9, 0.8)  # type: ignore[arg-type]
+
+    results = await store.add_qoe(
+        [rec("r1", "acme"), rec("r1", "acme"), rec("r1", "basic"), rec("r9", "acme")]
+    )
+    assert results == ["ok", "duplicate", "unknown", "unknown"]
+    assert await store.add_qoe([rec("r1", "acme", "gateway", 1.0)]) == ["ok"]
+    got = await store.qoe_records(0.0, "acme")
+    assert sorted((r.side, r.andes) for r in got) == [("client", 0.5), ("gateway", 1.0)]
+    assert got[0].displayed_andes == 0.9 or got[1].displayed_andes == 0.9
+    assert await store.qoe_records(0.0, "basic") == []
+    totals = await store.qoe_totals()
+    assert totals[("acme", "chat", "client")] == (1, 0.5, 0.5)
+
+
+async def test_hit_and_merge(store: Store) -> None:
+    assert [(await store.hit("t", "tel", 2))[0] for _ in range(3)] == [True, True, False]
+    await store.charge({"t": (2.0, 10, 86400)})
+    await store.merge_counters({"t": 5.0, "u": 3.0})
+    got = await store.counters()
+    assert got["t"] == pytest.approx(10.0) and got["u"] == pytest.approx(3.0)
+
+
+async def test_shared_secret_is_set_once(store: Store) -> None:
+    first = await store.shared_secret("telemetry_token", "a" * 64)
+    second = await store.shared_secret("telemetry_token", "b" * 64)
+    assert first == second == "a" * 64
+    assert await store.shared_secret("other", "c" * 64) == "c" * 64
