@@ -63,7 +63,7 @@ from gateway.config.schema import DEMO_MODEL, BackendConfig, ConfigError, Gatewa
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from qos.latency import PROFILES, get_profile
-from qos.policy.registry import POLICIES, make_policy
+from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.prompt_tokens import estimate_text_tokens
 from qos.sim.engine import Engine, StepResult
 from qos.sim.workload import SimRequest
@@ -84,6 +84,11 @@ class EmbeddedOptions(BaseModel):
     policy: str = Field("andes-tp", description="a policy of qos.policy.registry")
     fair_share_slack: float | None = Field(
         None, ge=0, description="the Andes policies' fair_share_slack; default the policy's"
+    )
+    overdue_after_ttfts: float | None = Field(
+        None,
+        gt=0,
+        description="the reader guard's overdue bound, in TTFTs; default the policy's (10)",
     )
     kv_tokens: int | None = Field(None, ge=1, description="KV cache M; default the profile's")
     max_batch: int | None = Field(None, ge=1, description="batch limit; default the profile's")
@@ -223,12 +228,15 @@ class EmbeddedEngine(InProcessBackend):
             profile = dataclasses.replace(profile, max_batch=opts.max_batch)
         self.options = opts
         self.profile = profile
-        slack = {} if opts.fair_share_slack is None else {"fair_share_slack": opts.fair_share_slack}
+        chosen = {"fair_share_slack": opts.fair_share_slack}
+        chosen["overdue_after_ttfts"] = opts.overdue_after_ttfts
+        options = {k: v for k, v in chosen.items() if v is not None}
         self.engine = Engine(
-            make_policy(opts.policy, profile, **slack),
+            make_policy(opts.policy, profile, **options),
             profile,
             block_size=opts.block_size,
             kv_tokens=opts.kv_tokens,
+            pause=opts.policy not in STOCK_POLICIES,  # as vLLM with the plugin, or stock
         )
         full = profile.max_batch
         default_tps = full * float(profile.tokens_per_s(full)) * opts.time_scale

@@ -9,13 +9,13 @@ tier changed at the gateway without ``scripts/make_tier_vectors.py`` fails.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from tokenpace_client import DEFAULT_TIER, TIERS
 
 from gateway.config.schema import DEFAULT_TIERS, TenantConfig
+from tests.support.paths import VECTORS as VECTORS_DIR
 
-VECTORS = json.loads((Path(__file__).parent / "vectors" / "tiers.json").read_text())
+VECTORS = json.loads((VECTORS_DIR / "tiers.json").read_text())
 GATEWAY = {name: {"ttft": t.ttft, "tds": t.tds} for name, t in DEFAULT_TIERS.items()}
 GATEWAY_DEFAULT = TenantConfig.model_fields["default_tier"].default
 
