@@ -26,7 +26,10 @@ rate instead.
 Each server runs the workload ``--repeats`` times per arrival process, the servers'
 order rotated from one repeat to the next (on a shared or noisy machine one run's
 throughput moves by ±20 %). Reported per scheduler and arrival process, as the median
-over the repeats: average and p10 client-measured Andes QoE, p90 TTFT, token
+over the repeats: average and p10 client-measured Andes QoE, p90 TTFT, what the
+readers saw (the share of replies freezing for over 2 and 5 s, the longest freeze and
+user idle latency p99, from the token times received by the client through the SDKs'
+release rule, ``qos.metrics``), token
 throughput (tokens received over the span from the first request to the last token;
 and "loaded": tokens received up to the last arrival over the span of arrivals, the
 rate while the load lasts, without the drain at the end), preemptions per request,
@@ -74,6 +77,10 @@ FIGURES = (
     ("avg_qoe", "avg QoE", "{:.3f}"),
     ("p10_qoe", "p10 QoE", "{:.3f}"),
     ("p90_ttft_s", "p90 TTFT (s)", "{:.2f}"),
+    ("frozen_over_2s", "frozen > 2 s", "{:.1%}"),
+    ("frozen_over_5s", "frozen > 5 s", "{:.1%}"),
+    ("longest_freeze_s", "longest freeze (s)", "{:.1f}"),
+    ("idle_p99_s", "idle p99 (s)", "{:.1f}"),
     ("throughput_tok_s", "tokens/s", "{:.0f}"),
     ("loaded_tok_s", "tokens/s loaded", "{:.0f}"),
     ("preemptions_per_request", "preemptions/req", "{:.2f}"),

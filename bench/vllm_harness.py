@@ -39,7 +39,7 @@ from launch import Server, free_port
 from gateway.app import create_app
 from gateway.config.loader import parse_config
 from gateway.config.schema import GatewayConfig
-from qos.metrics import andes_qoe
+from qos.metrics import andes_qoe, freezes, reader_summary, user_idle_latency
 
 API_KEY = "tp-bench-key-0000001"
 ROOT = Path(__file__).resolve().parents[1]  # the checkout whose qos the engines load
@@ -288,6 +288,8 @@ class JobResult:
     completion_tokens: int
     qoe: float
     elapsed_s: float
+    longest_freeze_s: float  # what the reader saw stop, by the release rule (qos.metrics)
+    idle_s: float  # user idle latency, Wang et al. Eq. 9
 
     @property
     def ttft(self) -> float:
@@ -320,7 +322,9 @@ async def _one(client: openai.AsyncOpenAI, model: str, job: Job, t0: float) -> J
         seen = usage.completion_tokens
     elapsed = time.perf_counter() - sent
     qoe = andes_qoe(times, ttft_expected, tds_expected) if times else 0.0
-    return JobResult(job, ttft_expected, tds_expected, times, seen, qoe, elapsed)
+    longest = freezes(times, tds_expected).longest_s if times else float("inf")
+    idle = user_idle_latency(times, ttft_expected, tds_expected) if times else elapsed
+    return JobResult(job, ttft_expected, tds_expected, times, seen, qoe, elapsed, longest, idle)
 
 
 async def run_jobs(base_url: str, model: str, jobs: Sequence[Job]) -> list[JobResult]:
@@ -365,9 +369,14 @@ def summarize(results: Sequence[JobResult], stats: dict[str, Any]) -> dict[str, 
     loaded = sum(n for r in results for t, n in r.times if r.job.at_s + t <= last_arrival)
     steps = max(int(stats.get("steps", 0)), 1)
     step_s = stats.get("schedule_s", 0.0) + stats.get("model_s", 0.0) + stats.get("update_s", 0.0)
+    reader = reader_summary([r.longest_freeze_s for r in results], [r.idle_s for r in results])
     return {
         "requests": len(results),
         "avg_qoe": float(qoe.mean()),
+        "frozen_over_2s": reader.frozen_share[2.0],
+        "frozen_over_5s": reader.frozen_share[5.0],
+        "longest_freeze_s": reader.longest_freeze_s,
+        "idle_p99_s": reader.idle_p99_s,
         "p10_qoe": float(np.percentile(qoe, 10)),
         "p90_ttft_s": float(np.percentile(ttft, 90)),
         "throughput_tok_s": tokens / (end - start),
