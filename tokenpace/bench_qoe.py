@@ -19,6 +19,7 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -80,8 +81,39 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     summary.update(policy=policy_name, rate=rate, pause=pause, wall_s=time.perf_counter() - started)
     summary["expected_tds_mean"] = float(np.mean([r.tds for r in workload]))
     if tenants:
-        summary["tenants"] = tenant_results(result, {name: w for name, w, _ in tenants})
+        weights = {name: w for name, w, _ in tenants}
+        summary["tenants"] = tenant_results(result, weights)
+        if policy_name == SHIPPED:
+            for name, alone in alone_qoe(workload, weights, policy_name, profile).items():
+                summary["tenants"][name]["alone_avg_qoe"] = alone
     return summary
+
+
+def alone_qoe(
+    workload: list, weights: dict[str, float], policy_name: str, profile: LatencyProfile
+) -> dict[str, float]:
+    """Each tenant's average QoE with its weighted share of the engine to itself: its own
+    requests alone, on the profile with the KV cache and the batch limit scaled by
+    w_f / Σw (what its plan is worth, docs/architecture.md, "Price plans")."""
+    total = sum(weights.values())
+    out = {}
+    for name, weight in weights.items():
+        mine = [r for r in workload if r.tenant == name]
+        if not mine:
+            continue
+        share = weight / total
+        scaled = replace(
+            profile,
+            name=f"{profile.name}[share={share:.3f}]",
+            kv_capacity_tokens=max(int(profile.kv_capacity_tokens * share), 1),
+            max_batch=max(int(profile.max_batch * share), 1),
+        )
+        longest = max(r.prompt_tokens + r.output_tokens for r in mine)
+        if longest + 16 > scaled.kv_capacity_tokens:  # a request that could never fit
+            scaled = replace(scaled, kv_capacity_tokens=longest + 16)
+        result = simulate(mine, make_policy(policy_name, scaled), scaled, pause=True)
+        out[name] = result.avg_qoe
+    return out
 
 
 def tenant_results(result: SimResult, weights: dict[str, float]) -> dict:
@@ -99,6 +131,9 @@ def tenant_results(result: SimResult, weights: dict[str, float]) -> dict:
             "requests": len(mine),
             "avg_qoe": float(np.mean(qoe)) if qoe else None,
             "ttft_p90_s": float(np.percentile([r.actual_ttft for r in mine], 90)) if mine else None,
+            "frozen_over_2s": float(np.mean([r.freezes.longest_s > 2.0 for r in mine]))
+            if mine
+            else None,
             "service_share": float(shares.delivered[i] / shares.delivered.sum()),
             "fair_share": float(fair_fraction[i]),
             "service_vs_fair": shares.ratio(name),
@@ -281,34 +316,79 @@ FAIR_TOLERANCE = 0.15  # a backlogged tenant's service within 15 % of its fair s
 
 
 def analyse_tiering(by_policy: dict[str, list[dict]]) -> dict:
-    """At each rate with tenants: the shipped policy against the tiering targets."""
+    """At each rate with tenants: the shipped policy against the plans' targets
+    (docs/architecture.md, "Price plans"): per tenant its QoE, the unweighted policy's in
+    the same run and its QoE alone on its weighted share of the engine; whether QoE is
+    ordered by weight; the total against the unweighted policy's; where the unweighted
+    policy serves everyone at QoE ≥ 0.9 without frozen replies, the largest change."""
     out = {}
     shipped = {r["rate"]: r for r in by_policy.get(SHIPPED, []) if "tenants" in r}
+    blind = {r["rate"]: r for r in by_policy.get(UNWEIGHTED, []) if "tenants" in r}
     for rate, run in shipped.items():
         tenants = {k: v for k, v in run["tenants"].items() if k != "share_over_time"}
-        top = max(tenants, key=lambda k: tenants[k]["weight"])
-        row: dict = {
-            "backlogged_service_vs_fair": {
-                k: v["service_vs_fair"] for k, v in tenants.items() if v["backlogged"]
-            },
-            "highest_weight_avg_qoe": tenants[top]["avg_qoe"],
-        }
-        row["fair_within_15pct"] = all(
-            abs(x - 1.0) <= FAIR_TOLERANCE for x in row["backlogged_service_vs_fair"].values()
-        )
-        for name, key in (("fcfs", "fcfs_avg_qoe"), (UNWEIGHTED, "unweighted_avg_qoe")):
-            same = next((r for r in by_policy.get(name, []) if r["rate"] == rate), None)
-            if same:
-                row[key] = same["avg_qoe"]
-        if "unweighted_avg_qoe" in row:
-            row["avg_qoe_vs_unweighted"] = run["avg_qoe"] / row["unweighted_avg_qoe"]
+        base = blind.get(rate)
+        row: dict = {"tenants": {}}
+        for name, t in tenants.items():
+            row["tenants"][name] = {
+                "weight": t["weight"],
+                "avg_qoe": t["avg_qoe"],
+                "frozen_over_2s": t["frozen_over_2s"],
+                "alone_avg_qoe": t.get("alone_avg_qoe"),
+                "unweighted_avg_qoe": base["tenants"][name]["avg_qoe"] if base else None,
+            }
+        by_weight = sorted(tenants, key=lambda k: tenants[k]["weight"])
+        qoe = [tenants[k]["avg_qoe"] for k in by_weight]
+        row["ordered_by_weight"] = all(a <= b + 0.005 for a, b in pairwise(qoe))
+        if base:
+            row["total_vs_unweighted"] = run["avg_qoe"] / base["avg_qoe"]
+            others = [v for k, v in base["tenants"].items() if k != "share_over_time"]
+            if all(v["avg_qoe"] >= 0.9 and v["frozen_over_2s"] == 0 for v in others):
+                row["nobody_had_to_lose_max_change"] = max(
+                    abs(v["avg_qoe"] - v["unweighted_avg_qoe"]) for v in row["tenants"].values()
+                )
         out[str(rate)] = row
     return out
 
 
+def plot_transfer(runs: list[dict], out_dir: Path, title: str) -> Path:
+    """Each plan's QoE under the shipped policy less the unweighted policy's in the same
+    run, against the request rate: what the weights move between plans."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shipped = sorted((r for r in runs if r["policy"] == SHIPPED and "tenants" in r), key=_rate)
+    blind = {r["rate"]: r for r in runs if r["policy"] == UNWEIGHTED and "tenants" in r}
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    names = [k for k in shipped[0]["tenants"] if k != "share_over_time"] if shipped else []
+    for name in names:
+        pairs = [(r["rate"], r["tenants"][name]["avg_qoe"]) for r in shipped]
+        xs = [x for x, _ in pairs if x in blind]
+        ys = [q - blind[x]["tenants"][name]["avg_qoe"] for x, q in pairs if x in blind]
+        weight = shipped[0]["tenants"][name]["weight"]
+        ax.plot(xs, ys, marker="o", label=f"{name} (w={weight:g})")
+    ax.axhline(0.0, color="grey", linewidth=1)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("QoE, weighted − unweighted")
+    ax.set_title(f"QoE moved between plans · {title}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "plans_transfer.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _rate(run: dict) -> float:
+    return float(run["rate"])
+
+
 def summary_table(runs: list[dict]) -> str:
-    """One line per run (rate, then policy): QoE, throughput, preemptions, and per tenant
-    QoE / TTFT p90 / service share against its fair share."""
+    """One line per run (rate, then policy): QoE, throughput, preemptions, what the
+    readers saw, and per tenant QoE / alone on its weighted share / TTFT p90 / replies
+    freezing over 2 s."""
     tenants = next((r["tenants"] for r in runs if "tenants" in r), None)
     names = [k for k in tenants if k != "share_over_time"] if tenants else []
     head = (
@@ -316,7 +396,7 @@ def summary_table(runs: list[dict]) -> str:
         f"{'frozen>2s':>9} {'>10s':>6} {'idle p99':>8} {'goodput':>7}"
     )
     for name in names:
-        head += f" | {name + ' QoE':>9} {'TTFT p90':>8} {'share/fair':>11}"
+        head += f" | {name + ' QoE':>9} {'alone':>5} {'TTFT p90':>8} {'frozen':>6}"
     lines = [head, "-" * len(head)]
     for run in sorted(runs, key=lambda r: (r["rate"], r["policy"])):
         seen = run["reader"]
@@ -328,8 +408,12 @@ def summary_table(runs: list[dict]) -> str:
         )
         for name in names:
             t = run["tenants"][name]
-            share = f"{t['service_share']:.2f}/{t['fair_share']:.2f}"
-            line += f" | {t['avg_qoe']:>9.3f} {t['ttft_p90_s']:>7.1f}s {share:>11}"
+            alone = t.get("alone_avg_qoe")
+            alone_text = f"{alone:>5.2f}" if alone is not None else f"{'-':>5}"
+            line += (
+                f" | {t['avg_qoe']:>9.3f} {alone_text} {t['ttft_p90_s']:>7.1f}s "
+                f"{t['frozen_over_2s']:>6.1%}"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -546,6 +630,7 @@ def run(args: argparse.Namespace) -> int:
     plots = plot(runs, out_dir, title)
     if args.tenants:
         plots.append(plot_service_share(runs, out_dir, table_rate, title))
+        plots.append(plot_transfer(runs, out_dir, title))
     print(summary_table(runs))
     reader = report["analysis"]["reader"]
     print(f"stall_free_capacity_req_s: {json.dumps(reader['stall_free_capacity_req_s'])}")
