@@ -81,8 +81,11 @@ class ReaderGuard:
         self.lend_after_s = lend_after_s
         self.overdue_after_ttfts = overdue_after_ttfts
         self.weights = weights  # False: tenants' weights ignored (every plan alike)
-        # the KV each tenant's requests needed over the last PLAN_MEMORY_S (plans' headroom)
-        self._recent: deque[tuple[float, int, int, float]] = deque()
+        # the KV each tenant's requests needed over the last PLAN_MEMORY_S (plans' headroom):
+        # the requests in arrival order, and running sums per tenant id
+        self._recent: deque[tuple[float, int, int]] = deque()
+        self._recent_kv: dict[int, int] = {}
+        self._weight: dict[int, float] = {}
         self.forced = 0  # due rows the decision had left out
         self.held = 0  # fresh admissions deferred to keep a reader's deadline
 
@@ -114,20 +117,22 @@ class ReaderGuard:
     def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
         """Remember what a tenant's new request needs (the plans' headroom)."""
         if self.weights:
-            tenant = int(table.col("tenant")[row])
-            self._recent.append(
-                (now, tenant, int(table.demand[row]), float(table.col("weight")[row]))
-            )
+            tenant, kv = int(table.col("tenant")[row]), int(table.demand[row])
+            self._recent.append((now, tenant, kv))
+            self._recent_kv[tenant] = self._recent_kv.get(tenant, 0) + kv
+            self._weight[tenant] = float(table.col("weight")[row])
 
     def _recent_needs(self, table: RequestTable, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Per tenant id: the KV its requests of the last PLAN_MEMORY_S needed, its weight."""
-        while self._recent and self._recent[0][0] < now - PLAN_MEMORY_S:
-            self._recent.popleft()
+        recent, sums = self._recent, self._recent_kv
+        while recent and recent[0][0] < now - PLAN_MEMORY_S:
+            _, tenant, kv = recent.popleft()
+            sums[tenant] -= kv
         count = len(table.tenant_names)
         need, weight = np.zeros(count), np.zeros(count)
-        for _, tenant, kv, w in self._recent:
-            need[tenant] += kv
-            weight[tenant] = max(weight[tenant], w)
+        for tenant, kv in sums.items():
+            need[tenant] = kv
+            weight[tenant] = self._weight[tenant]
         return need, weight
 
     def apply(
@@ -170,10 +175,7 @@ class ReaderGuard:
         overdue, fresh = self.overdue(table, fresh, now)
         lines = [(overdue, fresh, 0)]
         if self.weights:
-            recent = self._recent_needs(table, now)
-            # what the running replies grow by within a TTFT, one token an iteration each
-            growth = int(_count(running) * float(np.median(table.col("ttft"))) / tau)
-            lines = self._plans(table, overdue, fresh, committed, demand, watermark, recent, growth)
+            lines = self._plans(table, overdue, fresh, committed, demand, watermark, now, tau)
         reserved = committed
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
@@ -211,21 +213,22 @@ class ReaderGuard:
         oldest = rows[late][np.argsort(arrival[late], kind="stable")]
         return oldest, rows[~late]
 
-    @staticmethod
     def _plans(
+        self,
         table: RequestTable,
         overdue: np.ndarray,
         fresh: np.ndarray,
         committed: np.ndarray,
         demand: np.ndarray,
         room: int,
-        recent: tuple[np.ndarray, np.ndarray],
-        growth: int,
+        now: float,
+        tau: float,
     ) -> list[tuple[np.ndarray, np.ndarray, int]]:
         """The waiting requests as lines of admission, each (overdue, others, KV the line
         must leave free): one line, or, when tenants' weights differ, the requests within
         their plans, then the rest, the higher weights first, leaving the present
-        tenants' plans their headroom (:mod:`qos.policy.plans`)."""
+        tenants' plans their headroom and the running replies what they grow by within a
+        TTFT, one token an iteration each (:mod:`qos.policy.plans`)."""
         waiting = np.concatenate((overdue, fresh))
         present = committed.copy()
         present[waiting] = True
@@ -233,8 +236,11 @@ class ReaderGuard:
             return [(overdue, fresh, 0)]
         within = plans.within_plan(table, waiting, committed, demand, room)
         early, late = within[: overdue.size], within[overdue.size :]
+        recent = self._recent_needs(table, now)
         spare = plans.headroom(table, waiting, within, committed, demand, room, *recent)
-        spare += growth if spare else 0
+        if spare:
+            ttft = float(table.col("ttft")[waiting].mean())
+            spare += int(_count(table.running) * ttft / tau)
         beyond = plans.by_weight(table, overdue[~early]), plans.by_weight(table, fresh[~late])
         return [(overdue[early], fresh[late], 0), (*beyond, spare)]
 
