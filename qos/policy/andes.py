@@ -252,6 +252,7 @@ class Andes(Policy):
             self._forecast[1],
             self.kv_watermark,
             levels=self._levels,
+            room_wait_s=self.room_wait_s(now) or 0.0,
         )
         self.preemptions += int(np.count_nonzero(running & ~run))
         return run

@@ -54,6 +54,10 @@ from qos.policy import plans
 from qos.policy.base import pack_in_order
 from qos.policy.table import Capacity, RequestTable
 
+GROWTH_HORIZON_S = 2.0
+"""The longest the room is kept for the running replies' growth (a cache that waits this
+long for a completion is already contended everywhere)."""
+
 PLAN_MEMORY_S = 10.0
 """How far back a tenant's requests count towards the room kept for its plan."""
 
@@ -146,11 +150,13 @@ class ReaderGuard:
         kv_watermark: float,
         *,
         levels: np.ndarray | None = None,
+        room_wait_s: float = 0.0,
     ) -> np.ndarray:
         """The rows that run next under rules 1-3 (module doc). ``admissions_in_order``:
         the requests the policy would admit, in its order of preference; ``levels``:
         tenants' VTC levels (:mod:`qos.policy.fair`), which order the due replies,
-        lowest level first, should more be due than the engine can run."""
+        lowest level first, should more be due than the engine can run; ``room_wait_s``:
+        the expected time until a running reply ends (1/λ, λ the completion rate)."""
         running = table.running
         started = table.col("output") > 0
         committed = started | running
@@ -175,11 +181,17 @@ class ReaderGuard:
         overdue, fresh = self.overdue(table, fresh, now)
         lines = [(overdue, fresh, 0)]
         if self.weights:
-            lines = self._plans(table, overdue, fresh, committed, demand, watermark, now, tau)
+            lines = self._plans(table, overdue, fresh, committed, demand, watermark, now)
         reserved = committed
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
-        room = watermark - int(demand @ reserved)
+        # what the running replies grow by until the next one ends and frees its KV, one
+        # token an iteration each (at most what each has left, where its length is known):
+        # admitting into it would have the cache outgrown
+        steps = min(room_wait_s, GROWTH_HORIZON_S) / tau
+        left = table.col("max_tokens") - table.col("output")
+        growth = int(np.where(left >= 0, np.minimum(left, steps), steps)[running].sum())
+        room = watermark - int(demand @ reserved) - growth
         if capacity.pauses:
             # Pausing keeps the KV: fresh requests take the slots that replies ahead of
             # their readers give up, then the replies fill what is left: those whose KV
@@ -222,13 +234,11 @@ class ReaderGuard:
         demand: np.ndarray,
         room: int,
         now: float,
-        tau: float,
     ) -> list[tuple[np.ndarray, np.ndarray, int]]:
         """The waiting requests as lines of admission, each (overdue, others, KV the line
         must leave free): one line, or, when tenants' weights differ, the requests within
         their plans, then the rest, the higher weights first, leaving the present
-        tenants' plans their headroom and the running replies what they grow by within a
-        TTFT, one token an iteration each (:mod:`qos.policy.plans`)."""
+        tenants' plans their headroom (:mod:`qos.policy.plans`)."""
         waiting = np.concatenate((overdue, fresh))
         present = committed.copy()
         present[waiting] = True
@@ -238,9 +248,6 @@ class ReaderGuard:
         early, late = within[: overdue.size], within[overdue.size :]
         recent = self._recent_needs(table, now)
         spare = plans.headroom(table, waiting, within, committed, demand, room, *recent)
-        if spare:
-            ttft = float(table.col("ttft")[waiting].mean())
-            spare += int(_count(table.running) * ttft / tau)
         beyond = plans.by_weight(table, overdue[~early]), plans.by_weight(table, fresh[~late])
         return [(overdue[early], fresh[late], 0), (*beyond, spare)]
 
