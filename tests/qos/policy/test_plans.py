@@ -102,9 +102,9 @@ def test_a_tenant_within_its_plan_is_served_whatever_a_flood_of_another_sends(pa
     blind_ent = {r.id: r for r in blind.requests if r.tenant == "ent"}
     # its first request after a quiet spell waits for the next replies to end (no room
     # was kept for a tenant that sent nothing), less than without plans; the ones after
-    # it find the room its plan keeps, and are served at once
+    # it find the room its plan keeps, and are served within about a TTFT
     assert ent["ent0"].actual_ttft < blind_ent["ent0"].actual_ttft
     if pause:  # as the plugin runs it; without pausing, the replies' growth eats the room
-        assert ent["ent1"].actual_ttft < 1.0 and ent["ent2"].actual_ttft < 1.0
+        assert ent["ent1"].actual_ttft < 1.5 and ent["ent2"].actual_ttft < 1.5
     assert sum(r.andes_qoe for r in ent.values()) > sum(r.andes_qoe for r in blind_ent.values())
     assert all(r.freezes.count == 0 for r in weighted.requests)  # nobody pays with a freeze

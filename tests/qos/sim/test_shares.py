@@ -144,7 +144,7 @@ def test_bench_qoe_with_tenants_writes_per_tenant_results_and_a_summary(tmp_path
     args += ["--tier-mix", "chat=0.5,voice=0.3,fast=0.2", "--tenants", "a:1:0.5,b:4:0.5"]
     assert main([*args, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "a QoE" in printed and "b QoE" in printed and "share/fair" in printed
+    assert "a QoE" in printed and "b QoE" in printed and "alone" in printed
     assert "tiering" in printed and not printed.lstrip().startswith("{")
     report = json.loads((out / "results.json").read_text())
     run = next(r for r in report["runs"] if r["policy"] == "andes-tp")
