@@ -29,8 +29,8 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    above the margin.
 3. **The shortfall lands before the first token.** A request with no token yet is
    admitted only into the room left once every committed reply (started, or running)
-   has its KV counted, parked ones included, so a reply that gave way can always come
-   back; and the prefills admitted in one iteration stay within the slack of every
+   has its KV counted, parked ones included, and what the running ones grow by until
+   the next of them ends, so a reply that gave way can always come back; and the prefills admitted in one iteration stay within the slack of every
    reply that runs in it and of every reply left out beyond the next iteration, so an
    admission never freezes a reader (the first prefill of an iteration always goes in:
    progress). Among fresh requests, the policy's order, except that requests overdue
