@@ -30,12 +30,13 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
 3. **The shortfall lands before the first token.** A request with no token yet is
    admitted only into the room left once every committed reply (started, or running)
    has its KV counted, parked ones included, and what the running ones grow by until
-   the next of them ends, so a reply that gave way can always come back; and the prefills admitted in one iteration stay within the slack of every
-   reply that runs in it and of every reply left out beyond the next iteration, so an
-   admission never freezes a reader (the first prefill of an iteration always goes in:
-   progress). Among fresh requests, the policy's order, except that requests overdue
-   (waiting more than ``overdue_after_ttfts`` times their TTFT) go first, oldest first:
-   under sustained overload someone must wait, and the longest wait is what users feel.
+   the next of them ends, so a reply that gave way can always come back; and the
+   prefills admitted in one iteration stay within the slack of every reply that runs in
+   it and of every reply left out beyond the next iteration, so an admission never
+   freezes a reader (the first prefill of an iteration always goes in: progress).
+   Among fresh requests, the policy's order, except that requests overdue (waiting
+   more than ``overdue_after_ttfts`` times their TTFT) go first, oldest first: under
+   sustained overload someone must wait, and the longest wait is what users feel.
 
 What remains is bounded: a reply can wait beyond its reader's pace for at most one
 iteration with the longest single (re)compute prefill (the progress rule, or the cache
