@@ -19,6 +19,7 @@ from gateway.http.auth import Access, Authenticator, access_rule
 from gateway.http.errors import answer, too_large
 from gateway.request.disconnect import ClientGone
 from gateway.store import StoreUnavailable, store_unavailable
+from gateway.telemetry.tracing import TRACING_OFF, Tracing
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
@@ -57,9 +58,11 @@ class AccessGate:
         auth: Authenticator,
         limits: LimitsConfig,
         telemetry: TelemetryConfig,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.app = app
         self.auth = auth
+        self.tracing = tracing  # the span tokenpace.authenticate
         self.max_body = limits.max_body_bytes
         self.max_report = min(limits.max_body_bytes, telemetry.max_body_bytes)
 
@@ -77,9 +80,11 @@ class AccessGate:
                 if with_body:
                     body = await _read_body(scope, receive, limit)
                 if body is not None:
-                    caller, body = await self.auth.reporter(Headers(scope=scope), body)
+                    with self.tracing.span("tokenpace.authenticate"):
+                        caller, body = await self.auth.reporter(Headers(scope=scope), body)
             else:
-                caller = await self.auth.caller(rule, authorization)
+                with self.tracing.span("tokenpace.authenticate"):
+                    caller = await self.auth.caller(rule, authorization)
                 if with_body:
                     body = await _read_body(scope, receive, limit)
         except GatewayError as exc:
