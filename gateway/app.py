@@ -41,6 +41,7 @@ from gateway.relay.dispatch import Dispatcher
 from gateway.request.completions import CompletionService
 from gateway.request.tiers import TIER_HEADER
 from gateway.store import ResilientStore, Store, build_store
+from gateway.telemetry.history import LoadHistory
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.reports import Telemetry
 from gateway.telemetry.tokens import TOKEN_HEADER, TelemetryTokens
@@ -107,6 +108,7 @@ def create_app(
     admission = AdmissionController(config.admission, caps, store, router, metrics)
     telemetry = Telemetry(config.telemetry, config.limits, store, metrics)
     telemetry_tokens = TelemetryTokens(config.telemetry, store, tenants)
+    history = LoadHistory(metrics, tenants)
     auth = Authenticator(
         keys, tenants, telemetry_tokens, config.admin.key_sha256, config.metrics.token_sha256
     )
@@ -136,6 +138,7 @@ def create_app(
                 )
                 admission.start()
                 telemetry.start()
+                history.start()
                 for b in backend_list:
                     await b.start(runtime)
                     started.append(b)
@@ -155,6 +158,7 @@ def create_app(
                     await b.aclose()
                 except Exception:
                     log.warning("closing backend %s failed", b.name, exc_info=True)
+            await history.aclose()
             await admission.aclose()
             await telemetry.aclose()
             await store.aclose()
@@ -187,7 +191,7 @@ def create_app(
         gateway_metrics=metrics,
     )
     add_admin_routes(app, tenants, store, keys)
-    add_status_route(app, store, router, metrics, tenants)
+    add_status_route(app, store, router, metrics, tenants, history)
     add_page_routes(app)
     tiers, max_points = list(config.tiers), config.telemetry.max_points
     app.openapi = lambda: openapi_document(app, tiers, max_points)  # type: ignore[method-assign]
