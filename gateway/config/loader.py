@@ -63,8 +63,8 @@ def _is_type_tag(part: str) -> bool:
     )
 
 
-def _unwrap(annotation: Any) -> Any:
-    """``X`` of ``X | None`` (and of ``Annotated[X, ...]``)."""
+def unwrapped(annotation: Any) -> Any:
+    """``X`` of a field's ``X | None`` (and of ``Annotated[X, ...]``)."""
     while True:
         origin = typing.get_origin(annotation)
         if origin is typing.Annotated:
@@ -82,7 +82,7 @@ def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The keys a mapping at ``loc`` (inside ``model``) may have; [] when not a model's."""
     annotation: Any = model
     for part in loc:
-        annotation = _unwrap(annotation)
+        annotation = unwrapped(annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             fields = annotation.model_fields
             field = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
@@ -93,7 +93,7 @@ def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
             annotation = typing.get_args(annotation)[-1]
         else:
             return []
-    annotation = _unwrap(annotation)
+    annotation = unwrapped(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [f.alias or name for name, f in annotation.model_fields.items()]
     return []

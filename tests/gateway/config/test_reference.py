@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import types
 import typing
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from gateway.backends.embedded import EmbeddedOptions
+from gateway.config.loader import unwrapped
 from gateway.config.schema import GatewayConfig
 from tests.support.paths import ROOT
 
@@ -32,47 +32,19 @@ _BOUNDS = (
 
 def _model_of(annotation: Any) -> tuple[str, type[BaseModel]] | None:
     """(suffix, model) when ``annotation`` is a model, a list of one or a mapping to one."""
-    annotation = _strip(annotation)
+    annotation = unwrapped(annotation)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "", annotation
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is list and _model_of(args[0]):
-        return "[]", _model_of(args[0])[1]  # type: ignore[index]
-    if origin is dict and _model_of(args[1]):
-        return ".NAME", _model_of(args[1])[1]  # type: ignore[index]
+    if origin in (list, dict) and (inner := _model_of(args[-1])) is not None:
+        return ("[]" if origin is list else ".NAME"), inner[1]
     return None
-
-
-def _strip(annotation: Any) -> Any:
-    """``X`` of ``X | None`` and of ``Annotated[X, ...]``."""
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is typing.Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(annotation) if a is not type(None)]
-            if len(args) != 1:
-                return annotation
-            annotation = args[0]
-        else:
-            return annotation
 
 
 def type_text(annotation: Any, field: FieldInfo | None = None) -> str:
     """How the document writes a field's type: ``number, > 0``, ``string or null``."""
-    nullable = False
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is typing.Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(annotation) if a is not type(None)]
-            nullable = nullable or len(args) < len(typing.get_args(annotation))
-            annotation = args[0] if len(args) == 1 else annotation
-            if len(args) != 1:
-                break
-        else:
-            break
+    nullable = type(None) in typing.get_args(annotation)
+    annotation = unwrapped(annotation)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation in _SCALARS:
         text = _SCALARS[annotation]
