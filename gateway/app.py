@@ -41,9 +41,12 @@ from gateway.relay.dispatch import Dispatcher
 from gateway.request.completions import CompletionService
 from gateway.request.tiers import TIER_HEADER
 from gateway.store import ResilientStore, Store, build_store
+from gateway.telemetry.history import LoadHistory
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.reports import Telemetry
 from gateway.telemetry.tokens import TOKEN_HEADER, TelemetryTokens
+from gateway.telemetry.tracing import Tracing
+from gateway.version import VERSION
 
 log = logging.getLogger("tokenpace.gateway")
 
@@ -79,14 +82,22 @@ class Gateway:
     telemetry_tokens: TelemetryTokens
 
 
-def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) -> FastAPI:
+def create_app(
+    config: GatewayConfig,
+    *,
+    backends: list[Backend] | None = None,
+    tracing: Tracing | None = None,
+) -> FastAPI:
     """The gateway for ``config``.
 
     ``backends`` replaces the ones built from ``config.backends`` (to plug in-process
-    engines or test doubles without a configuration entry). The app's lifespan starts
-    the shared HTTP client, the backends and the health checks; serve it under an ASGI
-    server that runs lifespan events (uvicorn does).
+    engines or test doubles without a configuration entry); ``tracing`` the traces the
+    ``OTEL_*`` variables configure (:mod:`gateway.telemetry.tracing`). The app's
+    lifespan starts the shared HTTP client, the backends and the health checks; serve it
+    under an ASGI server that runs lifespan events (uvicorn does).
     """
+    own_tracing = tracing is None
+    traces = Tracing.from_environment() if tracing is None else tracing
     backend_list = list(backends) if backends is not None else build_backends(config)
     tenants: dict[str, TenantConfig] = {t.name: t for t in config.tenants}
     router = Router(backend_list, config)
@@ -97,12 +108,13 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     admission = AdmissionController(config.admission, caps, store, router, metrics)
     telemetry = Telemetry(config.telemetry, config.limits, store, metrics)
     telemetry_tokens = TelemetryTokens(config.telemetry, store, tenants)
+    history = LoadHistory(metrics, tenants)
     auth = Authenticator(
         keys, tenants, telemetry_tokens, config.admin.key_sha256, config.metrics.token_sha256
     )
     dispatcher = Dispatcher(router, metrics, config.timeouts, config.health.interval_s)
     service = CompletionService(
-        config, router, admission, dispatcher, telemetry, telemetry_tokens, metrics
+        config, router, admission, dispatcher, telemetry, telemetry_tokens, metrics, traces
     )
     if isinstance(store, ResilientStore):
         store.on_reconnect = admission.renew
@@ -113,22 +125,25 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = build_http_client(config)
+        traces.instrument_client(client)
         runtime = BackendRuntime(http=client, config=config)
         started: list[Backend] = []
         health_task: asyncio.Task[None] | None = None
         try:
-            await store.start()
-            await store.seed_keys(
-                {digest: t.name for digest, t in config.tenant_by_digest().items()},
-                {t.name: t.model_dump_json(exclude={"api_keys"}) for t in config.tenants},
-            )
-            admission.start()
-            telemetry.start()
-            for b in backend_list:
-                await b.start(runtime)
-                started.append(b)
-            await router.check_all()
-            health_task = asyncio.create_task(router.health_loop(), name="tokenpace-health")
+            with traces.quiet():  # no traces of health checks and polls (their tasks too)
+                await store.start()
+                await store.seed_keys(
+                    {digest: t.name for digest, t in config.tenant_by_digest().items()},
+                    {t.name: t.model_dump_json(exclude={"api_keys"}) for t in config.tenants},
+                )
+                admission.start()
+                telemetry.start()
+                history.start()
+                for b in backend_list:
+                    await b.start(runtime)
+                    started.append(b)
+                await router.check_all()
+                health_task = asyncio.create_task(router.health_loop(), name="tokenpace-health")
             log.info(
                 "gateway ready: %d backend(s), %d healthy",
                 len(backend_list),
@@ -143,14 +158,17 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
                     await b.aclose()
                 except Exception:
                     log.warning("closing backend %s failed", b.name, exc_info=True)
+            await history.aclose()
             await admission.aclose()
             await telemetry.aclose()
             await store.aclose()
             await client.aclose()
+            if own_tracing:  # the last spans exported, off the event loop
+                await asyncio.to_thread(traces.shutdown)
 
     app = FastAPI(
         title="tokenpace gateway",
-        version="0.1.0",
+        version=VERSION,
         description=(
             "OpenAI-compatible front door with QoE tiers. Choose a tier with the "
             "`X-TokenPace-Tier` header or the body's `tokenpace` field; see "
@@ -163,6 +181,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
         openapi_url="/openapi.json" if config.server.docs else None,
     )
     app.state.gateway = gateway
+    traces.instrument_app(app)  # before the stack is wrapped below: its server span inside
     install_error_handlers(app)
     add_api_routes(
         app,
@@ -172,12 +191,14 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
         gateway_metrics=metrics,
     )
     add_admin_routes(app, tenants, store, keys)
-    add_status_route(app, store, router, metrics, tenants)
+    add_status_route(app, store, router, metrics, tenants, history)
     add_page_routes(app)
     tiers, max_points = list(config.tiers), config.telemetry.max_points
     app.openapi = lambda: openapi_document(app, tiers, max_points)  # type: ignore[method-assign]
     # inside CORS: its 401 and 413 carry CORS headers
-    app.add_middleware(AccessGate, auth=auth, limits=config.limits, telemetry=config.telemetry)
+    app.add_middleware(
+        AccessGate, auth=auth, limits=config.limits, telemetry=config.telemetry, tracing=traces
+    )
     if config.cors.allow_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -1,4 +1,4 @@
-"""``tokenpace serve``, ``tokenpace check-config`` and ``tokenpace hash-key``.
+"""``tokenpace serve``, ``check-config``, ``hash-key`` and ``keys``, and ``--version``.
 
 The top-level ``tokenpace`` command (tokenpace/cli.py) mounts these with
 :func:`add_gateway_commands`; each sub-parser sets ``func`` to a callable taking the
@@ -10,7 +10,12 @@ Without ``--config`` (or ``$TOKENPACE_CONFIG``), ``serve`` starts the demo
 configuration: one tenant ``demo`` with a fresh key (or ``$TOKENPACE_DEMO_KEY``), a fresh
 admin key (or ``$TOKENPACE_ADMIN_KEY``) and the embedded simulated engine
 (:mod:`gateway.backends.embedded`, model ``tokenpace-sim``) as the backend. It prints the keys,
-the URLs of the web pages and ready-to-paste curl and openai examples.
+the URLs of the web pages and ready-to-paste curl and openai examples. ``--redis-url``
+(or ``$TOKENPACE_REDIS_URL``) sets ``store.redis_url`` of either configuration, which
+``--workers N`` needs.
+
+``keys list|add|rotate|revoke`` call a running gateway's admin API
+(:mod:`gateway.keys_client`) with the admin key in ``$TOKENPACE_ADMIN_KEY``.
 """
 
 from __future__ import annotations
@@ -23,20 +28,32 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
+from gateway.backends.kinds import OPTION_MODELS
 from gateway.backends.serveability import unservable_tiers
-from gateway.config.loader import demo_config, load_config
+from gateway.config.loader import demo_config, load_config, validation_problems
 from gateway.config.schema import (
     CONFIG_ENV,
     DEMO_MODEL,
     ConfigError,
     GatewayConfig,
+    StoreConfig,
     hash_key,
     new_api_key,
 )
 from gateway.http.pages import PAGES, is_built
+from gateway.keys_client import BASE_URL_ENV, DEFAULT_BASE_URL, AdminCallFailed, KeysClient
+from gateway.version import VERSION
 
 DEMO_KEY_ENV = "TOKENPACE_DEMO_KEY"
 ADMIN_KEY_ENV = "TOKENPACE_ADMIN_KEY"
+REDIS_URL_ENV = "TOKENPACE_REDIS_URL"
+
+
+def add_version_flag(parser: argparse.ArgumentParser) -> None:
+    """``--version``: print the installed version and exit."""
+    parser.add_argument("--version", action="version", version=f"tokenpace {VERSION}")
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -46,7 +63,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         help=f"YAML or TOML configuration (default: ${CONFIG_ENV}, else the demo configuration)",
     )
     p.add_argument("--host", help="interface to listen on (default: server.host, 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to listen on (default: server.port, 8080)")
+    p.add_argument("--port", type=int, help="port to listen on (default: server.port, 8000)")
     p.add_argument("--log-json", action="store_true", default=None, help="JSON log lines")
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
@@ -54,7 +71,13 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=1,
         metavar="N",
-        help="gateway processes serving the port (default 1; N > 1 needs store.redis_url)",
+        help="gateway processes serving the port (default 1; N > 1 needs Redis: --redis-url)",
+    )
+    p.add_argument(
+        "--redis-url",
+        metavar="URL",
+        help=f"shared store, replacing store.redis_url: redis://host:port/db "
+        f"(default: ${REDIS_URL_ENV}, else the configuration's)",
     )
 
 
@@ -76,8 +99,26 @@ def _add_hash_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("key", nargs="?", help="the API key (default: read one line from stdin)")
 
 
+def _add_keys_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--base-url",
+        default=os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL,
+        help=f"the gateway, /v1 included (default: ${BASE_URL_ENV}, else {DEFAULT_BASE_URL})",
+    )
+    p.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("list", help="tenants and their key ids")
+    add = actions.add_parser("add", help="a new key for a tenant (printed once)")
+    add.add_argument("tenant")
+    for name, what in (("rotate", "a new key, and KEY_ID revoked"), ("revoke", "revoke KEY_ID")):
+        action = actions.add_parser(name, help=what)
+        action.add_argument("tenant")
+        action.add_argument("key_id", help="the key's id: its SHA-256 digest (keys list)")
+
+
 def add_gateway_commands(subparsers: Any) -> None:
-    """Add ``serve``, ``check-config`` and ``hash-key`` to an argparse sub-parser set."""
+    """Add ``serve``, ``check-config``, ``hash-key`` and ``keys`` to an argparse sub-parser
+    set."""
     p = subparsers.add_parser(
         "serve", help="run the gateway", description="Run the OpenAI-compatible gateway."
     )
@@ -97,6 +138,14 @@ def add_gateway_commands(subparsers: Any) -> None:
     )
     _add_hash_args(p)
     p.set_defaults(func=_hash_ns)
+    p = subparsers.add_parser(
+        "keys",
+        help="list, add, rotate or revoke tenants' API keys on a running gateway",
+        description=f"Manage API keys through a running gateway's admin API, with the admin "
+        f"key in ${ADMIN_KEY_ENV}.",
+    )
+    _add_keys_args(p)
+    p.set_defaults(func=_keys_ns)
 
 
 # ---------------------------------------------------------------------------------
@@ -115,12 +164,19 @@ def _pages(url: str) -> list[str]:
 
 
 def banner(
-    config: GatewayConfig, url: str, demo_key: str | None, admin_key: str | None = None
+    config: GatewayConfig,
+    url: str,
+    demo_key: str | None,
+    admin_key: str | None = None,
+    workers: int = 1,
 ) -> str:
-    """What ``serve`` prints: where it listens, its pages and, for the demo, how to call it."""
+    """What ``serve`` prints: where it listens, its version and workers, its pages and,
+    for the demo, how to call it."""
     models = [m for b in config.backends for m in b.models if m != "*"]
     model = models[0] if models else DEMO_MODEL
-    lines = [f"tokenpace gateway listening on {url}"]
+    lines = [f"tokenpace gateway listening on {url}", f"  version: {VERSION}"]
+    store = "Redis" if config.store.redis_url else "in memory"
+    lines.append(f"  workers: {workers} (shared state {store})")
     lines.append(
         f"  {len(config.tenants)} tenant(s), {len(config.backends)} backend(s), "
         f"tiers: {', '.join(config.tiers)}"
@@ -168,15 +224,30 @@ def banner(
 
 
 def load_serve_config(
-    config_path: str | None,
+    config_path: str | None, redis_url: str | None = None
 ) -> tuple[GatewayConfig, str | None, str | None]:
-    """The configuration ``serve`` runs: the file, else the demo (and its two keys)."""
+    """The configuration ``serve`` runs: the file, else the demo (and its two keys); with
+    ``redis_url`` (else ``$TOKENPACE_REDIS_URL``) as its ``store.redis_url``."""
     path = config_path or os.environ.get(CONFIG_ENV) or None
+    redis_url = redis_url or os.environ.get(REDIS_URL_ENV) or None
     if path:
-        return load_config(path), None, None
-    admin_key = os.environ.get(ADMIN_KEY_ENV) or new_api_key("tp-admin-")
-    config, key = demo_config(os.environ.get(DEMO_KEY_ENV) or None, admin_key=admin_key)
+        config, key, admin_key = load_config(path, OPTION_MODELS), None, None
+    else:
+        admin_key = os.environ.get(ADMIN_KEY_ENV) or new_api_key("tp-admin-")
+        config, key = demo_config(os.environ.get(DEMO_KEY_ENV) or None, admin_key=admin_key)
+    if redis_url:
+        config = with_redis_url(config, redis_url)
     return config, key, admin_key
+
+
+def with_redis_url(config: GatewayConfig, url: str) -> GatewayConfig:
+    """``config`` with ``store.redis_url`` replaced by ``url`` (checked as in a file)."""
+    try:
+        store = StoreConfig.model_validate({**config.store.model_dump(), "redis_url": url})
+    except ValidationError as exc:
+        problems = [f"--redis-url (or ${REDIS_URL_ENV}): {p}" for p in validation_problems(exc)]
+        raise ConfigError(problems) from None
+    return config.model_copy(update={"store": store})
 
 
 def _serve_ns(ns: argparse.Namespace) -> int:
@@ -187,7 +258,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     from gateway.telemetry.logs import setup_logging
 
     try:
-        config, demo_key, admin_key = load_serve_config(ns.config)
+        config, demo_key, admin_key = load_serve_config(ns.config, ns.redis_url)
     except ConfigError as exc:
         print(f"tokenpace serve: {exc}", file=sys.stderr)
         return 2
@@ -206,15 +277,22 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     except ConfigError as exc:  # backend options are checked when the backend is built
         print(f"tokenpace serve: {exc}", file=sys.stderr)
         return 2
-    try:
-        sockets = [listen(host, port)]
-        if config.metrics.port is not None:
-            sockets.append(listen(host, config.metrics.port))
-    except OSError as exc:
-        print(f"tokenpace serve: cannot listen on {host}: {exc}", file=sys.stderr)
-        return 2
+    sockets = []
+    for bind_port in (port, config.metrics.port):
+        if bind_port is None:
+            continue
+        try:
+            sockets.append(listen(host, bind_port))
+        except OSError as exc:
+            what = "port" if bind_port == port else "metrics.port"
+            print(
+                f"tokenpace serve: cannot listen on {host}:{bind_port} ({what}): "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
     url = f"http://{_display_host(host)}:{port}"
-    print(banner(config, url, demo_key, admin_key), flush=True)
+    print(banner(config, url, demo_key, admin_key, ns.workers), flush=True)
     for warning in unservable_tiers(config):
         logging.getLogger("tokenpace.gateway").warning("%s", warning)
     m = config.metrics
@@ -235,7 +313,8 @@ def _serve_ns(ns: argparse.Namespace) -> int:
 
 
 def serve(argv: Sequence[str] | None = None) -> int:
-    """``tokenpace serve [--config FILE] [--host H] [--port P] [--workers N]``; the exit code."""
+    """``tokenpace serve [--config FILE] [--host H] [--port P] [--workers N]
+    [--redis-url URL]``; the exit code."""
     p = argparse.ArgumentParser(prog="tokenpace serve", description="Run the gateway.")
     _add_serve_args(p)
     return _serve_ns(p.parse_args(argv))
@@ -249,10 +328,14 @@ def _check_ns(ns: argparse.Namespace) -> int:
     from gateway.backends.kinds import build_backends
 
     try:
-        config = load_config(ns.file)
-        build_backends(config)  # also checks options that only a backend kind knows
+        config = load_config(ns.file, OPTION_MODELS)
+        build_backends(config)  # options valid one by one but not together
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        source = exc.source or ns.file
+        for line in exc.problems:
+            print(f"{source}: {line}", file=sys.stderr)
+        count = len(exc.problems)
+        print(f"{source}: invalid: {count} problem{'s' if count != 1 else ''}", file=sys.stderr)
         return 1
     tiers = ", ".join(f"{n} ({t.ttft:g} s, {t.tds:g} tok/s)" for n, t in config.tiers.items())
     print(
@@ -282,8 +365,55 @@ def _hash_ns(ns: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------
+# keys
+
+
+def _keys_ns(ns: argparse.Namespace) -> int:
+    admin_key = os.environ.get(ADMIN_KEY_ENV)
+    if not admin_key:
+        print(
+            f"tokenpace keys: set {ADMIN_KEY_ENV} to the gateway's admin key (admin.key; "
+            "`tokenpace serve` without a configuration prints it)",
+            file=sys.stderr,
+        )
+        return 2
+    client = KeysClient(ns.base_url, admin_key)
+    try:
+        if ns.action == "list":
+            answer: Any = client.tenants()
+        elif ns.action == "add":
+            answer = client.add(ns.tenant)
+        elif ns.action == "rotate":
+            answer = client.rotate(ns.tenant, ns.key_id)
+        else:
+            answer = client.revoke(ns.tenant, ns.key_id)
+    except AdminCallFailed as exc:
+        print(f"tokenpace keys {ns.action}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if ns.json:
+        print(json.dumps(answer, indent=2))
+    elif ns.action == "list":
+        for tenant in answer:
+            keys = tenant["keys"]
+            print(f"{tenant['name']} (weight {tenant['weight']:g}): {len(keys)} key(s)")
+            for key_id in keys:
+                print(f"  {key_id}")
+    elif ns.action == "revoke":
+        print(f"revoked {answer['id']} of tenant {answer['tenant']}")
+    else:
+        print(f"tenant: {answer['tenant']}\nid:     {answer['id']}\nkey:    {answer['key']}")
+        if "revoked" in answer:
+            print(f"revoked: {answer['revoked']}")
+        print("(the key is shown only now: store it)", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gateway.cli")
+    add_version_flag(p)
     sub = p.add_subparsers(dest="command", required=True)
     add_gateway_commands(sub)
     ns = p.parse_args(argv)

@@ -105,6 +105,7 @@ class RequestRecord:
     qoe_andes: float | None = None
     qoe_monotone: float | None = None
     error: str | None = None
+    error_code: str | None = None  # an error answer's code (or type): what the client got
 
     def authenticated(self, caller: Caller) -> None:
         self.caller = caller
@@ -127,7 +128,8 @@ class RequestRecord:
             fields["tenant"] = self.tenant_name
         if self.tier != UNKNOWN:
             fields["tier"] = self.tier
-        for name in ("model", "tokens", "ttft_s", "qoe_andes", "qoe_monotone", "error"):
+        names = ("model", "tokens", "ttft_s", "qoe_andes", "qoe_monotone", "error", "error_code")
+        for name in names:
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value

@@ -1,4 +1,4 @@
-"""The `tokenpace` command: `serve`, `check-config`, `bench qoe`.
+"""The `tokenpace` command: `serve`, `check-config`, `hash-key`, `keys`, `bench qoe`.
 
 The gateway commands come from gateway.cli; the benchmark's module (matplotlib, tqdm)
 is imported only when `bench qoe` runs.
@@ -16,12 +16,12 @@ def _bench_qoe(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gateway.cli import add_gateway_commands, add_version_flag
+
     parser = argparse.ArgumentParser(prog="tokenpace", description="QoE-aware LLM streaming")
+    add_version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True)
-
-    from gateway.cli import add_gateway_commands
-
-    add_gateway_commands(commands)  # serve, check-config, hash-key: set `func`
+    add_gateway_commands(commands)  # serve, check-config, hash-key, keys: set `func`
 
     bench = commands.add_parser("bench", help="benchmarks")
     suites = bench.add_subparsers(dest="bench", required=True)

@@ -37,13 +37,18 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
 
 class ConfigError(ValueError):
-    """The configuration is invalid; ``problems`` lists ``key: reason`` lines."""
+    """The configuration is invalid; ``problems`` lists ``key: reason`` lines, every one
+    of them (not only the first), each prefixed with ``source`` (the file) when known."""
 
     def __init__(self, problems: list[str], source: str | None = None) -> None:
         self.problems = problems
         self.source = source
-        where = f" in {source}" if source else ""
-        super().__init__(f"invalid configuration{where}:\n  " + "\n  ".join(problems))
+        count = f"{len(problems)} problems" if len(problems) != 1 else "1 problem"
+        super().__init__(f"invalid configuration ({count}):\n  " + "\n  ".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        """``source: key: reason`` (``key: reason`` without a source), one per problem."""
+        return [f"{self.source}: {p}" if self.source else p for p in self.problems]
 
 
 def hash_key(key: str) -> str:
@@ -356,7 +361,7 @@ class ServerConfig(_Strict):
     """The HTTP server: where it listens and what a client connection may cost."""
 
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    port: int = Field(8000, ge=0, le=65535)
     header_timeout_s: float = Field(
         10.0, gt=0, description="from connect (or a request's first byte) to its last header"
     )
@@ -416,71 +421,82 @@ class GatewayConfig(_Strict):
     @field_validator("tiers")
     @classmethod
     def _merge_default_tiers(cls, v: dict[str, TierSpec]) -> dict[str, TierSpec]:
-        for name in v:
-            if name == CUSTOM_TIER:
-                raise ValueError(f"'{CUSTOM_TIER}' is reserved for explicit ttft/tds")
-            if not _NAME.match(name):
-                raise ValueError(f"tier name {name!r}: letters, digits, '.', '_', ':', '-'")
-        return {**DEFAULT_TIERS, **v}
+        return merged_tiers(v)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:
         if not self.tiers:
             self.tiers = dict(DEFAULT_TIERS)
-        problems: list[tuple[str, str]] = []
-        seen_names: set[str] = set()
-        seen_keys: dict[str, str] = {}
-        for i, t in enumerate(self.tenants):
-            where = f"tenants[{i}]"
-            if t.name in seen_names:
-                problems.append((f"{where}.name", f"duplicate tenant name {t.name!r}"))
-            seen_names.add(t.name)
-            for j, k in enumerate(t.api_keys):
-                other = seen_keys.get(k.digest)
-                if other is not None:
-                    problems.append(
-                        (f"{where}.api_keys[{j}]", f"the same key is already used by {other!r}")
-                    )
-                seen_keys[k.digest] = t.name
-            allowed = t.tiers if t.tiers is not None else list(self.tiers)
-            for j, tier in enumerate(t.tiers or []):
-                if tier not in self.tiers:
-                    problems.append(
-                        (
-                            f"{where}.tiers[{j}]",
-                            f"unknown tier {tier!r}; known: {_names(self.tiers)}",
-                        )
-                    )
-            if t.default_tier not in self.tiers:
-                problems.append(
-                    (
-                        f"{where}.default_tier",
-                        f"unknown tier {t.default_tier!r}; known: {_names(self.tiers)}",
-                    )
-                )
-            elif t.default_tier not in allowed:
-                problems.append(
-                    (f"{where}.default_tier", f"{t.default_tier!r} is not in this tenant's tiers")
-                )
-        seen_backends: set[str] = set()
-        for i, b in enumerate(self.backends):
-            if b.name in seen_backends:
-                problems.append((f"backends[{i}].name", f"duplicate backend name {b.name!r}"))
-            seen_backends.add(b.name)
-            if b.kind not in BACKEND_KINDS:
-                problems.append(
-                    (
-                        f"backends[{i}].kind",
-                        f"unknown backend kind {b.kind!r}; known: {', '.join(BACKEND_KINDS)}",
-                    )
-                )
+        problems = cross_field_problems(
+            self.tiers, list(enumerate(self.tenants)), list(enumerate(self.backends))
+        )
         if problems:
             # One line per problem; validation_problems() turns them back into lines.
-            raise ValueError("\n".join(f"{k}: {msg}" for k, msg in problems))
+            raise ValueError("\n".join(problems))
         return self
 
     def tenant_by_digest(self) -> dict[str, TenantConfig]:
         return {k.digest: t for t in self.tenants for k in t.api_keys}
+
+
+def merged_tiers(tiers: dict[str, TierSpec]) -> dict[str, TierSpec]:
+    """An operator's tier table merged over the contract's defaults (names checked)."""
+    for name in tiers:
+        if name == CUSTOM_TIER:
+            raise ValueError(f"'{CUSTOM_TIER}' is reserved for explicit ttft/tds")
+        if not _NAME.match(name):
+            raise ValueError(f"tier name {name!r}: letters, digits, '.', '_', ':', '-'")
+    return {**DEFAULT_TIERS, **tiers}
+
+
+def cross_field_problems(
+    tiers: dict[str, TierSpec] | None,
+    tenants: list[tuple[int, TenantConfig]],
+    backends: list[tuple[int, BackendConfig]],
+) -> list[str]:
+    """``key: reason`` lines for what no single field can check: duplicate names and keys,
+    tenants' tiers that the table lacks (``tiers`` None: the table is itself invalid, so
+    not checked), unknown backend kinds. Tenants and backends come with their index in
+    the file, so that the loader can check those that are valid when others are not."""
+    problems: list[str] = []
+    seen_names: set[str] = set()
+    seen_keys: dict[str, str] = {}
+    for i, t in tenants:
+        where = f"tenants[{i}]"
+        if t.name in seen_names:
+            problems.append(f"{where}.name: duplicate tenant name {t.name!r}")
+        seen_names.add(t.name)
+        for j, k in enumerate(t.api_keys):
+            other = seen_keys.get(k.digest)
+            if other is not None:
+                problems.append(f"{where}.api_keys[{j}]: the same key is already used by {other!r}")
+            seen_keys[k.digest] = t.name
+        if tiers is None:
+            continue
+        allowed = t.tiers if t.tiers is not None else list(tiers)
+        for j, tier in enumerate(t.tiers or []):
+            if tier not in tiers:
+                known = _names(tiers)
+                problems.append(f"{where}.tiers[{j}]: unknown tier {tier!r}; known: {known}")
+        if t.default_tier not in tiers:
+            problems.append(
+                f"{where}.default_tier: unknown tier {t.default_tier!r}; known: {_names(tiers)}"
+            )
+        elif t.default_tier not in allowed:
+            problems.append(
+                f"{where}.default_tier: {t.default_tier!r} is not in this tenant's tiers"
+            )
+    seen_backends: set[str] = set()
+    for i, b in backends:
+        if b.name in seen_backends:
+            problems.append(f"backends[{i}].name: duplicate backend name {b.name!r}")
+        seen_backends.add(b.name)
+        if b.kind not in BACKEND_KINDS:
+            problems.append(
+                f"backends[{i}].kind: unknown backend kind {b.kind!r}; "
+                f"known: {', '.join(BACKEND_KINDS)}"
+            )
+    return problems
 
 
 def _names(tiers: Iterable[str]) -> str:

@@ -7,58 +7,41 @@ weighted service it has had, shared by every replica: the Virtual Token Counter 
 requests this replica served it (completions only). In-flight, queued and token figures are this
 replica's (as on ``/metrics``); a dashboard on several replicas adds them up.
 QoE is ``GET /v1/tokenpace/qoe``.
+
+``GET /v1/tokenpace/admin/history?seconds=S``: the same load (in flight, queued, each
+tenant's output tokens and requests) sampled every 2 s over the last S seconds (at most
+half an hour, :mod:`gateway.telemetry.history`), for a dashboard that opens with the
+recent past.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Security
+from fastapi import FastAPI, Query, Security
 
 from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
 from gateway.http.admin import admin_responses
 from gateway.http.auth import admin_key
 from gateway.store import Store
+from gateway.telemetry.history import KEPT_S, LoadHistory, load_sample
 from gateway.telemetry.metrics import GatewayMetrics
-
-_SERVED = ("chat.completions", "completions")
-
-
-def _by_tenant(metrics: GatewayMetrics, metric: str, **only: tuple[str, ...]) -> dict[str, float]:
-    """A counter's total per tenant, over the samples whose labels are among ``only``'s."""
-    out: dict[str, float] = {}
-    for family in metrics.registry.collect():
-        if family.name != metric:
-            continue
-        for s in family.samples:
-            if not s.name.endswith("_total") or "tenant" not in s.labels:
-                continue
-            if all(s.labels.get(label) in values for label, values in only.items()):
-                out[s.labels["tenant"]] = out.get(s.labels["tenant"], 0.0) + s.value
-    return out
 
 
 async def status(
     store: Store, router: Router, metrics: GatewayMetrics, tenants: Mapping[str, TenantConfig]
 ) -> dict[str, Any]:
     """The document (see the module docstring); StoreUnavailable when the store is down."""
-    registry = metrics.registry
     counters = await store.counters()
-    tokens = _by_tenant(metrics, "tokenpace_output_tokens")
-    requests = _by_tenant(metrics, "tokenpace_requests", endpoint=_SERVED)
-    in_flight = sum(
-        registry.get_sample_value("tokenpace_requests_in_flight", {"endpoint": e}) or 0.0
-        for e in _SERVED
-    )
+    load = load_sample(metrics, tenants)
     return {
         "object": "tokenpace.status",
-        "time": time.time(),
+        "time": load["time"],
         "ready": router.any_healthy(),
-        "requests_in_flight": int(in_flight),
-        "requests_queued": int(registry.get_sample_value("tokenpace_queue_waiting") or 0),
+        "requests_in_flight": load["requests_in_flight"],
+        "requests_queued": load["requests_queued"],
         "backends": [
             {
                 "name": s.name,
@@ -73,8 +56,7 @@ async def status(
             name: {
                 "weight": t.weight,
                 "vtc_counter": counters.get(name, 0.0),
-                "output_tokens": int(tokens.get(name, 0.0)),
-                "requests": int(requests.get(name, 0.0)),
+                **load["tenants"][name],
             }
             for name, t in tenants.items()
         },
@@ -87,6 +69,7 @@ def add_status_route(
     router: Router,
     metrics: GatewayMetrics,
     tenants: Mapping[str, TenantConfig],
+    history: LoadHistory,
 ) -> None:
     @app.get(
         "/v1/tokenpace/admin/status",
@@ -97,3 +80,21 @@ def add_status_route(
     )
     async def admin_status() -> dict[str, Any]:
         return await status(store, router, metrics, tenants)
+
+    @app.get(
+        "/v1/tokenpace/admin/history",
+        tags=["admin"],
+        summary="Requests in flight and queued, and each tenant's tokens, every 2 s",
+        dependencies=[Security(admin_key)],
+        responses=admin_responses(401),
+    )
+    async def admin_history(
+        seconds: Annotated[
+            int, Query(ge=1, le=KEPT_S, description="how far back, seconds (at most 1800)")
+        ] = 600,
+    ) -> dict[str, Any]:
+        return {
+            "object": "tokenpace.history",
+            "interval_s": history.interval_s,
+            "samples": history.since(seconds),
+        }

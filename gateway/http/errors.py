@@ -1,5 +1,7 @@
 """The HTTP layer's own error answers (an unknown route, a body past its limit) and the
-handlers that answer every error in OpenAI's shape."""
+handlers that answer every error in OpenAI's shape. Every error answer goes through
+:func:`answer` or :func:`respond`, which leave its code on the request's record (the
+access log line says why a request failed)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
+from gateway.context import request_record
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, GatewayError, validation_error
 from gateway.store import StoreUnavailable, store_unavailable
 
@@ -30,21 +34,34 @@ def too_large(limit: int) -> GatewayError:
     )
 
 
+def respond(scope: Scope, error: GatewayError, headers: dict[str, str] | None = None) -> Response:
+    """``error``'s response, its code (else its type) left on the request's record."""
+    body = error.body.get("error")
+    if isinstance(body, dict):
+        request_record(scope).error_code = str(body.get("code") or body.get("type") or "")
+    return error.response(headers)
+
+
+async def answer(error: GatewayError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Send ``error``'s response (:func:`respond`) from a middleware."""
+    await respond(scope, error)(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every error in OpenAI's shape (a validation error only ever reaches an
     authenticated request: :class:`~gateway.http.gate.AccessGate` runs first)."""
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
-        return exc.response()
+        return respond(request.scope, exc)
 
     @app.exception_handler(StoreUnavailable)
     async def _store_down(request: Request, exc: StoreUnavailable) -> Response:
-        return store_unavailable().response()
+        return respond(request.scope, store_unavailable())
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        return validation_error(exc.errors()).response()
+        return respond(request.scope, validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -59,11 +76,12 @@ def install_error_handlers(app: FastAPI) -> None:
             )
         else:
             err = GatewayError(exc.status_code, str(exc.detail))
-        return err.response(headers)
+        return respond(request.scope, err, headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
-        return GatewayError(
+        err = GatewayError(
             500, "The gateway had an internal error.", type=SERVER_ERROR, code="internal_error"
-        ).response()
+        )
+        return respond(request.scope, err)

@@ -16,9 +16,10 @@ from gateway.config.schema import LimitsConfig, TelemetryConfig
 from gateway.context import request_record
 from gateway.errors import GatewayError
 from gateway.http.auth import Access, Authenticator, access_rule
-from gateway.http.errors import too_large
+from gateway.http.errors import answer, too_large
 from gateway.request.disconnect import ClientGone
 from gateway.store import StoreUnavailable, store_unavailable
+from gateway.telemetry.tracing import TRACING_OFF, Tracing
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
@@ -44,6 +45,11 @@ class AccessGate:
     body read here. A body is read whole (413 past the limit, before any parsing) and
     replayed to the app; later ``receive()`` calls go to the server, so the app still
     sees ``http.disconnect``.
+
+    A completion request's body is JSON whatever its ``Content-Type`` says, as OpenAI's
+    API reads it (``curl -d`` sends ``application/x-www-form-urlencoded``): the request is
+    handed on as ``application/json``, so FastAPI parses it and a body that is not JSON
+    gets the usual ``invalid_json`` answer.
     """
 
     def __init__(
@@ -52,9 +58,11 @@ class AccessGate:
         auth: Authenticator,
         limits: LimitsConfig,
         telemetry: TelemetryConfig,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.app = app
         self.auth = auth
+        self.tracing = tracing  # the span tokenpace.authenticate
         self.max_body = limits.max_body_bytes
         self.max_report = min(limits.max_body_bytes, telemetry.max_body_bytes)
 
@@ -72,26 +80,30 @@ class AccessGate:
                 if with_body:
                     body = await _read_body(scope, receive, limit)
                 if body is not None:
-                    caller, body = await self.auth.reporter(Headers(scope=scope), body)
+                    with self.tracing.span("tokenpace.authenticate"):
+                        caller, body = await self.auth.reporter(Headers(scope=scope), body)
             else:
-                caller = await self.auth.caller(rule, authorization)
+                with self.tracing.span("tokenpace.authenticate"):
+                    caller = await self.auth.caller(rule, authorization)
                 if with_body:
                     body = await _read_body(scope, receive, limit)
         except GatewayError as exc:
-            await exc.response()(scope, receive, send)
+            await answer(exc, scope, receive, send)
             return
         except StoreUnavailable:
-            await store_unavailable().response()(scope, receive, send)
+            await answer(store_unavailable(), scope, receive, send)
             return
         except ClientGone:
             await Response(status_code=499)(scope, receive, send)  # counted; nobody reads it
             return
         if body is None:
-            await too_large(limit).response()(scope, receive, send)
+            await answer(too_large(limit), scope, receive, send)
             return
         request_record(scope).authenticated(caller)
         if with_body:
             receive = _replay(body, receive)
+            if rule is Access.TENANT:
+                scope = _as_json(scope)
         await self.app(scope, receive, send)
 
 
@@ -117,6 +129,21 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
+
+
+_JSON = (b"content-type", b"application/json")
+
+
+def _as_json(scope: Scope) -> Scope:
+    """``scope`` with its body declared JSON, unless it already is (``...json``,
+    ``...+json``; parameters such as a charset are kept)."""
+    headers = scope.get("headers", [])
+    for key, value in headers:
+        if key == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            if media == b"application/json" or media.endswith(b"+json"):
+                return scope
+    return {**scope, "headers": [*(h for h in headers if h[0] != b"content-type"), _JSON]}
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

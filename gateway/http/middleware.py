@@ -18,7 +18,7 @@ from gateway.config.schema import MetricsConfig
 from gateway.context import RECORD_KEY, SERVER_SEND_KEY, RequestRecord
 from gateway.errors import GatewayError
 from gateway.http.auth import METRICS_PATH
-from gateway.http.errors import not_found
+from gateway.http.errors import answer, not_found
 from gateway.telemetry.logs import request_id_var
 from gateway.telemetry.metrics import GatewayMetrics, series
 
@@ -78,7 +78,7 @@ class GatewayMiddleware:
         try:
             refusal = self._port_refusal(scope, path)
             if refusal is not None:
-                await refusal.response()(scope, receive, send_with_id)
+                await answer(refusal, scope, receive, send_with_id)
                 return
             await self.app(scope, receive, send_with_id)
         finally:

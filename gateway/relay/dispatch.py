@@ -12,7 +12,8 @@ each backend before it is tried; a backend whose slots are full is passed over. 
 refusal that is the client's fault (a 4xx) is final and relayed as it was; when no
 backend serving the model can take the request (all down, or the others full) the
 answer is 503 ``backend_unavailable``. Every error raised is the client's answer
-(a :class:`~gateway.errors.GatewayError`).
+(a :class:`~gateway.errors.GatewayError`). A traced request gets a span per attempt
+(:mod:`gateway.telemetry.tracing`), ended when the attempt fails or its stream closes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -35,6 +36,10 @@ from gateway.errors import SERVER_ERROR
 from gateway.relay.tagging import upstream_body
 from gateway.store import StoreUnavailable, store_unavailable
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.tracing import RequestTrace, end_span
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("tokenpace.gateway")
 
@@ -44,14 +49,15 @@ T = TypeVar("T")
 
 @dataclass(eq=False, slots=True)
 class Attempt:
-    """A stream opened on one backend."""
+    """A stream opened on one backend (``span``: its trace's, when traced)."""
 
     state: BackendState
     stream: ChunkStream
     closed: bool = field(default=False)
+    span: Span | None = None
 
-    async def close(self) -> None:
-        """Close the upstream stream (aborting the generation)."""
+    async def close(self, failure: BackendError | None = None) -> None:
+        """Close the upstream stream (aborting the generation); ``failure``: why."""
         if self.closed:
             return
         self.closed = True
@@ -60,6 +66,16 @@ class Attempt:
                 await self.stream.aclose()
         except Exception:
             log.warning("closing the stream of backend %s failed", self.state.name, exc_info=True)
+        if self.span is not None:
+            _end_attempt(self.span, failure)
+
+
+def _end_attempt(span: Span, failure: BackendError | None) -> None:
+    if failure is None:
+        end_span(span)
+    else:
+        span.set_attribute("tokenpace.failover", failure.retryable)
+        end_span(span, failure.message, failure.code or str(failure.status))
 
 
 @dataclass(slots=True)
@@ -86,25 +102,39 @@ class Dispatcher:
         self.timeouts = timeouts
         self.retry_after_s = retry_after_s  # when every backend is down: the health period
 
-    def failover(self, raw: dict[str, Any], ctx: RequestContext, hold: Ticket) -> Failover:
+    def failover(
+        self,
+        raw: dict[str, Any],
+        ctx: RequestContext,
+        hold: Ticket,
+        trace: RequestTrace | None = None,
+    ) -> Failover:
         """The attempts of one admitted request: ``raw`` its client's body, ``hold`` its
-        admission ticket (moved to each backend tried; the caller closes it)."""
-        return Failover(self, raw, ctx, hold)
+        admission ticket (moved to each backend tried; the caller closes it), ``trace``
+        its spans when traced."""
+        return Failover(self, raw, ctx, hold, trace)
 
 
 class Failover:
     """One request's attempts on the router's backends, in its order, until one succeeds."""
 
-    __slots__ = ("_dispatcher", "_tried", "ctx", "hold", "raw")
+    __slots__ = ("_dispatcher", "_span", "_tried", "ctx", "hold", "raw", "trace")
 
     def __init__(
-        self, dispatcher: Dispatcher, raw: dict[str, Any], ctx: RequestContext, hold: Ticket
+        self,
+        dispatcher: Dispatcher,
+        raw: dict[str, Any],
+        ctx: RequestContext,
+        hold: Ticket,
+        trace: RequestTrace | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self.raw = raw
         self.ctx = ctx
         self.hold = hold
+        self.trace = trace
         self._tried: list[str] = []  # the backends attempted, latest last
+        self._span: Span | None = None  # the span of the latest attempt, when traced
 
     @property
     def backend(self) -> str | None:
@@ -123,7 +153,7 @@ class Failover:
         if failed is not None and failure is not None:
             self._failed(failed.state, failure)
         state, stream = await self._first_success(self._open_on, failure)
-        return Attempt(state, stream)
+        return Attempt(state, stream, span=self._span)
 
     async def complete(self) -> Completed:
         """A non-streaming request answered by the best backend that can."""
@@ -133,6 +163,8 @@ class Failover:
             return await backend.complete(ctx.endpoint, body, ctx)
 
         state, result = await self._first_success(complete_on)
+        if self._span is not None:
+            end_span(self._span)
         usage = result.get("usage")
         reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
         tokens = 0
@@ -180,13 +212,18 @@ class Failover:
                 full.append(state.name)
                 continue
             self._tried.append(state.name)
+            body = upstream_body(self.raw, ctx, state.backend)
             try:
-                return state, await call(state.backend, upstream_body(self.raw, ctx, state.backend))
+                if self.trace is None:
+                    return state, await call(state.backend, body)
+                return state, await self._traced(call, state, body)
             except BackendError as exc:
                 last = exc
             except Exception as exc:
                 log.warning("backend %s raised %r", state.name, exc, exc_info=exc)
                 last = BackendError(f"Backend {state.name!r} failed ({type(exc).__name__}).")
+            if self._span is not None:
+                _end_attempt(self._span, last)
             self._failed(state, last)
         if last is None:
             raise BackendError(
@@ -196,6 +233,25 @@ class Failover:
                 type=SERVER_ERROR,
             )
         raise self._exhausted(last, full)
+
+    async def _traced(
+        self,
+        call: Callable[[Backend, dict[str, Any]], Awaitable[T]],
+        state: BackendState,
+        body: dict[str, Any],
+    ) -> T:
+        """``call`` in a span of its own (the HTTP client's span nests under it)."""
+        assert self.trace is not None
+        attempt = len(self._tried) - 1
+        attributes: dict[str, str | int] = {"tokenpace.backend": state.name}
+        attributes["tokenpace.attempt"] = attempt
+        self._span = span = self.trace.start("tokenpace.backend_attempt", attributes)
+        try:
+            with self.trace.current(span):
+                return await call(state.backend, body)
+        except asyncio.CancelledError:  # the client went away: the attempt ends with it
+            end_span(span, "cancelled", "cancelled")
+            raise
 
     def _failed(self, state: BackendState, failure: BackendError) -> None:
         """An attempt on ``state`` failed before its first byte reached the client: the

@@ -8,7 +8,9 @@ OpenAI error event and ``data: [DONE]``. Every chunk carrying tokens is timed as
 handed to the client; :meth:`StreamRelay.finish` returns the stream's
 :class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
 gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
-:func:`qos.metrics.monotone_qoe`). docs/architecture.md, "The streaming relay".
+:func:`qos.metrics.monotone_qoe`). docs/architecture.md, "The streaming relay". A traced
+request's body is the span ``tokenpace.stream``, which ends with the outcome, the QoE
+and the longest freeze (:func:`qos.metrics.freezes`) on the request's span too.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import time
 from array import array
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.types import Send
@@ -30,7 +32,11 @@ from gateway.errors import TIMEOUT, GatewayError, sse_error_event
 from gateway.relay.dispatch import Attempt, Failover
 from gateway.relay.read_deadline import ReadDeadline
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
-from qos.metrics import andes_qoe, monotone_qoe
+from gateway.telemetry.tracing import end_span, outcome_attributes
+from qos.metrics import andes_qoe, freezes, monotone_qoe
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("tokenpace.gateway")
 
@@ -74,6 +80,7 @@ class StreamRelay:
         self._together = 0  # token chunks sent in a write after its first, not yet observed
         self._result: StreamOutcome | None = None
         self._deadline = ReadDeadline()
+        self._span: Span | None = None  # tokenpace.stream, when traced
         tier = ctx.tier.name
         self._ttft = metrics.ttft.labels(ctx.tenant, tier, self.backend)
         self._itl = metrics.itl.labels(tier, self.backend)
@@ -81,7 +88,16 @@ class StreamRelay:
     # -- the response body ---------------------------------------------------------
     async def send_body(self, send: Send) -> None:
         """Send the body's messages with the ASGI ``send``, each with ``more_body``
-        (the response sends the last), then :meth:`finish`."""
+        (the response sends the last), then :meth:`finish`; in a span when traced."""
+        trace = self.failover.trace
+        if trace is None:
+            await self._send_body(send)
+            return
+        self._span = span = trace.start("tokenpace.stream", {})
+        with trace.current(span):  # a failover's attempts nest under it
+            await self._send_body(send)
+
+    async def _send_body(self, send: Send) -> None:
         t = self.timeouts
         ping = t.ping_interval_s
         task = asyncio.current_task()
@@ -139,7 +155,7 @@ class StreamRelay:
                     await send({"type": BODY, "body": DONE, "more_body": True})
                     return
                 failed = self.attempt
-                await self._close_attempt()
+                await self._close_attempt(failure)
                 final: GatewayError = failure
                 if self.sent_any:
                     self.failover.report(failed.state, failure)
@@ -206,11 +222,11 @@ class StreamRelay:
             observe_many(self._itl, gaps)
 
     # -- teardown ------------------------------------------------------------------
-    async def _close_attempt(self) -> None:
+    async def _close_attempt(self, failure: BackendError | None = None) -> None:
         self._settle(time.monotonic())
         attempt, self.attempt = self.attempt, None
         if attempt is not None:
-            await attempt.close()  # shielded, bounded by CLOSE_TIMEOUT_S
+            await attempt.close(failure)  # shielded, bounded by CLOSE_TIMEOUT_S
 
     async def finish(self) -> StreamOutcome:
         """Close everything, then ``on_finish``; the stream's outcome and measurements
@@ -223,10 +239,31 @@ class StreamRelay:
             self._deadline.close()
             await self._close_attempt()
             self._result = result = self._measure()
+            if self.failover.trace is not None:
+                self._traced(result)
             on_finish, self.on_finish = self.on_finish, None
             if on_finish is not None:
                 await on_finish(result)
         return self._result
+
+    def _timeline(self) -> np.ndarray:
+        """Each token's emission time (s since receipt): the (time, tokens) pairs expanded."""
+        times = np.frombuffer(self.times, dtype=np.float64)
+        return np.repeat(times, np.frombuffer(self.counts, dtype=np.int64))
+
+    def _traced(self, result: StreamOutcome) -> None:
+        """The stream's span ended, and the request's span told how it went."""
+        assert self.failover.trace is not None
+        longest = None
+        if self.n_tokens:
+            longest = freezes(self._timeline(), self.ctx.tier.tds).longest_s
+        prompt = (self.usage or {}).get("prompt_tokens")
+        prompt_tokens = prompt if isinstance(prompt, int) else None
+        attributes = outcome_attributes(result, prompt_tokens, longest)
+        self.failover.trace.set(attributes)
+        if self._span is not None:
+            self._span.set_attributes(attributes)
+            end_span(self._span, result.error, "stream_error" if result.error else None)
 
     def _measure(self) -> StreamOutcome:
         tokens = self.n_tokens
@@ -238,10 +275,7 @@ class StreamRelay:
         if self.outcome != "completed" or not self.n_tokens:
             return result
         ctx, m = self.ctx, self.metrics
-        # Per token: the (time, tokens) pairs are expanded once here, not in each formula.
-        timeline = np.repeat(
-            np.frombuffer(self.times, dtype=np.float64), np.frombuffer(self.counts, dtype=np.int64)
-        )
+        timeline = self._timeline()  # per token, once here, not in each formula
         try:
             andes = andes_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)
             mono = monotone_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)

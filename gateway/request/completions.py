@@ -33,6 +33,14 @@ from gateway.request.tiers import resolve_tier
 from gateway.telemetry.metrics import GatewayMetrics, series
 from gateway.telemetry.reports import Telemetry
 from gateway.telemetry.tokens import TelemetryTokens
+from gateway.telemetry.tracing import (
+    TRACING_OFF,
+    RequestTrace,
+    Tracing,
+    outcome_attributes,
+    request_attributes,
+    span_of,
+)
 from qos.prompt_tokens import estimate_prompt_tokens
 
 
@@ -59,6 +67,7 @@ class CompletionService:
         telemetry: Telemetry,
         tokens: TelemetryTokens,
         metrics: GatewayMetrics,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.config = config  # the tiers (resolve_tier), limits, routing and timeouts
         self.router = router
@@ -67,6 +76,7 @@ class CompletionService:
         self.telemetry = telemetry
         self.tokens = tokens
         self.metrics = metrics
+        self.tracing = tracing
         self.default_tokens = config.routing.expected_output_tokens
         self._tokens = series(metrics.tokens)
 
@@ -105,9 +115,13 @@ class CompletionService:
                 received_at=record.received_at,
                 expected_tokens=self._expected_tokens(body),
             )
+            trace = None
+            if self.tracing.on:
+                max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+                trace = self.tracing.request(request_attributes(ctx, max_tokens, body.n or 1))
             watch = DisconnectWatch(request.receive)
             try:
-                return await self._admitted(watch, raw, ctx, tenant, record, headers)
+                return await self._admitted(watch, raw, ctx, tenant, record, headers, trace)
             finally:
                 await watch.close()  # before the response listens for the disconnect
         except GatewayError as exc:
@@ -122,17 +136,19 @@ class CompletionService:
         tenant: TenantConfig,
         record: RequestRecord,
         headers: dict[str, str],
+        trace: RequestTrace | None,
     ) -> Response:
         """Admission, then the backend; ``headers`` gain the admission's."""
         token = await self.tokens.header(ctx.request_id, tenant.name)
         admit = self.admission.admit(ctx, tenant, estimate_prompt_tokens(raw))
         try:
-            ticket = await watch.run(admit)
+            with span_of(trace, "tokenpace.admission"):
+                ticket = await watch.run(admit)
         except ClientGone:
             return client_gone(record)
         # from here every path closes the ticket (no await until _stream/_complete); the
         # failover moves it on in the router's order
-        failover = self.dispatcher.failover(raw, ctx, ticket)
+        failover = self.dispatcher.failover(raw, ctx, ticket, trace)
         headers.update(ticket.rate.headers())
         headers.update(token)
         if ctx.stream:
@@ -212,6 +228,12 @@ class CompletionService:
             await ticket.close()
         record.tokens = tokens
         self._count_tokens(ctx, done.backend, tokens)
+        if failover.trace is not None:
+            usage = done.result.get("usage")
+            prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            outcome = StreamOutcome("completed", done.backend, tokens)
+            prompt_tokens = prompt if isinstance(prompt, int) else None
+            failover.trace.set(outcome_attributes(outcome, prompt_tokens, None))
         return JSONResponse(done.result, headers=headers)
 
 

@@ -55,7 +55,8 @@ def check_shared_store(config: GatewayConfig, workers: int) -> None:
             [
                 f"store.redis_url: not set, and --workers {workers} needs it: the workers "
                 "share admission, rate limits, keys and request ids through Redis; set "
-                "store.redis_url (redis://host:port/db) or serve with --workers 1"
+                "store.redis_url or --redis-url (redis://host:port/db), or serve with "
+                "--workers 1"
             ]
         )
 

@@ -1,9 +1,9 @@
 """The gateway image, run as processes: what its install script installs (the build
 context staged from deploy/gateway/Containerfile's COPY lines), started by its entrypoint
-with the example overlay's arguments, environment and configuration. Two replicas share
-one Redis, started with the Redis StatefulSet's arguments, in front of two fake engines
-(bench/fixed_rate_upstream.py, stand-ins for vLLM). Only the addresses change: the
-Services' host names become loopback ports.
+(``tokenpace``) with the example overlay's arguments, environment and configuration.
+Two replicas share one Redis, started with the Redis StatefulSet's arguments, in front
+of two fake engines (bench/fixed_rate_upstream.py, stand-ins for vLLM). Only the
+addresses change: the Services' host names become loopback ports.
 
 The fixture :func:`replicas` is the place for tests of what a pod does when Kubernetes
 stops it (SIGTERM: :meth:`Replica.signal`).
@@ -164,7 +164,7 @@ class Replica:
 
 def local_config(text: str, store: Store, upstreams: dict[str, Upstream]) -> tuple[str, int, int]:
     """The ConfigMap's configuration with the Services' addresses on loopback ports, and
-    the two ports the replica listens on; the ${VARIABLES} left for the entrypoint."""
+    the two ports the replica listens on; the ${VARIABLES} left for the gateway."""
     text = text.replace("tokenpace-redis:6379", f"127.0.0.1:{store.port}")
     for host, upstream in upstreams.items():
         text = text.replace(host, f"127.0.0.1:{upstream.port}")
@@ -196,15 +196,13 @@ def replicas(
             env = {
                 "PATH": f"{image / 'bin'}{os.pathsep}{os.environ['PATH']}",  # the image's ENV
                 "PYTHONUNBUFFERED": "1",
-                "TOKENPACE_CONFIG_TEMPLATE": str(pod / "etc" / "gateway.yaml"),
-                "TOKENPACE_CONFIG": str(pod / "run" / "gateway.yaml"),
+                "TOKENPACE_CONFIG": str(pod / "etc" / "gateway.yaml"),
                 "TMPDIR": str(pod),
                 **environment(gateway),
             }
-            entrypoint = DEPLOY / "gateway" / "entrypoint.py"
             with open(pod / "log", "wb") as log:
                 proc = subprocess.Popen(
-                    [str(image / "bin" / "python"), str(entrypoint), *gateway["args"]],
+                    [str(image / "bin" / "tokenpace"), *gateway["args"]],  # ENTRYPOINT, args
                     cwd=pod,
                     env=env,
                     stdout=log,
@@ -297,13 +295,21 @@ def test_every_series_the_dashboard_queries_is_in_metrics(
         model=MODEL, messages=[{"role": "user", "content": "long"}], max_tokens=400, stream=True
     )
     next(iter(long))
-    busy = {
-        s.labels["backend"]
-        for f in text_string_to_metric_families(replicas[0].metrics())
-        for s in f.samples
-        if s.name == "tokenpace_backend_in_flight" and s.value > 0
-    }
-    (idle,) = {"llama-a", "llama-b"} - busy
+
+    def busy() -> set[str]:
+        return {
+            s.labels["backend"]
+            for f in text_string_to_metric_families(replicas[0].metrics())
+            for s in f.samples
+            if s.name == "tokenpace_backend_in_flight" and s.value > 0
+        }
+
+    # Each worker publishes its view of the backends every second (the one that answers
+    # the scrape may not be the one that serves the stream).
+    deadline = time.monotonic() + 5
+    while not busy() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (idle,) = {"llama-a", "llama-b"} - busy()
     upstreams[f"vllm-{idle}:8000"].kill()
     assert len(stream(replicas[0])) == 12
     long.close()

@@ -30,7 +30,7 @@ from tests.support.deploy import (
 )
 
 EXAMPLE = "overlays/example"
-ENTRYPOINT = DEPLOY / "gateway" / "entrypoint.py"
+TOKENPACE = Path(sys.executable).parent / "tokenpace"  # the image's entrypoint, installed
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -58,58 +58,52 @@ def test_schema_check_rejects_a_misspelt_field() -> None:
         check_schema(deployment)
 
 
-def filled_config(tmp_path: Path) -> Path:
-    """The example's gateway configuration as the entrypoint writes it in the pod."""
-    docs = render(EXAMPLE)
-    template = tmp_path / "template.yaml"
-    template.write_text(gateway_config(docs))
-    target = tmp_path / "run" / "gateway.yaml"
-    env = {
-        **os.environ,
-        **environment(container(find(docs, "Deployment", "tokenpace-gateway"), "gateway")),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "TOKENPACE_CONFIG_TEMPLATE": str(template),
-        "TOKENPACE_CONFIG": str(target),
-    }
-    done = subprocess.run(
-        [sys.executable, str(ENTRYPOINT), "check-config", str(target)],
-        env=env,
+def run_gateway_command(
+    args: list[str], config: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``tokenpace ARGS`` (the image's entrypoint) with the ConfigMap's configuration at
+    ``$TOKENPACE_CONFIG`` and the environment ``env`` (the container's)."""
+    return subprocess.run(
+        [str(TOKENPACE), *args],
+        env={"PATH": os.environ["PATH"], **env, "TOKENPACE_CONFIG": str(config)},
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 0, done.stderr
-    assert "OK: 2 tenant(s), 2 backend(s)" in done.stdout
-    return target
 
 
 def test_gateway_configuration_passes_check_config(tmp_path: Path) -> None:
-    target = filled_config(tmp_path)
-    assert target.stat().st_mode & 0o777 == 0o600
-    assert (target.parent.stat().st_mode & 0o777) == 0o700
-    text = target.read_text()
-    assert "tp-acme-deploy-test-0001" in text and "${" not in text
-
-
-def test_entrypoint_names_a_variable_that_is_not_set(tmp_path: Path) -> None:
+    """With the Deployment's environment (its Secrets' values), as the pod reads it."""
     docs = render(EXAMPLE)
-    template = tmp_path / "template.yaml"
-    template.write_text(gateway_config(docs))
+    config = tmp_path / "gateway.yaml"
+    config.write_text(gateway_config(docs))
+    env = environment(container(find(docs, "Deployment", "tokenpace-gateway"), "gateway"))
+    done = run_gateway_command(["check-config", str(config)], config, env)
+    assert done.returncode == 0, done.stderr
+    assert "OK: 2 tenant(s), 2 backend(s)" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gateway.yaml"]  # nothing written
+
+
+def test_a_variable_that_is_not_set_stops_the_gateway(tmp_path: Path) -> None:
+    docs = render(EXAMPLE)
+    config = tmp_path / "gateway.yaml"
+    config.write_text(gateway_config(docs))
     env = environment(container(find(docs, "Deployment", "tokenpace-gateway"), "gateway"))
     del env["TOKENPACE_KEY_GLOBEX"]
-    done = subprocess.run(
-        [sys.executable, str(ENTRYPOINT), "serve"],
-        env={
-            "PATH": os.environ["PATH"],
-            **env,
-            "TOKENPACE_CONFIG_TEMPLATE": str(template),
-            "TOKENPACE_CONFIG": str(tmp_path / "gateway.yaml"),
-        },
-        capture_output=True,
-        text=True,
-    )
+    done = run_gateway_command(["serve"], config, env)
     assert done.returncode == 2
     assert "tenants[1].api_keys[0].key: ${TOKENPACE_KEY_GLOBEX} is not set" in done.stderr
-    assert not (tmp_path / "gateway.yaml").exists()
+    assert "tp-acme-deploy-test-0001" not in done.stderr  # no value is ever shown
+
+
+def test_the_image_runs_tokenpace_on_the_mounted_configuration() -> None:
+    """The Containerfile's entrypoint and configuration path are what the Deployment
+    mounts and the tests above run."""
+    text = (DEPLOY / "gateway" / "Containerfile").read_text()
+    assert 'ENTRYPOINT ["tokenpace"]' in text and 'CMD ["serve"]' in text
+    deployment = find(render(EXAMPLE), "Deployment", "tokenpace-gateway")
+    mounts = container(deployment, "gateway")["volumeMounts"]
+    (config_mount,) = [m for m in mounts if m["name"] == "config"]
+    assert f"TOKENPACE_CONFIG={config_mount['mountPath']}/gateway.yaml" in text
 
 
 def test_no_secret_is_inlined() -> None:

@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"telemetry"},
     {"backends"},
     {"store"},
-    {"context", "errors", "background"},
+    {"context", "errors", "background", "version", "keys_client"},
     {"config"},
 ]
 

@@ -5,12 +5,16 @@ Raw httpx against a real gateway; the upstream is the FakeUpstream stand-in for 
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 import pytest_asyncio
 
 from gateway.backends import InProcessBackend
 from tests.support.fake_upstream import MODEL, upstream
 from tests.support.gateway import KEY, KEY_BASIC, backend_entry, gateway, make_config
+from tests.support.waiting import eventually
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -119,6 +123,24 @@ async def test_malformed_json(env):
     await still_serving(client)
 
 
+async def test_a_json_body_is_read_whatever_its_content_type(env):
+    """As OpenAI's API: ``curl -d`` (form-encoded), text/plain or no Content-Type at all."""
+    _gw, fake, client = env
+    raw = json.dumps(CHAT).encode()
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {"Content-Type": content_type} if content_type else {}
+        r = await client.post("/v1/chat/completions", content=raw, headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"]
+        assert fake.bodies[-1]["messages"] == CHAT["messages"]
+    r = await client.post(
+        "/v1/chat/completions",
+        content=b"model=x&messages=y",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert_error(r, 400, code="invalid_json", contains="expects a JSON payload")
+
+
 async def test_completions_validation(env):
     _gw, _fake, client = env
     r = await client.post("/v1/completions", json={"model": MODEL})
@@ -150,6 +172,30 @@ async def test_auth_errors(env):
         r = await anon.get("/v1/models")
         assert_error(r, 401)
     await still_serving(client)
+
+
+async def test_error_answers_are_logged_with_their_code(env, caplog):
+    """The access log line says why a request failed (its answer's code)."""
+    _gw, _fake, client = env
+    async with _gw.client(key="") as anon:
+        cases = [
+            (client.post("/v1/chat/completions", json={"model": MODEL}), 400, "missing_required"),
+            (anon.post("/v1/chat/completions", json=CHAT), 401, "invalid_api_key"),
+            (client.post("/v1/chat/completions", json={**CHAT, "model": "x"}), 404, "model_not"),
+        ]
+        with caplog.at_level(logging.INFO, "tokenpace.gateway.access"):
+            for call, status, code in cases:
+                r = await call
+                assert r.status_code == status
+                rid = r.headers["x-request-id"]
+
+                def logged(rid: str = rid) -> list[logging.LogRecord]:
+                    return [x for x in caplog.records if getattr(x, "request_id", "") == rid]
+
+                assert await eventually(lambda: logged() != [])
+                (line,) = logged()
+                assert (line.status, line.outcome) == (status, "error")
+                assert line.error_code.startswith(code)
 
 
 async def test_tier_errors(env):

@@ -3,8 +3,9 @@
  * own APIs every few seconds (GET /v1/tokenpace/qoe for every tenant's QoE, client side
  * and gateway side; GET /v1/tokenpace/admin/status for backends, load and fair share)
  * and plots them over time. On open, the QoE charts start with the last minutes'
- * history, rebuilt from the QoE endpoint's nested windows (src/qoe_history.ts); the
- * gateway keeps no history of load or fair share, so those start at the first poll.
+ * history, rebuilt from the QoE endpoint's nested windows (src/qoe_history.ts), and the
+ * load and fair-share charts with the samples the gateway keeps every 2 s
+ * (GET /v1/tokenpace/admin/history).
  */
 import { LiveChart, SeriesColors } from "./live_chart.js";
 import { history, historyWindows, totals, type QoESummary } from "./qoe_history.js";
@@ -39,11 +40,16 @@ interface QoEDetails extends QoESummary {
   tenants: Record<string, { overall: Pair; tiers: Record<string, Pair> }>;
 }
 
-interface Status {
+/** Load and tokens served so far, at `time`: a history sample, and part of the status. */
+interface Load {
   time: number;
-  ready: boolean;
   requests_in_flight: number;
   requests_queued: number;
+  tenants: Record<string, { output_tokens: number }>;
+}
+
+interface Status extends Load {
+  ready: boolean;
   backends: Array<{
     name: string;
     healthy: boolean;
@@ -75,7 +81,7 @@ const loadChart = new LiveChart(byId("load-chart"), {
   keep: KEEP,
 });
 
-let previous: Status | null = null;
+let previous: Load | null = null;
 let timer: number | undefined;
 
 function fmt(value: number | undefined, digits = 3): string {
@@ -126,20 +132,25 @@ function showQoE(summary: QoEDetails, time: number): void {
   fillTable("qoe-rows", rows);
 }
 
+/** One point of the load and fair-share charts (the rates since the previous one). */
+function pushLoad(load: Load): void {
+  loadChart.push(load.time, { "in flight": load.requests_in_flight, queued: load.requests_queued });
+  const rates: Record<string, number | null> = {};
+  for (const [tenant, t] of Object.entries(load.tenants)) {
+    const before = previous?.tenants[tenant];
+    const dt = previous ? load.time - previous.time : 0;
+    rates[tenant] = before && dt > 0 ? Math.max(0, t.output_tokens - before.output_tokens) / dt : null;
+  }
+  serviceChart.push(load.time, rates);
+  previous = load;
+}
+
 function showStatus(status: Status): void {
   byId("ready").textContent = status.ready ? "ready" : "NOT READY";
   byId("ready").dataset["ready"] = String(status.ready);
   byId("in-flight").textContent = String(status.requests_in_flight);
   byId("queued").textContent = String(status.requests_queued);
-  loadChart.push(status.time, { "in flight": status.requests_in_flight, queued: status.requests_queued });
-  const rates: Record<string, number | null> = {};
-  for (const [tenant, t] of Object.entries(status.tenants)) {
-    const before = previous?.tenants[tenant];
-    const dt = previous ? status.time - previous.time : 0;
-    rates[tenant] = before && dt > 0 ? Math.max(0, t.output_tokens - before.output_tokens) / dt : null;
-  }
-  serviceChart.push(status.time, rates);
-  previous = status;
+  pushLoad(status);
   fillTable(
     "backend-rows",
     status.backends.map((b) => ({
@@ -168,13 +179,15 @@ function showStatus(status: Status): void {
   );
 }
 
-/** The QoE charts' last `HISTORY_S` seconds, before the first live sample. */
+/** Every chart's last `HISTORY_S` seconds, before the first live sample. */
 async function loadHistory(key: string): Promise<void> {
   const windows = historyWindows(WINDOW_S, HISTORY_S, HISTORY_STEP_S);
-  const [status, ...summaries] = await Promise.all([
+  const [status, load, ...summaries] = await Promise.all([
     getJSON<Status>("/v1/tokenpace/admin/status", key),
+    getJSON<{ samples: Load[] }>(`/v1/tokenpace/admin/history?seconds=${HISTORY_S}`, key),
     ...windows.map((w) => getJSON<QoESummary>(`/v1/tokenpace/qoe?window=${w}`, key)),
   ]);
+  for (const sample of load.samples) pushLoad(sample);
   const sides = summaries.map(totals);
   for (const side of ["gateway", "client"] as const) {
     const byWindow = new Map(windows.map((w, i) => [w, sides[i]![side]]));

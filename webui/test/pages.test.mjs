@@ -451,11 +451,29 @@ describe("dashboard", () => {
     // the QoE charts began with the last minutes' history, before the first poll
     const drawn = await page.evaluate(() => {
       const of = (id) => ({ ...document.getElementById(id).dataset });
-      return { polls: Number(document.body.dataset.polls), gateway: of("qoe-gateway-chart"), client: of("qoe-client-chart") };
+      return {
+        polls: Number(document.body.dataset.polls),
+        gateway: of("qoe-gateway-chart"),
+        client: of("qoe-client-chart"),
+        load: of("load-chart"),
+        service: of("service-chart"),
+      };
     });
     for (const side of ["gateway", "client"]) {
       assert.equal(Number(drawn[side].samples), HISTORY_SAMPLES + drawn.polls, `${side}: history, then one sample a poll`);
       assert.ok(Number(drawn[side].values) > drawn.polls, `${side}: the history has values (${drawn[side].values})`);
+    }
+    // and the load and fair-share charts with the gateway's samples, one every 2 s (the
+    // gateway has run for over half a minute by now)
+    const history = await (
+      await fetch(`${gw.url}/v1/tokenpace/admin/history?seconds=300`, { headers: { Authorization: `Bearer ${gw.adminKey}` } })
+    ).json();
+    assert.ok(history.samples.length >= 10, `the gateway's history: ${history.samples.length} samples`);
+    assert.ok(history.samples.at(-1).tenants.demo.output_tokens >= 16, "the demo's tokens are in it");
+    for (const chart of ["load", "service"]) {
+      const samples = Number(drawn[chart].samples);
+      assert.ok(samples >= 10 + drawn.polls, `${chart}: history, then the polls (${samples} samples)`);
+      assert.ok(Number(drawn[chart].values) >= 10, `${chart}: the history has values (${drawn[chart].values})`);
     }
 
     // the legends show the latest values without hovering

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import pytest
 from gateway.cli import add_gateway_commands, banner, check_config, load_serve_config
 from gateway.config.loader import demo_config, load_config, parse_config
 from gateway.config.schema import DEFAULT_TIERS, ConfigError, hash_key
+from gateway.version import VERSION
 from tests.support.paths import ROOT
 from tests.support.ports import free_port
 
@@ -286,6 +288,7 @@ def test_serve_without_config_starts_and_prints_key(tmp_path: Path):
     assert (
         f"http://127.0.0.1:{port}" in out and "curl" in out and "from openai import OpenAI" in out
     )
+    assert f"version: {VERSION}" in out and "workers: 1" in out
 
 
 def test_serve_with_bad_config_exits_2(tmp_path: Path):
@@ -299,3 +302,121 @@ def test_serve_with_bad_config_exits_2(tmp_path: Path):
         cwd=ROOT,
     )
     assert proc.returncode == 2 and "tenants" in proc.stderr
+
+
+THREE_ROUNDS_YAML = """
+backend:
+  - {name: sim, kind: embedded, models: [m]}
+server: {port: 70000}
+tenants:
+  - name: acme
+    api_keys: ["tp-key-long-1"]
+    default_tier: chatt
+  - name: hobby
+    api_keys: [short]
+backends:
+  - name: sim
+    kind: embedded
+    models: [m]
+    options: {profil: llama-3.1-8b-h100, time_scale: 0}
+"""
+
+
+def test_check_config_reports_every_problem_in_one_pass(tmp_path: Path, capsys):
+    """Field errors, the checks across fields and a backend's options, together; each
+    line names the file, and a typo gets the nearest key."""
+    path = tmp_path / "gw.yaml"
+    path.write_text(THREE_ROUNDS_YAML)
+    assert check_config([str(path)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"{path}: server.port: Input should be less than or equal to 65535",
+        f"{path}: tenants[1].api_keys[0].key: String should have at least 8 characters",
+        f"{path}: backend: unknown key; did you mean 'backends'?",
+        f"{path}: tenants[0].default_tier: unknown tier 'chatt'; known: batch, chat, fast, voice",
+        f"{path}: backends[0].options.time_scale: Input should be greater than 0",
+        f"{path}: backends[0].options.profil: unknown key; did you mean 'profile'?",
+        f"{path}: invalid: 6 problems",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        ({"tenant": []}, "tenant: unknown key; did you mean 'tenants'?"),
+        ({"server": {"prot": 1}}, "server.prot: unknown key; did you mean 'port'?"),
+        ({"logging": {"jsn": True}}, "logging.jsn: unknown key; did you mean 'json'?"),
+        ({"tiers": {"gold": {"ttft": 1, "tdss": 2}}}, "tiers.gold.tdss: unknown key; did you"),
+        ({"zzz": 1}, "zzz: unknown key (typo?)"),
+    ],
+)
+def test_a_typo_gets_the_nearest_key(patch, expected):
+    data = {"tenants": [{"name": "ok", "api_keys": ["tp-fine-key-1"]}], **patch}
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "test.yaml")
+    assert f"test.yaml: {expected}" in str(err.value), str(err.value)
+
+
+def test_a_syntax_error_names_the_file_and_line(tmp_path: Path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tenants:\n  - name: a\n    api_keys: [unclosed\n")
+    assert check_config([str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}: (syntax): line 4, column 1:"), err
+    assert "<unicode string>" not in err
+
+
+def test_version_flag():
+    tokenpace = str(Path(sys.executable).parent / "tokenpace")  # the installed command
+    for argv in ([tokenpace], [sys.executable, "-m", "gateway.cli"]):
+        done = subprocess.run([*argv, "--version"], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"tokenpace {VERSION}"
+    assert VERSION[0].isdigit()
+
+
+def test_banner_names_version_and_workers(monkeypatch):
+    monkeypatch.delenv("TOKENPACE_CONFIG", raising=False)
+    monkeypatch.delenv("TOKENPACE_REDIS_URL", raising=False)
+    config, key, admin_key = load_serve_config(None)
+    text = banner(config, "http://127.0.0.1:8000", key, admin_key)
+    assert f"\n  version: {VERSION}\n  workers: 1 (shared state in memory)\n" in text
+    config, key, admin_key = load_serve_config(None, "redis://127.0.0.1:6390/0")
+    assert config.store.redis_url == "redis://127.0.0.1:6390/0"
+    assert "workers: 2 (shared state Redis)" in banner(config, "u", key, admin_key, 2)
+
+
+def test_redis_url_from_flag_or_environment(tmp_path: Path, monkeypatch):
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD_TOML)
+    monkeypatch.setenv("TOKENPACE_REDIS_URL", "redis://127.0.0.1:6391/1")
+    config, _, _ = load_serve_config(str(good))
+    assert config.store.redis_url == "redis://127.0.0.1:6391/1"  # replaces the file's
+    config, _, _ = load_serve_config(None, "redis://127.0.0.1:6392/2")  # the flag wins
+    assert config.store.redis_url == "redis://127.0.0.1:6392/2"
+    with pytest.raises(ConfigError, match=r"--redis-url \(or \$TOKENPACE_REDIS_URL\): redis_url"):
+        load_serve_config(None, "http://not-redis")
+
+
+def test_the_default_port_is_8000():
+    assert (
+        parse_config({"tenants": [{"name": "a", "api_keys": ["tp-fine-key-1"]}]}).server.port
+        == 8000
+    )
+
+
+def test_a_busy_port_is_named(tmp_path: Path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if k != "TOKENPACE_CONFIG"},
+        )
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port} (port): Address already in use" in done.stderr

@@ -71,3 +71,36 @@ async def test_admin_status_shows_backends_load_and_fair_share() -> None:
             assert acme["weight"] == 2.0 and acme["requests"] == 1
             assert acme["output_tokens"] > 0 and acme["vtc_counter"] > 0
             assert status["tenants"]["basic"]["output_tokens"] == 0
+
+
+async def test_admin_history_keeps_the_load_every_two_seconds() -> None:
+    """The dashboard's charts on open: a sample at start, then one every 2 s (real time)."""
+    async with upstream() as fake:
+        config = make_config([backend_entry(fake, "up")], admin={"key": ADMIN})
+        async with gateway(config) as gw, gw.client(KEY) as tenant, gw.client(ADMIN) as admin:
+            url = "/v1/tokenpace/admin/history"
+            assert (await tenant.get(url)).status_code == 401
+            assert (await admin.get(url, params={"seconds": 0})).status_code == 400
+            assert (await admin.get(url, params={"seconds": 1801})).status_code == 400
+            first = (await admin.get(url)).json()
+            assert first["object"] == "tokenpace.history" and first["interval_s"] == 2.0
+            (start,) = first["samples"]  # taken as the gateway started
+            assert start["tenants"] == {
+                "acme": {"output_tokens": 0, "requests": 0},
+                "basic": {"output_tokens": 0, "requests": 0},
+            }
+            assert (start["requests_in_flight"], start["requests_queued"]) == (0, 0)
+            assert (await tenant.post("/v1/chat/completions", json=CHAT)).status_code == 200
+
+            samples: list[dict] = first["samples"]
+            deadline = asyncio.get_running_loop().time() + 5.0
+            while len(samples) < 2 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.1)
+                samples = (await admin.get(url, params={"seconds": 60})).json()["samples"]
+            assert len(samples) >= 2, samples
+            later = samples[-1]
+            assert 1.5 <= later["time"] - start["time"] <= 4.0  # every 2 s, on a loaded machine
+            assert later["tenants"]["acme"]["requests"] == 1
+            assert later["tenants"]["acme"]["output_tokens"] > 0
+            recent = (await admin.get(url, params={"seconds": 1})).json()["samples"]
+            assert start not in recent  # only the last second's

@@ -347,3 +347,25 @@ def test_a_crashed_worker_is_replaced_and_sigint_stops_everything(redis: RedisSe
         p.stop_and_check(signal.SIGINT, family)
     finally:
         p.stop()
+
+
+def test_the_demo_runs_on_two_workers_with_redis_url(
+    redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tokenpace serve --workers 2 --redis-url URL``, no configuration file: the demo
+    tenant on two workers sharing Redis."""
+    monkeypatch.delenv("TOKENPACE_CONFIG", raising=False)
+    monkeypatch.setenv("TOKENPACE_DEMO_KEY", "tp-demo-workers-0001")
+    port = free_port()
+    args = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
+    proc = Process([*args, "--workers", "2", "--redis-url", redis.url], port, "/readyz")
+    try:
+        proc.start(timeout=60)
+        client = openai.OpenAI(
+            base_url=f"{proc.url}/v1", api_key="tp-demo-workers-0001", max_retries=0
+        )
+        reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4)
+        assert reply.usage is not None and reply.usage.completion_tokens == 4
+        assert "workers: 2 (shared state Redis)" in proc.output()
+    finally:
+        proc.stop()
