@@ -92,7 +92,7 @@ DEFAULT_TIERS: dict[str, TierSpec] = {
 
 
 class CustomTierLimits(_Strict):
-    """Accepted range of explicit ``tokenpace.ttft`` / ``tokenpace.tds`` values."""
+    """A plan's accepted range of explicit ``tokenpace.ttft`` / ``tokenpace.tds`` values."""
 
     ttft_min: float = Field(0.0, ge=0)
     ttft_max: float = Field(600.0, gt=0)
@@ -138,6 +138,11 @@ class TenantConfig(_Strict):
     tiers: list[str] | None = Field(None, description="allowed tiers; omitted = every tier")
     default_tier: str = "chat"
     allow_custom: bool = Field(False, description="may send explicit tokenpace.ttft / tds")
+    custom_tier_limits: CustomTierLimits | None = Field(
+        None,
+        description="range of explicit ttft/tds for this plan; omitted = the range its tiers "
+        "span (TTFT from its shortest tier's, TDS up to its fastest tier's)",
+    )
     requests_per_minute: int | None = Field(
         None, ge=1, description="requests admitted per sliding minute, all replicas together"
     )
@@ -395,7 +400,9 @@ class GatewayConfig(_Strict):
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     tiers: dict[str, TierSpec] = Field(default_factory=dict)
-    custom_tier_limits: CustomTierLimits = Field(default_factory=CustomTierLimits)
+    custom_tier_limits: None = Field(
+        None, description="removed: the limits are per plan, tenants[].custom_tier_limits"
+    )
     tenants: list[TenantConfig] = Field(min_length=1)
     backends: list[BackendConfig] = Field(default_factory=list)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
@@ -422,6 +429,15 @@ class GatewayConfig(_Strict):
             if not _NAME.match(name):
                 raise ValueError(f"tier name {name!r}: letters, digits, '.', '_', ':', '-'")
         return {**DEFAULT_TIERS, **v}
+
+    @field_validator("custom_tier_limits", mode="before")
+    @classmethod
+    def _custom_limits_moved(cls, v: Any) -> None:
+        raise ValueError(
+            "no longer a global setting: the range of explicit ttft/tds is per plan; "
+            "move it to tenants[].custom_tier_limits of each tenant with allow_custom "
+            "(without one, a plan's range is the one its tiers span)"
+        )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:
