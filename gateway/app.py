@@ -157,9 +157,10 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
             "docs/protocol.md."
         ),
         lifespan=lifespan,
-        # server.docs: false turns off the interactive docs and the document they read
-        docs_url="/docs" if config.server.docs else None,
-        redoc_url="/redoc" if config.server.docs else None,
+        # server.docs: false turns off the document and /docs (a page of
+        # gateway.http.pages: Swagger UI served by the gateway, not FastAPI's from a CDN)
+        docs_url=None,
+        redoc_url=None,
         openapi_url="/openapi.json" if config.server.docs else None,
     )
     app.state.gateway = gateway
@@ -173,7 +174,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     )
     add_admin_routes(app, tenants, store, keys)
     add_status_route(app, store, router, metrics, tenants)
-    add_page_routes(app)
+    add_page_routes(app, docs=config.server.docs)
     tiers, max_points = list(config.tiers), config.telemetry.max_points
     app.openapi = lambda: openapi_document(app, tiers, max_points)  # type: ignore[method-assign]
     # inside CORS: its 401 and 413 carry CORS headers

@@ -371,7 +371,9 @@ class ServerConfig(_Strict):
     max_connections: int = Field(
         4096, ge=1, description="open client connections; past it a new one gets 503 and closes"
     )
-    docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json")
+    docs: bool = Field(
+        True, description="serve /openapi.json and /docs (Swagger UI, from the gateway itself)"
+    )
 
 
 class MetricsConfig(_Strict):
