@@ -164,7 +164,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
         openapi_url="/openapi.json" if config.server.docs else None,
     )
     app.state.gateway = gateway
-    install_error_handlers(app)
+    install_error_handlers(app, admission.refused)
     add_api_routes(
         app,
         service=service,
@@ -178,7 +178,13 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
     tiers, max_points = list(config.tiers), config.telemetry.max_points
     app.openapi = lambda: openapi_document(app, tiers, max_points)  # type: ignore[method-assign]
     # inside CORS: its 401 and 413 carry CORS headers
-    app.add_middleware(AccessGate, auth=auth, limits=config.limits, telemetry=config.telemetry)
+    app.add_middleware(
+        AccessGate,
+        auth=auth,
+        limits=config.limits,
+        telemetry=config.telemetry,
+        refused=admission.refused,
+    )
     if config.cors.allow_origins:
         app.add_middleware(
             CORSMiddleware,

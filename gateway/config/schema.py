@@ -156,6 +156,12 @@ class TenantConfig(_Strict):
     max_queued: int = Field(
         64, ge=0, description="requests waiting in the gateway's queue; past it 429; 0 = none"
     )
+    max_body_bytes: int | None = Field(
+        None, ge=1024, description="this plan's request body limit (413); omitted = limits'"
+    )
+    max_messages: int | None = Field(
+        None, ge=1, description="this plan's messages per chat request (400); omitted = limits'"
+    )
 
     @field_validator("name")
     @classmethod
@@ -259,6 +265,12 @@ class LimitsConfig(_Strict):
     )
     max_tokens: int = Field(65536, ge=1, description="cap on max_tokens/max_completion_tokens")
     max_n: int = Field(16, ge=1, description="cap on n")
+    max_messages: int = Field(
+        2048, ge=1, description="messages in a chat request; more get 400 (a plan may differ)"
+    )
+    max_parts: int = Field(
+        8192, ge=1, description="content parts, tool calls and tools of a chat request together"
+    )
 
 
 class RoutingConfig(_Strict):

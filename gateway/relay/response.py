@@ -33,6 +33,9 @@ class RelayResponse(EventSourceResponse):
             sep="\n",
             background=BackgroundTask(relay.finish),  # for a body that never started
         )
+        # hop-by-hop, the server's to say (sse-starlette's "keep-alive" next to the
+        # server's "close" contradicted it, for HTTP/1.0 and when draining)
+        del self.headers["connection"]
         self._relay = relay
         self._body_send: Send | None = None
 

@@ -83,17 +83,22 @@ class CompletionService:
         # parsed again), as the client wrote it: the base of the upstream body. Every
         # decision below reads the validated ``body``.
         raw: dict[str, Any] = await request.json()
-        check_forwardable(raw)
-        check_limits(body, self.config.limits)
-        options = body.tokenpace.model_dump(exclude_unset=True) if body.tokenpace else None
-        tier = resolve_tier(self.config, tenant, header_tier, options)
-        record.tier = tier.name
-        headers = tier.headers()
-        model = body.model
-        record.model = model
+        headers: dict[str, str] = {}
         try:
+            check_forwardable(raw)
+            check_limits(body, self.config.limits)
+            options = body.tokenpace.model_dump(exclude_unset=True) if body.tokenpace else None
+            tier = resolve_tier(self.config, tenant, header_tier, options)
+            record.tier = tier.name
+            headers = tier.headers()
+            record.model = model = body.model
             if not self.router.knows_model(model):
                 raise model_not_found(model)
+        except GatewayError as exc:  # refused before admission: counted all the same
+            refusal = await self.admission.refused(tenant, exc)
+            refusal.headers = {**headers, **refusal.headers}
+            raise refusal from None
+        try:
             ctx = RequestContext(
                 request_id=record.request_id,
                 tenant=tenant.name,

@@ -17,6 +17,7 @@ from typing import Any
 from gateway.config.schema import CUSTOM_TIER, CustomTierLimits, GatewayConfig, TenantConfig
 from gateway.context import ResolvedTier
 from gateway.errors import bad_request, forbidden
+from gateway.request.schemas import MAX_TIER_CHARS
 
 TIER_HEADER = "X-TokenPace-Tier"
 _SANE = CustomTierLimits()  # the widest range a plan gets without limits of its own
@@ -68,10 +69,23 @@ def resolve_tier(
         raise bad_request(
             "Invalid value for 'tokenpace.tier': must be a string.", param="tokenpace.tier"
         )
+    if body_tier is not None and len(body_tier) > MAX_TIER_CHARS:
+        raise bad_request(
+            f"Invalid value for 'tokenpace.tier': longer than a tier's name "
+            f"({MAX_TIER_CHARS} characters).",
+            param="tokenpace.tier",
+            code="unknown_tier",
+        )
     if header_tier is not None:
         header_tier = header_tier.strip()
         if not header_tier:
             raise bad_request(f"Empty {TIER_HEADER} header.", param=TIER_HEADER)
+        if len(header_tier) > MAX_TIER_CHARS:
+            raise bad_request(
+                f"{TIER_HEADER} is longer than a tier's name ({MAX_TIER_CHARS} characters).",
+                param=TIER_HEADER,
+                code="unknown_tier",
+            )
     if header_tier is not None and body_tier is not None and header_tier != body_tier:
         raise bad_request(
             f"{TIER_HEADER} ({header_tier!r}) and tokenpace.tier ({body_tier!r}) disagree.",
