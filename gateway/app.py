@@ -38,6 +38,7 @@ from gateway.http.openapi import openapi_document
 from gateway.http.pages import add_page_routes
 from gateway.http.routes import add_api_routes
 from gateway.relay.dispatch import Dispatcher
+from gateway.relay.drain import DRAIN_STATE_KEY, Drain
 from gateway.request.completions import CompletionService
 from gateway.request.tiers import TIER_HEADER
 from gateway.store import ResilientStore, Store, build_store
@@ -77,6 +78,7 @@ class Gateway:
     admission: AdmissionController
     telemetry: Telemetry
     telemetry_tokens: TelemetryTokens
+    drain: Drain
 
 
 def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) -> FastAPI:
@@ -101,17 +103,27 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
         keys, tenants, telemetry_tokens, config.admin.key_sha256, config.metrics.token_sha256
     )
     dispatcher = Dispatcher(router, metrics, config.timeouts, config.health.interval_s)
+    drain = Drain(config.server.drain_s)
     service = CompletionService(
-        config, router, admission, dispatcher, telemetry, telemetry_tokens, metrics
+        config, router, admission, dispatcher, telemetry, telemetry_tokens, metrics, drain
     )
     if isinstance(store, ResilientStore):
         store.on_reconnect = admission.renew
     gateway = Gateway(
-        config, backend_list, router, metrics, store, keys, admission, telemetry, telemetry_tokens
+        config,
+        backend_list,
+        router,
+        metrics,
+        store,
+        keys,
+        admission,
+        telemetry,
+        telemetry_tokens,
+        drain,
     )
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Drain]]:
         client = build_http_client(config)
         runtime = BackendRuntime(http=client, config=config)
         started: list[Backend] = []
@@ -134,8 +146,9 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
                 len(backend_list),
                 sum(s.healthy for s in router.states),
             )
-            yield
+            yield {DRAIN_STATE_KEY: drain}  # the server begins it as it stops
         finally:
+            drain.close()
             if health_task is not None:
                 await stop(health_task)
             for b in reversed(started):
@@ -171,6 +184,7 @@ def create_app(config: GatewayConfig, *, backends: list[Backend] | None = None) 
         router=router,
         telemetry_service=telemetry,
         gateway_metrics=metrics,
+        drain=drain,
     )
     add_admin_routes(app, tenants, store, keys)
     add_status_route(app, store, router, metrics, tenants)

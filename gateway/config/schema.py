@@ -386,6 +386,12 @@ class ServerConfig(_Strict):
     docs: bool = Field(
         True, description="serve /openapi.json and /docs (Swagger UI, from the gateway itself)"
     )
+    drain_s: float = Field(
+        20.0,
+        ge=0,
+        description="on SIGTERM, open requests get this long to finish, then end with "
+        "server_shutting_down (20 s: Kubernetes' default 30 s grace with a 5 s preStop)",
+    )
 
 
 class MetricsConfig(_Strict):

@@ -19,7 +19,11 @@ connection (and its file descriptor) for ever, and a 50 MB header was buffered w
 - HTTP/1.0 as RFC 9112 has it: a response of unknown length (a stream) is delimited by
   the connection's close, never chunked (§6.1: no ``Transfer-Encoding`` unless the
   request is HTTP/1.1), with the server's ``Connection: close`` as its only
-  ``Connection`` header.
+  ``Connection`` header;
+- a drain when the server stops (SIGTERM): uvicorn closes the listening sockets and asks
+  each open connection to shut down, and the first one to be asked begins the app's
+  :class:`~gateway.relay.drain.Drain` (found in the app's lifespan state); uvicorn waits
+  for the connections for ``server.drain_s`` plus :data:`~gateway.relay.drain.EXIT_S`.
 
 Every answer is OpenAI-shaped. The subclass relies on uvicorn's protocol internals, so
 uvicorn is pinned in pyproject.toml. :func:`uvicorn_config` is how ``tokenpace serve``
@@ -32,6 +36,7 @@ import asyncio
 import gc
 import json
 import logging
+import math
 import socket
 from typing import Any
 
@@ -41,6 +46,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from gateway.config.schema import GatewayConfig
 from gateway.errors import SERVER_ERROR, error_body
+from gateway.relay.drain import DRAIN_STATE_KEY, EXIT_S, Drain
 
 log = logging.getLogger("tokenpace.gateway.server")
 
@@ -144,6 +150,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle.scope["http_version"] == "1.0":
             cycle.send = close_delimited(cycle)  # type: ignore[method-assign,assignment]
         super()._start_asgi_task(cycle, app)
+
+    def shutdown(self) -> None:
+        drain = self.app_state.get(DRAIN_STATE_KEY)
+        if isinstance(drain, Drain):
+            drain.begin()
+        super().shutdown()
 
     def on_response_complete(self) -> None:
         if self._body_pending and not self._closed:
@@ -258,8 +270,15 @@ def protocol_for(config: GatewayConfig) -> type[GuardedHttpToolsProtocol]:
     return type("GatewayHttpProtocol", (GuardedHttpToolsProtocol,), attrs)
 
 
+def graceful_shutdown_s(config: GatewayConfig) -> int:
+    """How long uvicorn waits for open connections when it stops: the drain, then the
+    last writes and the app's shutdown."""
+    return math.ceil(config.server.drain_s + EXIT_S)
+
+
 def uvicorn_config(app: Any, config: GatewayConfig, **kwargs: Any) -> uvicorn.Config:
     """The uvicorn configuration of a gateway serving ``app`` (``kwargs`` pass through)."""
+    kwargs.setdefault("timeout_graceful_shutdown", graceful_shutdown_s(config))
     return uvicorn.Config(
         app,
         http=protocol_for(config),
