@@ -62,7 +62,14 @@ def gateway_config(port: int, args: argparse.Namespace) -> dict[str, Any]:
     }
     return {
         "server": {"host": "127.0.0.1", "port": port},
-        "tenants": [{"name": "bench", "api_keys": [{"key": KEY}], "allow_custom": True}],
+        "tenants": [
+            {
+                "name": "bench",
+                "api_keys": [{"key": KEY}],
+                "allow_custom": True,
+                "custom_tier_limits": {},  # any TDS the benchmark asks for
+            }
+        ],
         "backends": [
             {"name": "sim", "kind": "embedded", "models": [PACED_MODEL]},
             {

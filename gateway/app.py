@@ -38,6 +38,7 @@ from gateway.http.openapi import openapi_document
 from gateway.http.pages import add_page_routes
 from gateway.http.routes import add_api_routes
 from gateway.relay.dispatch import Dispatcher
+from gateway.relay.drain import DRAIN_STATE_KEY, Drain
 from gateway.request.completions import CompletionService
 from gateway.request.tiers import TIER_HEADER
 from gateway.store import ResilientStore, Store, build_store
@@ -80,6 +81,7 @@ class Gateway:
     admission: AdmissionController
     telemetry: Telemetry
     telemetry_tokens: TelemetryTokens
+    drain: Drain
 
 
 def create_app(
@@ -113,17 +115,35 @@ def create_app(
         keys, tenants, telemetry_tokens, config.admin.key_sha256, config.metrics.token_sha256
     )
     dispatcher = Dispatcher(router, metrics, config.timeouts, config.health.interval_s)
+    drain = Drain(config.server.drain_s)
     service = CompletionService(
-        config, router, admission, dispatcher, telemetry, telemetry_tokens, metrics, traces
+        config,
+        router,
+        admission,
+        dispatcher,
+        telemetry,
+        telemetry_tokens,
+        metrics,
+        drain,
+        traces,
     )
     if isinstance(store, ResilientStore):
         store.on_reconnect = admission.renew
     gateway = Gateway(
-        config, backend_list, router, metrics, store, keys, admission, telemetry, telemetry_tokens
+        config,
+        backend_list,
+        router,
+        metrics,
+        store,
+        keys,
+        admission,
+        telemetry,
+        telemetry_tokens,
+        drain,
     )
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Drain]]:
         client = build_http_client(config)
         traces.instrument_client(client)
         runtime = BackendRuntime(http=client, config=config)
@@ -149,8 +169,9 @@ def create_app(
                 len(backend_list),
                 sum(s.healthy for s in router.states),
             )
-            yield
+            yield {DRAIN_STATE_KEY: drain}  # the server begins it as it stops
         finally:
+            drain.close()
             if health_task is not None:
                 await stop(health_task)
             for b in reversed(started):
@@ -175,29 +196,36 @@ def create_app(
             "docs/protocol.md."
         ),
         lifespan=lifespan,
-        # server.docs: false turns off the interactive docs and the document they read
-        docs_url="/docs" if config.server.docs else None,
-        redoc_url="/redoc" if config.server.docs else None,
+        # server.docs: false turns off the document and /docs (a page of
+        # gateway.http.pages: Swagger UI served by the gateway, not FastAPI's from a CDN)
+        docs_url=None,
+        redoc_url=None,
         openapi_url="/openapi.json" if config.server.docs else None,
     )
     app.state.gateway = gateway
     traces.instrument_app(app)  # before the stack is wrapped below: its server span inside
-    install_error_handlers(app)
+    install_error_handlers(app, admission.refused)
     add_api_routes(
         app,
         service=service,
         router=router,
         telemetry_service=telemetry,
         gateway_metrics=metrics,
+        drain=drain,
     )
     add_admin_routes(app, tenants, store, keys)
     add_status_route(app, store, router, metrics, tenants, history)
-    add_page_routes(app)
+    add_page_routes(app, docs=config.server.docs)
     tiers, max_points = list(config.tiers), config.telemetry.max_points
     app.openapi = lambda: openapi_document(app, tiers, max_points)  # type: ignore[method-assign]
     # inside CORS: its 401 and 413 carry CORS headers
     app.add_middleware(
-        AccessGate, auth=auth, limits=config.limits, telemetry=config.telemetry, tracing=traces
+        AccessGate,
+        auth=auth,
+        limits=config.limits,
+        telemetry=config.telemetry,
+        refused=admission.refused,
+        tracing=traces,
     )
     if config.cors.allow_origins:
         app.add_middleware(

@@ -305,9 +305,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     if ns.workers > 1:
         return pool.run(sockets)
     freeze_startup_objects()
-    server = uvicorn.Server(
-        uvicorn_config(app, config, log_level=level.lower(), timeout_graceful_shutdown=5)
-    )
+    server = uvicorn.Server(uvicorn_config(app, config, log_level=level.lower()))
     server.run(sockets=sockets)
     return 0
 

@@ -25,6 +25,7 @@ from gateway.backends.routing import BackendState, Lease, Router
 from gateway.background import stop
 from gateway.config.schema import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
+from gateway.errors import GatewayError
 from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
 from gateway.store.ratelimit import RateState
 from gateway.telemetry.metrics import GatewayMetrics, series
@@ -206,6 +207,24 @@ class AdmissionController:
         )
         self._held[ctx.request_id] = ticket
         return ticket
+
+    async def refused(self, tenant: TenantConfig, error: GatewayError) -> GatewayError:
+        """A request of ``tenant`` refused before admission (a 4xx: malformed, not in the
+        plan, an unknown model, too large) counts against its requests per minute as an
+        admitted one does, so failures are no free way to make the gateway work: the
+        answer is ``error``, or 429 once the window is full (the refusal then not
+        counted). A store that cannot be asked leaves ``error`` as it is."""
+        rpm = tenant.requests_per_minute
+        if not rpm or not 400 <= error.status < 500 or error.status in (401, 429):
+            return error
+        try:
+            allowed, wait = await self.store.count_request(tenant.name, rpm)
+        except StoreUnavailable:
+            return error
+        if allowed:
+            return error
+        self.m_admissions(tenant.name, "limited").inc()
+        return rate_limited("requests", wait, RateState(rpm, 0, wait))
 
     async def _wait(self, arrival: Arrival, ctx: RequestContext, first: Admission) -> Admission:
         loop = asyncio.get_running_loop()

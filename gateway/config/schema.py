@@ -97,7 +97,7 @@ DEFAULT_TIERS: dict[str, TierSpec] = {
 
 
 class CustomTierLimits(_Strict):
-    """Accepted range of explicit ``tokenpace.ttft`` / ``tokenpace.tds`` values."""
+    """A plan's accepted range of explicit ``tokenpace.ttft`` / ``tokenpace.tds`` values."""
 
     ttft_min: float = Field(0.0, ge=0)
     ttft_max: float = Field(600.0, gt=0)
@@ -143,6 +143,11 @@ class TenantConfig(_Strict):
     tiers: list[str] | None = Field(None, description="allowed tiers; omitted = every tier")
     default_tier: str = "chat"
     allow_custom: bool = Field(False, description="may send explicit tokenpace.ttft / tds")
+    custom_tier_limits: CustomTierLimits | None = Field(
+        None,
+        description="range of explicit ttft/tds for this plan; omitted = the range its tiers "
+        "span (TTFT from its shortest tier's, TDS up to its fastest tier's)",
+    )
     requests_per_minute: int | None = Field(
         None, ge=1, description="requests admitted per sliding minute, all replicas together"
     )
@@ -155,6 +160,12 @@ class TenantConfig(_Strict):
     budget_period_s: int = Field(86400, ge=60, description="length of a token_budget period")
     max_queued: int = Field(
         64, ge=0, description="requests waiting in the gateway's queue; past it 429; 0 = none"
+    )
+    max_body_bytes: int | None = Field(
+        None, ge=1024, description="this plan's request body limit (413); omitted = limits'"
+    )
+    max_messages: int | None = Field(
+        None, ge=1, description="this plan's messages per chat request (400); omitted = limits'"
     )
 
     @field_validator("name")
@@ -259,6 +270,12 @@ class LimitsConfig(_Strict):
     )
     max_tokens: int = Field(65536, ge=1, description="cap on max_tokens/max_completion_tokens")
     max_n: int = Field(16, ge=1, description="cap on n")
+    max_messages: int = Field(
+        2048, ge=1, description="messages in a chat request; more get 400 (a plan may differ)"
+    )
+    max_parts: int = Field(
+        8192, ge=1, description="content parts, tool calls and tools of a chat request together"
+    )
 
 
 class RoutingConfig(_Strict):
@@ -371,7 +388,15 @@ class ServerConfig(_Strict):
     max_connections: int = Field(
         4096, ge=1, description="open client connections; past it a new one gets 503 and closes"
     )
-    docs: bool = Field(True, description="serve /docs, /redoc and /openapi.json")
+    docs: bool = Field(
+        True, description="serve /openapi.json and /docs (Swagger UI, from the gateway itself)"
+    )
+    drain_s: float = Field(
+        20.0,
+        ge=0,
+        description="on SIGTERM, open requests get this long to finish, then end with "
+        "server_shutting_down (20 s: Kubernetes' default 30 s grace with a 5 s preStop)",
+    )
 
 
 class MetricsConfig(_Strict):
@@ -400,7 +425,9 @@ class GatewayConfig(_Strict):
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     tiers: dict[str, TierSpec] = Field(default_factory=dict)
-    custom_tier_limits: CustomTierLimits = Field(default_factory=CustomTierLimits)
+    custom_tier_limits: None = Field(
+        None, description="removed: the limits are per plan, tenants[].custom_tier_limits"
+    )
     tenants: list[TenantConfig] = Field(min_length=1)
     backends: list[BackendConfig] = Field(default_factory=list)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
@@ -422,6 +449,15 @@ class GatewayConfig(_Strict):
     @classmethod
     def _merge_default_tiers(cls, v: dict[str, TierSpec]) -> dict[str, TierSpec]:
         return merged_tiers(v)
+
+    @field_validator("custom_tier_limits", mode="before")
+    @classmethod
+    def _custom_limits_moved(cls, v: Any) -> None:
+        raise ValueError(
+            "no longer a global setting: the range of explicit ttft/tds is per plan; "
+            "move it to tenants[].custom_tier_limits of each tenant with allow_custom "
+            "(without one, a plan's range is the one its tiers span)"
+        )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> GatewayConfig:

@@ -6,6 +6,7 @@ access log line says why a request failed)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,11 +14,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.config.schema import TenantConfig
 from gateway.context import request_record
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, GatewayError, validation_error
 from gateway.store import StoreUnavailable, store_unavailable
 
 log = logging.getLogger("tokenpace.gateway")
+
+COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# A completion request refused before admission, and the answer it gets for it
+# (:meth:`gateway.admission.controller.AdmissionController.refused`).
+Refused = Callable[[TenantConfig, GatewayError], Awaitable[GatewayError]]
 
 
 def not_found(method: str, path: str) -> GatewayError:
@@ -47,9 +54,10 @@ async def answer(error: GatewayError, scope: Scope, receive: Receive, send: Send
     await respond(scope, error)(scope, receive, send)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, refused: Refused) -> None:
     """Answer every error in OpenAI's shape (a validation error only ever reaches an
-    authenticated request: :class:`~gateway.http.gate.AccessGate` runs first)."""
+    authenticated request: :class:`~gateway.http.gate.AccessGate` runs first); a
+    completion request that fails validation is ``refused``."""
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -61,7 +69,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        return respond(request.scope, validation_error(exc.errors()))
+        err = validation_error(exc.errors())
+        caller = request_record(request.scope).caller
+        if request.url.path in COMPLETION_PATHS and caller and caller.tenant:
+            err = await refused(caller.tenant, err)
+        return respond(request.scope, err)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:

@@ -13,10 +13,11 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config.schema import LimitsConfig, TelemetryConfig
-from gateway.context import request_record
+from gateway.context import Caller, request_record
 from gateway.errors import GatewayError
 from gateway.http.auth import Access, Authenticator, access_rule
-from gateway.http.errors import answer, too_large
+from gateway.http.errors import COMPLETION_PATHS, Refused, answer, too_large
+from gateway.request.body import check_shape
 from gateway.request.disconnect import ClientGone
 from gateway.store import StoreUnavailable, store_unavailable
 from gateway.telemetry.tracing import TRACING_OFF, Tracing
@@ -58,10 +59,13 @@ class AccessGate:
         auth: Authenticator,
         limits: LimitsConfig,
         telemetry: TelemetryConfig,
+        refused: Refused,
         tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.app = app
         self.auth = auth
+        self.refused = refused  # a tenant's completion request answered here is one too
+        self.limits = limits
         self.tracing = tracing  # the span tokenpace.authenticate
         self.max_body = limits.max_body_bytes
         self.max_report = min(limits.max_body_bytes, telemetry.max_body_bytes)
@@ -74,7 +78,9 @@ class AccessGate:
         limit = self.max_report if rule is Access.REPORT else self.max_body
         with_body = scope.get("method") in _BODY_METHODS
         authorization = header(scope, b"authorization")
+        completion = rule is Access.TENANT and scope.get("path") in COMPLETION_PATHS
         body: bytes | None = b""
+        caller: Caller | None = None
         try:
             if rule is Access.REPORT and not authorization:
                 if with_body:
@@ -85,9 +91,19 @@ class AccessGate:
             else:
                 with self.tracing.span("tokenpace.authenticate"):
                     caller = await self.auth.caller(rule, authorization)
+                plan = caller.tenant
+                if plan is not None and plan.max_body_bytes is not None:
+                    limit = plan.max_body_bytes
                 if with_body:
                     body = await _read_body(scope, receive, limit)
+                if completion and body and plan is not None:
+                    max_messages = plan.max_messages or self.limits.max_messages
+                    check_shape(body, max_messages, self.limits.max_parts)
         except GatewayError as exc:
+            if caller is not None:  # refused after authentication: the tenant's
+                request_record(scope).authenticated(caller)
+                if completion and caller.tenant is not None:
+                    exc = await self.refused(caller.tenant, exc)
             await answer(exc, scope, receive, send)
             return
         except StoreUnavailable:
@@ -97,8 +113,14 @@ class AccessGate:
             await Response(status_code=499)(scope, receive, send)  # counted; nobody reads it
             return
         if body is None:
-            await answer(too_large(limit), scope, receive, send)
+            refusal = too_large(limit)
+            if caller is not None:
+                request_record(scope).authenticated(caller)
+                if completion and caller.tenant is not None:
+                    refusal = await self.refused(caller.tenant, refusal)
+            await answer(refusal, scope, receive, send)
             return
+        assert caller is not None  # authenticated, or answered above
         request_record(scope).authenticated(caller)
         if with_body:
             receive = _replay(body, receive)

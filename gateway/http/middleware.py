@@ -1,9 +1,10 @@
 """The outermost middleware: what every HTTP request gets, whatever its route.
 
 :class:`GatewayMiddleware`: the request's :class:`~gateway.context.RequestRecord` (id,
-receipt time), the ``X-Request-Id`` response header, the request counter, the in-flight
-gauge, the access log line, and ``/metrics`` only on its port (``metrics.port``). Who
-may call a route is :class:`~gateway.http.gate.AccessGate`'s.
+receipt time), the ``X-Request-Id`` and ``X-Content-Type-Options: nosniff`` response
+headers, the request counter, the in-flight gauge, the access log line, and ``/metrics``
+only on its port (``metrics.port``). Who may call a route is
+:class:`~gateway.http.gate.AccessGate`'s.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from gateway.telemetry.metrics import GatewayMetrics, series
 
 access_log = logging.getLogger("tokenpace.gateway.access")
 
+NOSNIFF = (b"x-content-type-options", b"nosniff")  # a body is only ever what it says
+OWN = {b"x-request-id", NOSNIFF[0]}  # the headers this middleware sets on every response
 API_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
@@ -62,14 +65,14 @@ class GatewayMiddleware:
         path = scope.get("path", "")
         endpoint = API_ENDPOINTS.get(path)
         status = 500
-        rid_header = (b"x-request-id", request_id.encode())
+        own_headers = [(b"x-request-id", request_id.encode()), NOSNIFF]
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
-                message = {**message, "headers": [*headers, rid_header]}
+                headers = [h for h in message.get("headers", []) if h[0].lower() not in OWN]
+                message = {**message, "headers": [*headers, *own_headers]}
             await send(message)
 
         gauge = self._in_flight(endpoint) if endpoint else None

@@ -1,10 +1,18 @@
-"""The web pages the gateway serves: ``/demo`` (a chat page on the web SDK) and
-``/dashboard`` (the operator's live view).
+"""The web pages the gateway serves: ``/demo`` (a chat page on the web SDK),
+``/dashboard`` (the operator's live view) and ``/docs`` (Swagger UI on the OpenAPI
+document, with ``server.docs``).
 
 Their sources are in ``webui/``; ``make webui`` (part of ``make run`` and ``make test``)
-bundles them, with the web SDK and uPlot, into ``webui/dist``, which is what is served
-here: every asset comes from the gateway itself, so the pages work without any network.
-``$TOKENPACE_WEBUI_DIR`` points elsewhere (an installed copy of the bundle).
+bundles them, with the web SDK, uPlot and Swagger UI (pinned), into ``webui/dist``, which
+is what is served here: every asset comes from the gateway itself, so the pages work
+without any network and run no code from elsewhere on the origin that holds the admin
+key. ``$TOKENPACE_WEBUI_DIR`` points elsewhere (an installed copy of the bundle).
+
+Every page says so to the browser (:data:`PAGE_HEADERS`): a Content-Security-Policy that
+allows scripts, styles, images and requests from the gateway only, and no framing
+(``frame-ancestors 'none'``, and ``X-Frame-Options: DENY`` for older browsers), so the
+admin key's form cannot be overlaid by another site; ``nosniff`` is on every response
+(:class:`~gateway.http.middleware.GatewayMiddleware`).
 """
 
 from __future__ import annotations
@@ -23,7 +31,18 @@ from gateway.errors import SERVER_ERROR, GatewayError
 WEBUI_DIR_ENV = "TOKENPACE_WEBUI_DIR"
 ASSETS_PATH = "/webui"
 PAGES = {"/demo": "demo.html", "/dashboard": "dashboard.html"}
+DOCS = {"/docs": "docs.html"}  # with server.docs
 HTML = "text/html; charset=utf-8"
+PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "font-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def pages_not_built(directory: str) -> GatewayError:
@@ -57,8 +76,9 @@ class _Assets(StaticFiles):
         return response
 
 
-def add_page_routes(app: FastAPI) -> None:
-    """``GET /demo``, ``GET /dashboard`` and their assets under ``/webui/``."""
+def add_page_routes(app: FastAPI, *, docs: bool) -> None:
+    """``GET /demo``, ``GET /dashboard``, with ``docs`` ``GET /docs``, and their assets
+    under ``/webui/``."""
     directory = webui_dir()
 
     def page(name: str) -> Callable[[Request], Awaitable[Response]]:
@@ -66,11 +86,11 @@ def add_page_routes(app: FastAPI) -> None:
             path = directory / name
             if not path.is_file():
                 raise pages_not_built(str(directory))
-            return FileResponse(path, media_type=HTML, headers={"Cache-Control": "no-cache"})
+            return FileResponse(path, media_type=HTML, headers=PAGE_HEADERS)
 
         return serve
 
-    for route, name in PAGES.items():
+    for route, name in {**PAGES, **(DOCS if docs else {})}.items():
         app.add_api_route(
             route,
             page(name),

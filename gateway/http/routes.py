@@ -27,6 +27,7 @@ from gateway.http.openapi import (
     TierHeader,
     completion_responses,
 )
+from gateway.relay.drain import Drain
 from gateway.request.completions import CompletionService
 from gateway.request.schemas import (
     ChatCompletion,
@@ -55,6 +56,7 @@ def add_api_routes(
     router: Router,
     telemetry_service: Telemetry,
     gateway_metrics: GatewayMetrics,
+    drain: Drain,
 ) -> None:
     """The OpenAI API, operations and tokenpace's own routes; every caller was
     authenticated by :class:`~gateway.http.gate.AccessGate` (:mod:`gateway.http.auth`)."""
@@ -111,16 +113,14 @@ def add_api_routes(
     @app.get(
         "/readyz",
         tags=["ops"],
-        summary="Readiness: at least one backend is healthy",
+        summary="Readiness: at least one backend is healthy, and not shutting down",
         response_model=Health,
-        responses={503: {"model": Health, "description": "No healthy backend"}},
+        responses={503: {"model": Health, "description": "No healthy backend, or draining"}},
     )
     async def readyz() -> Response:
-        ready = router.any_healthy()
-        body = Health(
-            status="ready" if ready else "not ready",
-            backends={s.name: s.healthy for s in router.states},
-        )
+        ready = router.any_healthy() and not drain.draining
+        status = "draining" if drain.draining else "ready" if ready else "not ready"
+        body = Health(status=status, backends={s.name: s.healthy for s in router.states})
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
     @app.get(

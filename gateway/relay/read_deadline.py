@@ -56,6 +56,11 @@ class ReadDeadline:
         """The read ended, however it ended (call it in ``finally``)."""
         self._read.leave()
 
+    def expire(self) -> None:
+        """The read under way (or the next one) is due now: it ends as at its deadline."""
+        self._until = 0.0
+        self._read.interrupt()
+
     def close(self) -> None:
         """Stop the timer (the stream ended)."""
         if self._timer is not None:

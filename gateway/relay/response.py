@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
@@ -21,8 +22,9 @@ class RelayResponse(EventSourceResponse):
     CPU per chunk (docs/benchmarks.md). The start goes through the middleware stack; the
     body messages, which every middleware passes through unchanged, go straight to the
     server's ``send`` (:func:`gateway.context.server_send`). This overrides
-    sse-starlette's private ``_stream_response`` (pinned in pyproject.toml to the version
-    it was tested with; tests/gateway/test_dependency_interfaces.py).
+    sse-starlette's private ``_stream_response`` and its shutdown listener (pinned in
+    pyproject.toml to the version it was tested with;
+    tests/gateway/test_dependency_interfaces.py).
     """
 
     def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:
@@ -33,12 +35,20 @@ class RelayResponse(EventSourceResponse):
             sep="\n",
             background=BackgroundTask(relay.finish),  # for a body that never started
         )
+        # hop-by-hop, the server's to say (sse-starlette's "keep-alive" next to the
+        # server's "close" contradicted it, for HTTP/1.0 and when draining)
+        del self.headers["connection"]
         self._relay = relay
         self._body_send: Send | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._body_send = server_send(scope)
         await super().__call__(scope, receive, send)
+
+    async def _listen_for_exit_signal_with_grace(self) -> None:
+        """Never: sse-starlette's shutdown listener cut every stream as soon as the server
+        was told to stop; the gateway's drain ends them (:mod:`gateway.relay.drain`)."""
+        await anyio.sleep_forever()
 
     async def _stream_response(self, send: Send) -> None:
         await send(

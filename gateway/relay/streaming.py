@@ -4,8 +4,10 @@ One :class:`StreamRelay` per streaming request; :meth:`StreamRelay.send_body` se
 response body. It reads the backend's :class:`~gateway.backends.ChunkStream` a batch at
 a time with a deadline (pings while it waits, the first-chunk and between-chunk
 timeouts), fails over before the first chunk, and otherwise ends a failed stream with an
-OpenAI error event and ``data: [DONE]``. Every chunk carrying tokens is timed as it is
-handed to the client; :meth:`StreamRelay.finish` returns the stream's
+OpenAI error event and ``data: [DONE]`` (a stream still open when the gateway's drain
+runs out too: ``server_shutting_down``, :mod:`gateway.relay.drain`). Every chunk
+carrying tokens is timed as it is handed to the client; :meth:`StreamRelay.finish`
+returns the stream's
 :class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
 gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
 :func:`qos.metrics.monotone_qoe`). docs/architecture.md, "The streaming relay". A traced
@@ -30,6 +32,7 @@ from gateway.config.schema import TimeoutsConfig
 from gateway.context import Outcome, StreamOutcome
 from gateway.errors import TIMEOUT, GatewayError, sse_error_event
 from gateway.relay.dispatch import Attempt, Failover
+from gateway.relay.drain import Drain, shutting_down
 from gateway.relay.read_deadline import ReadDeadline
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
 from gateway.telemetry.tracing import end_span, outcome_attributes
@@ -58,11 +61,14 @@ class StreamRelay:
         metrics: GatewayMetrics,
         timeouts: TimeoutsConfig,
         attempt: Attempt,
+        drain: Drain,
         on_finish: Callable[[StreamOutcome], Awaitable[None]] | None = None,
     ) -> None:
         self.failover = failover  # the request's attempts; its hold is charged the tokens
         self.metrics = metrics
         self.timeouts = timeouts
+        self.drain = drain
+        self._shut_down = False  # the drain ran out: end the stream at the next turn
         self.on_finish = on_finish  # once, with the outcome, after the stream's teardown
         self.ctx = ctx = failover.ctx
         self.attempt: Attempt | None = attempt
@@ -98,84 +104,105 @@ class StreamRelay:
             await self._send_body(send)
 
     async def _send_body(self, send: Send) -> None:
-        t = self.timeouts
-        ping = t.ping_interval_s
         task = asyncio.current_task()
         assert task is not None
         try:
-            while True:
-                assert self.attempt is not None
-                stream = self.attempt.stream
-                self._quiet_until = time.monotonic() + t.first_byte_s
-                failure: BackendError | None = None
-                while True:
-                    deadline = self._quiet_until
-                    now = time.monotonic()
-                    if now >= deadline:
-                        what = "between two chunks" if self.sent_any else "before the first chunk"
-                        failure = BackendError(
-                            f"The backend sent nothing for too long ({what}).",
-                            status=504,
-                            code="upstream_timeout",
-                            type=TIMEOUT,
-                        )
-                        break
-                    until = min(deadline, now + ping) if ping > 0 else deadline
-                    # The next batch (no chunks at the end), None when none came by ``until``
-                    # (the read is cancelled; reads are cancel-safe), or its failure.
-                    self._deadline.begin(task, until)
-                    try:
-                        got = await stream.next_batch()
-                    except asyncio.CancelledError:
-                        if not self._deadline.passed():
-                            raise
-                        got = None
-                    except BackendError as exc:
-                        failure = exc
-                        break
-                    except Exception as exc:
-                        log.warning("backend stream raised %r", exc, exc_info=exc)
-                        failure = BackendError(
-                            f"The backend failed mid-stream ({type(exc).__name__})."
-                        )
-                        break
-                    finally:
-                        self._deadline.end()
-                    if got is None:  # a deadline passed: a ping, or the timeout above
-                        if time.monotonic() < deadline:
-                            await send({"type": BODY, "body": PING, "more_body": True})
-                        continue
-                    if not got.payloads:
-                        break
-                    # Everything that arrived goes out in one write: under load, one send
-                    # (and one syscall) for several chunks; never a wait to batch.
-                    await send({"type": BODY, "body": self._emit(got), "more_body": True})
-                if failure is None:
-                    self.outcome = "completed"
-                    await send({"type": BODY, "body": DONE, "more_body": True})
-                    return
-                failed = self.attempt
-                await self._close_attempt(failure)
-                final: GatewayError = failure
-                if self.sent_any:
-                    self.failover.report(failed.state, failure)
-                else:
-                    # Only pings went out: the next backend, unseen by the client.
-                    try:
-                        self.attempt = await self.failover.open_stream(failed, failure)
-                    except GatewayError as exc:
-                        final = exc
-                        self.backend = self.failover.backend or self.backend
-                    else:
-                        self._relabel()
-                        continue
-                self.outcome = "error"
-                self.error = final.message
-                end = sse_error_event(final.body) + DONE
-                await send({"type": BODY, "body": end, "more_body": True})
-                return
+            with self.drain.track(self):
+                await self._relay(send, task)
+        except asyncio.CancelledError:
+            if self.drain.expired and self.outcome == "aborted":  # cut by the server, late
+                self.outcome, self.error = "error", shutting_down().message
+            raise
         finally:
             await self.finish()
+
+    def shut_down(self) -> None:
+        """The drain ran out: the stream ends with ``server_shutting_down`` and [DONE]."""
+        self._shut_down = True
+        self._deadline.expire()
+
+    async def _relay(self, send: Send, task: asyncio.Task[Any]) -> None:
+        t = self.timeouts
+        ping = t.ping_interval_s
+        while True:
+            assert self.attempt is not None
+            stream = self.attempt.stream
+            self._quiet_until = time.monotonic() + t.first_byte_s
+            failure: BackendError | None = None
+            ended = False  # the backend's stream ended
+            while not self._shut_down:
+                deadline = self._quiet_until
+                now = time.monotonic()
+                if now >= deadline:
+                    what = "between two chunks" if self.sent_any else "before the first chunk"
+                    failure = BackendError(
+                        f"The backend sent nothing for too long ({what}).",
+                        status=504,
+                        code="upstream_timeout",
+                        type=TIMEOUT,
+                    )
+                    break
+                until = min(deadline, now + ping) if ping > 0 else deadline
+                # The next batch (no chunks at the end), None when none came by ``until``
+                # (the read is cancelled; reads are cancel-safe), or its failure.
+                self._deadline.begin(task, until)
+                try:
+                    got = await stream.next_batch()
+                except asyncio.CancelledError:
+                    if not self._deadline.passed():
+                        raise
+                    got = None
+                except BackendError as exc:
+                    failure = exc
+                    break
+                except Exception as exc:
+                    log.warning("backend stream raised %r", exc, exc_info=exc)
+                    failure = BackendError(f"The backend failed mid-stream ({type(exc).__name__}).")
+                    break
+                finally:
+                    self._deadline.end()
+                if got is None:  # a deadline passed: a ping, or the timeout above
+                    if time.monotonic() < deadline:
+                        await send({"type": BODY, "body": PING, "more_body": True})
+                    continue
+                if not got.payloads:
+                    ended = True
+                    break
+                # Everything that arrived goes out in one write: under load, one send
+                # (and one syscall) for several chunks; never a wait to batch.
+                await send({"type": BODY, "body": self._emit(got), "more_body": True})
+            if ended:
+                self.outcome = "completed"
+                await send({"type": BODY, "body": DONE, "more_body": True})
+                return
+            if failure is None:  # shut down: the gateway's end, not the backend's
+                await self._close_attempt()
+                await self._end(send, shutting_down())
+                return
+            failed = self.attempt
+            await self._close_attempt(failure)
+            final: GatewayError = failure
+            if self.sent_any:
+                self.failover.report(failed.state, failure)
+            else:
+                # Only pings went out: the next backend, unseen by the client.
+                try:
+                    self.attempt = await self.failover.open_stream(failed, failure)
+                except GatewayError as exc:
+                    final = exc
+                    self.backend = self.failover.backend or self.backend
+                else:
+                    self._relabel()
+                    continue
+            await self._end(send, final)
+            return
+
+    async def _end(self, send: Send, error: GatewayError) -> None:
+        """End the stream with ``error``'s event and [DONE]."""
+        self.outcome = "error"
+        self.error = error.message
+        end = sse_error_event(error.body) + DONE
+        await send({"type": BODY, "body": end, "more_body": True})
 
     def _relabel(self) -> None:
         assert self.attempt is not None

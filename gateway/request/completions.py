@@ -8,7 +8,8 @@ backend slot, held until the response ends), then the backend: streaming through
 :class:`~gateway.relay.streaming.StreamRelay` in a
 :class:`~gateway.relay.response.RelayResponse`, non-streaming through
 :meth:`~gateway.relay.dispatch.Failover.complete`, both with failover before the
-first byte.
+first byte. A request still unanswered when the gateway's drain runs out gets 503
+``server_shutting_down`` (:mod:`gateway.relay.drain`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.errors import INVALID_REQUEST, GatewayError
 from gateway.relay.dispatch import Dispatcher, Failover
+from gateway.relay.drain import Drain, shutting_down
 from gateway.relay.response import RelayResponse
 from gateway.relay.streaming import StreamRelay
 from gateway.request.body import check_forwardable, check_limits
-from gateway.request.disconnect import ClientGone, DisconnectWatch
+from gateway.request.disconnect import ClientGone, DisconnectWatch, ShuttingDown
 from gateway.request.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.request.tiers import resolve_tier
 from gateway.telemetry.metrics import GatewayMetrics, series
@@ -67,9 +69,11 @@ class CompletionService:
         telemetry: Telemetry,
         tokens: TelemetryTokens,
         metrics: GatewayMetrics,
+        drain: Drain,
         tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.config = config  # the tiers (resolve_tier), limits, routing and timeouts
+        self.drain = drain  # the gateway's stop: requests and streams still open end
         self.router = router
         self.admission = admission
         self.dispatcher = dispatcher
@@ -93,17 +97,22 @@ class CompletionService:
         # parsed again), as the client wrote it: the base of the upstream body. Every
         # decision below reads the validated ``body``.
         raw: dict[str, Any] = await request.json()
-        check_forwardable(raw)
-        check_limits(body, self.config.limits)
-        options = body.tokenpace.model_dump(exclude_unset=True) if body.tokenpace else None
-        tier = resolve_tier(self.config, tenant, header_tier, options)
-        record.tier = tier.name
-        headers = tier.headers()
-        model = body.model
-        record.model = model
+        headers: dict[str, str] = {}
         try:
+            check_forwardable(raw)
+            check_limits(body, self.config.limits)
+            options = body.tokenpace.model_dump(exclude_unset=True) if body.tokenpace else None
+            tier = resolve_tier(self.config, tenant, header_tier, options)
+            record.tier = tier.name
+            headers = tier.headers()
+            record.model = model = body.model
             if not self.router.knows_model(model):
                 raise model_not_found(model)
+        except GatewayError as exc:  # refused before admission: counted all the same
+            refusal = await self.admission.refused(tenant, exc)
+            refusal.headers = {**headers, **refusal.headers}
+            raise refusal from None
+        try:
             ctx = RequestContext(
                 request_id=record.request_id,
                 tenant=tenant.name,
@@ -121,7 +130,10 @@ class CompletionService:
                 trace = self.tracing.request(request_attributes(ctx, max_tokens, body.n or 1))
             watch = DisconnectWatch(request.receive)
             try:
-                return await self._admitted(watch, raw, ctx, tenant, record, headers, trace)
+                with self.drain.track(watch):
+                    return await self._admitted(watch, raw, ctx, tenant, record, headers, trace)
+            except ShuttingDown:
+                raise shutting_down() from None
             finally:
                 await watch.close()  # before the response listens for the disconnect
         except GatewayError as exc:
@@ -200,7 +212,7 @@ class CompletionService:
             await ticket.close()
 
         relay = StreamRelay(
-            failover, self.metrics, self.config.timeouts, attempt, on_finish=finished
+            failover, self.metrics, self.config.timeouts, attempt, self.drain, on_finish=finished
         )
         try:
             return RelayResponse(relay, headers)

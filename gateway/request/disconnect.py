@@ -1,11 +1,14 @@
-"""Cancelling a request's set-up when its client disconnects.
+"""Cancelling a request's set-up when its client disconnects, or the gateway's drain runs
+out.
 
 Starlette does not cancel a handler whose client went away. :class:`DisconnectWatch`
-does, for the awaits before the response (admission, opening the backend request): one
-watcher task per request waits for ``http.disconnect`` and cancels the await under way
-(raising :class:`ClientGone`), so the backend request is closed and
-a generation aborted as soon as nobody waits for it. The guarded work runs in the
-request's own task, as ``asyncio.timeout`` runs it: no task per await.
+does, for the awaits before the response (admission, opening the backend request, a
+whole non-streaming response): one watcher task per request waits for
+``http.disconnect`` and cancels the await under way (raising :class:`ClientGone`), so the
+backend request is closed and a generation aborted as soon as nobody waits for it. The
+gateway's drain (:mod:`gateway.relay.drain`) cancels it the same way at its deadline
+(:meth:`DisconnectWatch.shut_down`, raising :class:`ShuttingDown`). The guarded work runs
+in the request's own task, as ``asyncio.timeout`` runs it: no task per await.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ class ClientGone(Exception):
     """The client disconnected before the response started (or before its body ended)."""
 
 
+class ShuttingDown(Exception):
+    """The gateway's drain ran out before the response started."""
+
+
 class DisconnectWatch:
     """``await watch.run(coro)``: ``coro``'s result, or ClientGone once the client left.
 
@@ -43,12 +50,13 @@ class DisconnectWatch:
         self._receive = receive
         self._watcher: asyncio.Task[None] | None = None
         self._gone = False
+        self._shut_down = False
         self._guarded = Interruptible()  # the await of guarded work under way
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._gone:
+        if self._gone or self._shut_down:
             coro.close()
-            raise ClientGone
+            raise ClientGone if self._gone else ShuttingDown
         task = asyncio.current_task()
         assert task is not None
         if self._watcher is None:
@@ -58,10 +66,16 @@ class DisconnectWatch:
             return await coro
         except asyncio.CancelledError:
             if self._guarded.caught():
-                raise ClientGone from None
+                raise ClientGone if self._gone else ShuttingDown from None
             raise
         finally:
             self._guarded.leave()
+
+    def shut_down(self) -> None:
+        """The gateway's drain ran out: the await under way (and any later) raises
+        :class:`ShuttingDown`."""
+        self._shut_down = True
+        self._guarded.interrupt()
 
     async def close(self) -> None:
         """Stop watching (idempotent)."""

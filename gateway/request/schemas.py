@@ -9,7 +9,9 @@ added (docs/protocol.md). Types are strict: ``"max_tokens": "10"`` is a 400, as 
 at OpenAI, rather than silently coerced.
 
 Limits that come from the configuration (the ``max_tokens`` cap, the ``n`` cap) are
-checked by the handler, since a static model cannot know them.
+checked by the handler, since a static model cannot know them. Strings the gateway
+reads, logs or echoes (``model``, ``user``, ``tokenpace.tier``) have a length bound: a
+3 MB model name was 3 MB of log per request and a 3 MB 404 body.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 _REQUEST = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 _RESPONSE = ConfigDict(extra="allow")
+MAX_NAME_CHARS = 256  # model, user
+MAX_TIER_CHARS = 64  # a tier's name (the configuration's rule for names)
 
 
 class TokenPaceOptions(BaseModel):
@@ -27,7 +31,9 @@ class TokenPaceOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    tier: str | None = Field(None, description="a tier name, e.g. 'chat', 'voice', 'fast'")
+    tier: str | None = Field(
+        None, max_length=MAX_TIER_CHARS, description="a tier name, e.g. 'chat', 'voice', 'fast'"
+    )
     ttft: float | None = Field(None, description="expected time to first token, seconds")
     tds: float | None = Field(None, description="expected token delivery speed, tokens/s")
 
@@ -55,7 +61,7 @@ class ChatMessage(BaseModel):
 class _SamplingRequest(BaseModel):
     model_config = _REQUEST
 
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -67,7 +73,7 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     seed: int | None = None
-    user: str | None = None
+    user: str | None = Field(None, max_length=MAX_NAME_CHARS)
     tokenpace: TokenPaceOptions | None = Field(
         None, description="tokenpace QoE tier (removed before the request reaches a backend)"
     )

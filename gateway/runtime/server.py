@@ -15,7 +15,15 @@ connection (and its file descriptor) for ever, and a 50 MB header was buffered w
   last byte; past it ``408`` (if no response has started) and close;
 - a cap on open connections (``server.max_connections``): a connection over the cap is
   answered ``503`` (``Retry-After: 1``, code ``server_busy``) at once, without reading
-  its request, and closed; the connections already open are not disturbed.
+  its request, and closed; the connections already open are not disturbed;
+- HTTP/1.0 as RFC 9112 has it: a response of unknown length (a stream) is delimited by
+  the connection's close, never chunked (§6.1: no ``Transfer-Encoding`` unless the
+  request is HTTP/1.1), with the server's ``Connection: close`` as its only
+  ``Connection`` header;
+- a drain when the server stops (SIGTERM): uvicorn closes the listening sockets and asks
+  each open connection to shut down, and the first one to be asked begins the app's
+  :class:`~gateway.relay.drain.Drain` (found in the app's lifespan state); uvicorn waits
+  for the connections for ``server.drain_s`` plus :data:`~gateway.relay.drain.EXIT_S`.
 
 Every answer is OpenAI-shaped. The subclass relies on uvicorn's protocol internals, so
 uvicorn is pinned in pyproject.toml. :func:`uvicorn_config` is how ``tokenpace serve``
@@ -28,14 +36,17 @@ import asyncio
 import gc
 import json
 import logging
+import math
 import socket
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from starlette.types import Message, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.config.schema import GatewayConfig
 from gateway.errors import SERVER_ERROR, error_body
+from gateway.relay.drain import DRAIN_STATE_KEY, EXIT_S, Drain
 
 log = logging.getLogger("tokenpace.gateway.server")
 
@@ -135,6 +146,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         super().on_message_complete()
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if cycle.scope["http_version"] == "1.0":
+            cycle.send = close_delimited(cycle)  # type: ignore[method-assign,assignment]
+        super()._start_asgi_task(cycle, app)
+
+    def shutdown(self) -> None:
+        drain = self.app_state.get(DRAIN_STATE_KEY)
+        if isinstance(drain, Drain):
+            drain.begin()
+        super().shutdown()
+
     def on_response_complete(self) -> None:
         if self._body_pending and not self._closed:
             # answered before its body was read (a refusal: 401, 413): the rest of the
@@ -202,6 +224,40 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._linger = self.loop.call_later(LINGER_S, transport.close)
 
 
+def close_delimited(cycle: RequestResponseCycle) -> Send:
+    """``cycle.send`` for an HTTP/1.0 request (uvicorn would chunk a body of unknown
+    length and keep the app's ``Connection`` header next to its own ``close``).
+
+    A response without ``Content-Length`` goes out as it comes, its end the connection's
+    close (RFC 9112 §6.3), which uvicorn does after it for HTTP/1.0 anyway; the app's
+    ``Connection`` and ``Transfer-Encoding`` headers are dropped (hop-by-hop: the
+    server's), so ``Connection: close`` is the only one.
+    """
+    send: Any = cycle.send  # uvicorn's, typed with its own message types
+    unsized = False
+
+    async def send_http10(message: Message) -> None:
+        nonlocal unsized
+        if message["type"] == "http.response.start":
+            headers = [
+                (name, value)
+                for name, value in message.get("headers", [])
+                if name.lower() not in (b"connection", b"transfer-encoding")
+            ]
+            message = {**message, "headers": headers}
+            if not any(name.lower() == b"content-length" for name, _ in headers):
+                unsized = True
+                cycle.chunked_encoding = False  # uvicorn adds no Transfer-Encoding
+        elif unsized and message["type"] == "http.response.body":
+            # uvicorn checks each write against a remaining length: this write's, and
+            # one byte more while more comes (the close ends the body, not a count)
+            more = message.get("more_body", False)
+            cycle.expected_content_length = len(message.get("body", b"")) + int(more)
+        await send(message)
+
+    return send_http10
+
+
 def protocol_for(config: GatewayConfig) -> type[GuardedHttpToolsProtocol]:
     """:class:`GuardedHttpToolsProtocol` with ``config``'s limits."""
     s = config.server
@@ -214,8 +270,15 @@ def protocol_for(config: GatewayConfig) -> type[GuardedHttpToolsProtocol]:
     return type("GatewayHttpProtocol", (GuardedHttpToolsProtocol,), attrs)
 
 
+def graceful_shutdown_s(config: GatewayConfig) -> int:
+    """How long uvicorn waits for open connections when it stops: the drain, then the
+    last writes and the app's shutdown."""
+    return math.ceil(config.server.drain_s + EXIT_S)
+
+
 def uvicorn_config(app: Any, config: GatewayConfig, **kwargs: Any) -> uvicorn.Config:
     """The uvicorn configuration of a gateway serving ``app`` (``kwargs`` pass through)."""
+    kwargs.setdefault("timeout_graceful_shutdown", graceful_shutdown_s(config))
     return uvicorn.Config(
         app,
         http=protocol_for(config),

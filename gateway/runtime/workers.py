@@ -20,6 +20,7 @@ import pickle
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -135,10 +136,17 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
 
 
 class Supervisor(Multiprocess):
-    """uvicorn's supervisor, marking every worker that exits dead for the metrics."""
+    """uvicorn's supervisor, marking every worker that exits dead for the metrics, and
+    draining on SIGTERM/SIGINT: its own copies of the listening sockets are closed at once
+    (the workers close theirs, so the port refuses new connections instead of queueing
+    them where no one accepts), every worker drains (:mod:`gateway.relay.drain`), and one
+    still running ``shutdown_s`` later is killed."""
 
-    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, sockets: list[socket.socket], shutdown_s: float
+    ) -> None:
         super().__init__(config, sockets)
+        self.shutdown_s = shutdown_s
         self._seen: set[int] = set()
         self._reaped: set[int] = set()
         self.startup_failed = False
@@ -166,6 +174,20 @@ class Supervisor(Multiprocess):
         self._reap()
         if any(p.exitcode == STARTUP_FAILURE for p in self.processes):
             self.startup_failed = True
+
+    def terminate_all(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()  # SIGTERM: each worker drains
+
+    def join_all(self) -> None:
+        deadline = time.monotonic() + self.shutdown_s
+        for process in self.processes:
+            process.process.join(max(deadline - time.monotonic(), 0.0))
+            if process.exitcode is None:
+                log.error("worker %s still running after the drain: killed", process.pid)
+                process.kill()
+                process.process.join()
 
     def run(self) -> None:
         try:
@@ -210,6 +232,7 @@ class WorkerPool:
     def run(self, sockets: list[socket.socket]) -> int:
         """Serve on ``sockets`` until SIGINT/SIGTERM; the exit code."""
         from gateway.runtime.engine_server import EngineServer
+        from gateway.runtime.server import graceful_shutdown_s
         from gateway.telemetry.metrics import MULTIPROC_ENV
 
         metrics_dir = tempfile.mkdtemp(prefix="tokenpace-metrics-")
@@ -221,6 +244,7 @@ class WorkerPool:
                 server = EngineServer(self.engines, self.config)
                 server.start()
             spec = self._spec(server)
+            grace = graceful_shutdown_s(self.config)
             config = uvicorn.Config(
                 functools.partial(worker_app, pickle.dumps(spec)),
                 factory=True,
@@ -231,9 +255,9 @@ class WorkerPool:
                 lifespan="on",
                 access_log=False,
                 log_level=self.log_level.lower(),
-                timeout_graceful_shutdown=5,
+                timeout_graceful_shutdown=grace,
             )
-            supervisor = Supervisor(config, sockets)
+            supervisor = Supervisor(config, sockets, grace + 1.0)  # a second more to exit
             supervisor.run()
         finally:
             if server is not None:

@@ -238,6 +238,12 @@ class Store(ABC):
     async def hit(self, tenant: str, name: str, limit: int) -> tuple[bool, float]:
         """Count one event against ``limit`` per sliding minute: (allowed, retry-after ms)."""
 
+    @abstractmethod
+    async def count_request(self, tenant: str, limit: int) -> tuple[bool, float]:
+        """Count one request refused before admission in the requests-per-minute window
+        :meth:`arrive` checks (against ``limit``, the tenant's): (allowed, retry-after ms);
+        not counted when not allowed."""
+
     # -- requests and telemetry -----------------------------------------------------------
     @abstractmethod
     async def remember(self, request_id: str, info: RequestInfo) -> None:

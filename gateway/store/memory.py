@@ -263,8 +263,13 @@ class MemoryStore(Store):
         return len(self._slots.get(backend, {}))
 
     async def hit(self, tenant: str, name: str, limit: int) -> tuple[bool, float]:
+        return self._hit("x" + name, tenant, limit)
+
+    async def count_request(self, tenant: str, limit: int) -> tuple[bool, float]:
+        return self._hit("r", tenant, limit)
+
+    def _hit(self, kind: str, tenant: str, limit: int) -> tuple[bool, float]:
         idx, frac = window_position(_now_ms())
-        kind = "x" + name
         prev, cur = self._window(kind, tenant, idx)
         wait = wait_ms(limit, 1, prev, cur, frac)
         if wait != 0:

@@ -298,7 +298,11 @@ class RedisStore(Store):
         return int((await pipe.execute())[1])
 
     async def hit(self, tenant: str, name: str, limit: int) -> tuple[bool, float]:
-        wait = float(_s(await self._hit(args=[self.p, tenant, name, limit])))
+        wait = float(_s(await self._hit(args=[self.p, tenant, "x" + name, limit])))
+        return wait == 0, wait
+
+    async def count_request(self, tenant: str, limit: int) -> tuple[bool, float]:
+        wait = float(_s(await self._hit(args=[self.p, tenant, "r", limit])))
         return wait == 0, wait
 
     # -- requests and telemetry -----------------------------------------------------------

@@ -340,6 +340,9 @@ class ResilientStore(Store):
     async def hit(self, tenant: str, name: str, limit: int) -> tuple[bool, float]:
         return await self._either("hit", tenant, name, limit)
 
+    async def count_request(self, tenant: str, limit: int) -> tuple[bool, float]:
+        return await self._either("count_request", tenant, limit)
+
     # -- requests and telemetry -----------------------------------------------------------
     async def remember(self, request_id: str, info: RequestInfo) -> None:
         await self.local.remember(request_id, info)

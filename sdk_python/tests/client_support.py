@@ -87,6 +87,7 @@ def paced(events: list[Event], **options: Any) -> tuple[PacedStream, ScriptedRea
         ttft=options.pop("ttft", 1.0),
         unit=options.pop("unit", "token"),
         end=options.pop("end", "drain"),
+        max_drain_s=options.pop("max_drain_s", None),
     )
     stream = PacedStream(
         reader,  # type: ignore[arg-type]
@@ -111,6 +112,7 @@ def apaced(
         ttft=options.pop("ttft", 1.0),
         unit=options.pop("unit", "token"),
         end=options.pop("end", "drain"),
+        max_drain_s=options.pop("max_drain_s", None),
     )
     stream = AsyncPacedStream(
         lambda: reader, settings, response=None, clock=clock, sent_at=0.0, telemetry=False

@@ -12,7 +12,8 @@ import itertools
 
 import pytest
 from client_support import apaced, arrivals, chunk, drain, paced, text_of
-from tokenpace_client import pace
+from tokenpace_client import TDS_RANGE, TTFT_RANGE, pace
+from tokenpace_client.headers import resolve
 from tokenpace_client.qoe import digestion_starts, token_times
 from tokenpace_client.timeline import ceil_us
 
@@ -68,6 +69,30 @@ def test_end_flush_releases_the_rest_when_the_upstream_ends():
     before = [0.1 + k / TDS for k in range(10) if 0.1 + k / TDS <= 0.3]
     assert released[: len(before)] == pytest.approx(before)
     assert released[len(before) :] == [0.3] * (10 - len(before))
+
+
+def test_the_drain_ends_max_drain_s_after_the_upstream():
+    """A slow reader's pace keeps going after the upstream ended, but not for ever."""
+    items = [(0.1, chunk(f" t{k}")) for k in range(3)]
+    stream, _, clock = paced(arrivals(*items, end=0.2), tds=0.1, max_drain_s=5.0)
+    assert [t for t, _ in drain(stream, clock)] == [0.1, 5.2, 5.2]  # 10.1 and 20.1 paced
+    stream, _, clock = paced(arrivals(*items, end=0.2), tds=0.1, max_drain_s=None)
+    assert [t for t, _ in drain(stream, clock)] == pytest.approx([0.1, 10.1, 20.1])
+
+
+@pytest.mark.parametrize(
+    ("headers", "tds", "ttft"),
+    [
+        ({"X-TokenPace-TDS": "0.0001", "X-TokenPace-TTFT": "1e9"}, 0.1, 600.0),
+        ({"X-TokenPace-TDS": "1e12", "X-TokenPace-TTFT": "-3"}, 1000.0, 0.0),
+        ({"X-TokenPace-TDS": "nan", "X-TokenPace-TTFT": "soon"}, 4.8, 1.0),  # the chat tier
+        ({"X-TokenPace-TDS": "25", "X-TokenPace-TTFT": "0.5"}, 25.0, 0.5),
+    ],
+)
+def test_the_servers_pacing_headers_are_bounded(headers, tds, ttft):
+    settings = resolve(headers, tds=None, ttft=None, unit="token", end="drain")
+    assert (settings.tds, settings.ttft) == (tds, ttft)
+    assert (TDS_RANGE, TTFT_RANGE) == ((0.1, 1000.0), (0.0, 600.0))
 
 
 def test_upstream_error_is_raised_after_what_arrived_is_released():
@@ -198,6 +223,7 @@ def test_a_reply_on_pace_has_no_freezes_and_nothing_shown_has_none_measured():
         ({"ttft": -1}, "ttft"),
         ({"unit": "syllable"}, "unit"),
         ({"end": "never"}, "end"),
+        ({"max_drain_s": -1}, "max_drain_s"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, name):

@@ -22,13 +22,15 @@ from tokenpace_client.qoe import (
 )
 from tokenpace_client.stream import AsyncPacedStream, PacedStream, apace, pace
 from tokenpace_client.telemetry import TelemetrySender, default_sender
-from tokenpace_client.tiers import DEFAULT_TIER, TIERS, Expectation
+from tokenpace_client.tiers import DEFAULT_TIER, TDS_RANGE, TIERS, TTFT_RANGE, Expectation
 from tokenpace_client.timeline import QoE, Timeline
 from tokenpace_client.version import __version__
 
 __all__ = [
     "DEFAULT_TIER",
+    "TDS_RANGE",
     "TIERS",
+    "TTFT_RANGE",
     "AsyncOpenAI",
     "AsyncPacedStream",
     "Expectation",

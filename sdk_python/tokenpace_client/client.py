@@ -3,7 +3,8 @@
 ``tokenpace_client.OpenAI`` / ``AsyncOpenAI`` accept everything openai's clients accept,
 plus ``tier=`` (the default tier, sent as ``tokenpace.tier`` in the body of every
 completions request that names no tier of its own, by header or body) and the pacing
-options of :func:`tokenpace_client.pace` (``unit``, ``end``, ``telemetry``).
+options of :func:`tokenpace_client.pace` (``unit``, ``end``, ``max_drain_s``,
+``telemetry``).
 ``client.chat.completions.create(..., stream=True)`` returns a paced stream, and takes
 ``on_queued=`` (a callback for the gateway's queue notices, :func:`tokenpace_client.pace`)
 besides openai's arguments; everything else (non-streaming calls, ``with_raw_response``,
@@ -20,7 +21,7 @@ from typing import Any
 import openai
 from openai.resources.chat import AsyncChat, AsyncCompletions, Chat, Completions
 
-from tokenpace_client.headers import resolve
+from tokenpace_client.headers import MAX_DRAIN_S, resolve
 from tokenpace_client.stream import AsyncPacedStream, OnQueued, PacedStream, apace, pace
 
 _TIER_HEADER = "x-tokenpace-tier"
@@ -104,12 +105,19 @@ class _TokenpaceOptions:
         tier: str | None = None,
         unit: str = "token",
         end: str = "drain",
+        max_drain_s: float | None = MAX_DRAIN_S,
         telemetry: Any = True,
         **kwargs: Any,
     ) -> None:
-        resolve({}, tds=None, ttft=None, unit=unit, end=end)  # ValueError naming a bad argument
+        # ValueError naming a bad argument
+        resolve({}, tds=None, ttft=None, unit=unit, end=end, max_drain_s=max_drain_s)
         self.tier = tier
-        self._tokenpace_pacing: dict[str, Any] = {"unit": unit, "end": end, "telemetry": telemetry}
+        self._tokenpace_pacing: dict[str, Any] = {
+            "unit": unit,
+            "end": end,
+            "max_drain_s": max_drain_s,
+            "telemetry": telemetry,
+        }
         super().__init__(*args, **kwargs)
 
     def copy(self, *args: Any, _extra_kwargs: Any = None, **kwargs: Any) -> Any:

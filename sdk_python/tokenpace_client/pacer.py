@@ -24,10 +24,19 @@ ENDS: tuple[End, ...] = ("drain", "flush")
 class Pacer:
     """Pieces waiting for their release time, and the two timelines of one stream."""
 
-    def __init__(self, *, tds: float, unit: Unit, end: End, sent_at: float) -> None:
+    def __init__(
+        self,
+        *,
+        tds: float,
+        unit: Unit,
+        end: End,
+        sent_at: float,
+        max_drain_s: float | None = None,
+    ) -> None:
         self._schedule = ReleaseSchedule(tds)
         self._splitter = make_splitter(unit)
-        self._flush = end == "flush"
+        # how long after the upstream's end pieces may still wait (None: no limit)
+        self._drain_s = 0.0 if end == "flush" else max_drain_s
         self._sent_at = sent_at
         self._due: deque[tuple[float, Piece]] = deque()
         self._counted = 0
@@ -48,12 +57,14 @@ class Pacer:
             self._due.append((self._schedule.release_time(at, piece.tokens), piece))
 
     def end(self, at: float) -> None:
-        """The upstream ended at ``at``: pending text goes out; with ``end="flush"``, all now."""
+        """The upstream ended at ``at``: pending text goes out, paced, and all of it by
+        ``at + max_drain_s``; with ``end="flush"``, all now."""
         self.ended = True
         for piece in self._splitter.finish():
             self._due.append((self._schedule.release_time(at, piece.tokens), piece))
-        if self._flush:
-            self._due = deque((min(r, at), p) for r, p in self._due)
+        if self._drain_s is not None:
+            last = at + self._drain_s
+            self._due = deque((min(r, last), p) for r, p in self._due)
 
     @property
     def drained(self) -> bool:

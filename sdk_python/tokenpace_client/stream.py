@@ -29,7 +29,7 @@ from typing import Any
 from tokenpace_client import otel
 from tokenpace_client.chunks import get_field
 from tokenpace_client.clock import MONOTONIC, Clock
-from tokenpace_client.headers import Settings, resolve
+from tokenpace_client.headers import MAX_DRAIN_S, Settings, resolve
 from tokenpace_client.notices import QueueNotice
 from tokenpace_client.pacer import Pacer
 from tokenpace_client.reader import Event, TaskReader, ThreadReader
@@ -98,7 +98,13 @@ class _Paced:
         self.queued: QueueNotice | None = None  # the last queue notice, if any came
         self._on_queued = on_queued
         self._clock = clock
-        self._pacer = Pacer(tds=settings.tds, unit=settings.unit, end=settings.end, sent_at=sent_at)
+        self._pacer = Pacer(
+            tds=settings.tds,
+            unit=settings.unit,
+            end=settings.end,
+            sent_at=sent_at,
+            max_drain_s=settings.max_drain_s,
+        )
         self._sender = (
             None if telemetry is False else default_sender() if telemetry is True else telemetry
         )
@@ -278,6 +284,7 @@ def pace(
     ttft: float | None = None,
     unit: str = "token",
     end: str = "drain",
+    max_drain_s: float | None = MAX_DRAIN_S,
     telemetry: bool | TelemetrySender = True,
     clock: Clock | None = None,
     sent_at: float | None = None,
@@ -295,7 +302,9 @@ def pace(
     clock (default: now), the origin of the timelines.
     """
     response = _response_of(stream)
-    settings = resolve(_headers(response), tds=tds, ttft=ttft, unit=unit, end=end)
+    settings = resolve(
+        _headers(response), tds=tds, ttft=ttft, unit=unit, end=end, max_drain_s=max_drain_s
+    )
     clock = clock or MONOTONIC
     sent_at = clock.now() if sent_at is None else sent_at
     if _is_raw(stream):
@@ -331,6 +340,7 @@ def apace(
     ttft: float | None = None,
     unit: str = "token",
     end: str = "drain",
+    max_drain_s: float | None = MAX_DRAIN_S,
     telemetry: bool | TelemetrySender = True,
     clock: Clock | None = None,
     sent_at: float | None = None,
@@ -341,7 +351,9 @@ def apace(
     The reader task starts at once when called in a running event loop, else at first use.
     """
     response = _response_of(stream)
-    settings = resolve(_headers(response), tds=tds, ttft=ttft, unit=unit, end=end)
+    settings = resolve(
+        _headers(response), tds=tds, ttft=ttft, unit=unit, end=end, max_drain_s=max_drain_s
+    )
     clock = clock or MONOTONIC
     sent_at = clock.now() if sent_at is None else sent_at
     raw = _is_raw(stream)

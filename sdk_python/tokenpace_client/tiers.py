@@ -34,3 +34,11 @@ TIERS: Mapping[str, Expectation] = MappingProxyType(
 
 DEFAULT_TIER = "chat"
 """A tenant's default tier at the gateway, and what a stream without headers is paced to."""
+
+TTFT_RANGE = (0.0, 600.0)
+"""The TTFT (s) an ``X-TokenPace-TTFT`` header may announce: the widest range a gateway
+plan accepts without limits of its own; a value outside is clamped to it."""
+
+TDS_RANGE = (0.1, 1000.0)
+"""The TDS (tokens/s) an ``X-TokenPace-TDS`` header may announce, likewise: ``0.0001``
+would keep a three-token reply pacing for hours."""

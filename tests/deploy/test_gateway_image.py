@@ -5,12 +5,13 @@ Two replicas share one Redis, started with the Redis StatefulSet's arguments, in
 of two fake engines (bench/fixed_rate_upstream.py, stand-ins for vLLM). Only the
 addresses change: the Services' host names become loopback ports.
 
-The fixture :func:`replicas` is the place for tests of what a pod does when Kubernetes
-stops it (SIGTERM: :meth:`Replica.signal`).
+A replica stopped mid-stream (SIGTERM: :meth:`Replica.signal`, what Kubernetes sends a
+pod it stops) drains while the other serves.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -252,6 +253,37 @@ def test_a_stream_through_each_replica_sharing_one_redis(replicas: list[Replica]
     assert len(stream(replicas[1], key=added.json()["key"])) == 12
     # /metrics is served on the metrics port only (metrics.port), not on the API port.
     assert httpx.get(replicas[0].url + "/metrics", timeout=5).status_code == 404
+
+
+def test_a_replica_stopped_mid_stream_drains_and_the_other_serves(
+    replicas: list[Replica],
+) -> None:
+    """What a rolling update or a scale-down does to a pod: SIGTERM (after the preStop,
+    when the Service no longer sends it anything) while it streams."""
+    client = openai.OpenAI(base_url=replicas[0].url + "/v1", api_key=ACME_KEY, max_retries=0)
+    chunks = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "a long one"}],
+        max_tokens=100,  # 5 s at 20 tokens/s
+        stream=True,
+        extra_body={"tokenpace": {"tier": "chat"}},
+    )
+    texts = [c.choices[0].delta.content for c in itertools.islice(chunks, 3)]  # under way
+    replicas[0].signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while True:  # it stops accepting: its readiness fails, new connections are refused
+        try:
+            httpx.get(replicas[0].url + "/readyz", timeout=2)
+        except httpx.ConnectError:
+            break
+        except httpx.RemoteProtocolError:  # accepted by the kernel as the listener closed
+            continue
+        assert time.monotonic() < deadline, "the stopped replica still accepts connections"
+        time.sleep(0.1)
+    assert len(stream(replicas[1])) == 12  # new requests: the other replica
+    texts += [c.choices[0].delta.content for c in chunks if c.choices]
+    assert len([t for t in texts if t]) == 100  # the open stream ended as it would have
+    assert replicas[0].proc.wait(30) in (0, -signal.SIGTERM)
 
 
 def test_image_health_check(replicas: list[Replica], image: Path) -> None:

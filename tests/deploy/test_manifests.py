@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.relay.drain import EXIT_S
 from qos.vllm.config import PluginConfig
 from tests.support.deploy import (
     DEPLOY,
@@ -209,7 +210,9 @@ def test_gateway_pod_fits_its_workers_and_its_drain() -> None:
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/healthz"
     pre_stop = gateway["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert pod["terminationGracePeriodSeconds"] >= pre_stop + 120  # + the streams' drain
+    drain_s = yaml.safe_load(gateway_config(docs))["server"]["drain_s"]
+    # the endpoints let go of the pod, open streams end, the processes exit: then SIGKILL
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain_s + EXIT_S
     hpa = find(docs, "HorizontalPodAutoscaler", "tokenpace-gateway")["spec"]
     assert hpa["scaleTargetRef"]["name"] == "tokenpace-gateway"
     pdb = find(docs, "PodDisruptionBudget", "tokenpace-gateway")["spec"]

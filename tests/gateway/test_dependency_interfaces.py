@@ -29,6 +29,9 @@ def test_relay_response_overrides_sse_starlettes_body_loop() -> None:
     # what the override sets and takes, as sse-starlette's own loop does
     response = EventSourceResponse(())
     assert response.active is True and hasattr(response, "_send_lock")
+    # its shutdown listener, which cut every stream at SIGTERM, is replaced by the drain
+    assert "_listen_for_exit_signal_with_grace" in _overridden(RelayResponse, EventSourceResponse)
+    assert "_listen_for_exit_signal_with_grace" in inspect.getsource(EventSourceResponse.__call__)
 
 
 def test_guarded_protocol_overrides_uvicorns_methods() -> None:
@@ -41,6 +44,8 @@ def test_guarded_protocol_overrides_uvicorns_methods() -> None:
         "on_body",
         "on_message_complete",
         "on_response_complete",
+        "_start_asgi_task",  # HTTP/1.0: a close-delimited body
+        "shutdown",  # the drain begins
     }
     assert hooks <= set(_overridden(GuardedHttpToolsProtocol, HttpToolsProtocol))
 

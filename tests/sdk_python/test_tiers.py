@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-from tokenpace_client import DEFAULT_TIER, TIERS
+from tokenpace_client import DEFAULT_TIER, TDS_RANGE, TIERS, TTFT_RANGE
 
-from gateway.config.schema import DEFAULT_TIERS, TenantConfig
+from gateway.config.schema import DEFAULT_TIERS, CustomTierLimits, TenantConfig
 from tests.support.paths import VECTORS as VECTORS_DIR
 
 VECTORS = json.loads((VECTORS_DIR / "tiers.json").read_text())
@@ -28,3 +28,9 @@ def test_the_python_client_paces_to_the_gateways_tiers():
 def test_the_tier_vectors_the_web_sdk_reads_are_the_gateways():
     assert VECTORS["tiers"] == GATEWAY
     assert VECTORS["default"] == GATEWAY_DEFAULT
+
+
+def test_the_python_client_bounds_headers_by_the_widest_range_of_a_plan():
+    widest = CustomTierLimits()
+    assert (widest.ttft_min, widest.ttft_max) == TTFT_RANGE
+    assert (widest.tds_min, widest.tds_max) == TDS_RANGE

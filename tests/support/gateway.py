@@ -31,7 +31,7 @@ from gateway.config.schema import GatewayConfig, hash_key
 from tests.support.fake_upstream import MODEL, FakeUpstream, upstream
 from tests.support.servers import run_server
 
-KEY = "tp-test-key-acme-0001"  # tenant acme: every tier, custom allowed, weight 2
+KEY = "tp-test-key-acme-0001"  # tenant acme: every tier, custom (widest range), weight 2
 KEY_BASIC = "tp-test-key-basic-0002"  # tenant basic: chat and batch only
 
 
@@ -51,7 +51,13 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def make_config(backends: list[dict[str, Any]], **overrides: Any) -> GatewayConfig:
     data: dict[str, Any] = {
         "tenants": [
-            {"name": "acme", "api_keys": [KEY], "weight": 2.0, "allow_custom": True},
+            {
+                "name": "acme",
+                "api_keys": [KEY],
+                "weight": 2.0,
+                "allow_custom": True,
+                "custom_tier_limits": {},  # the widest range (TTFT 0-600 s, TDS 0.1-1000)
+            },
             {
                 "name": "basic",
                 "api_keys": [{"key_sha256": hash_key(KEY_BASIC)}],

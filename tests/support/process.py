@@ -96,7 +96,7 @@ def upstream_process(port: int | None = None, rate: float = 20.0) -> Process:
     return Process([*args, "--rate", str(rate)], port, "/health")
 
 
-def gateway_process(upstream_url: str, **overrides: Any) -> Process:
+def gateway_process(upstream_url: str, log_level: str = "WARNING", **overrides: Any) -> Process:
     """``tokenpace serve`` in front of one upstream (model ``bench``), tenant ``acme``
     with :data:`KEY`; ``overrides`` replace top-level sections of the file."""
     port = free_port()
@@ -120,4 +120,4 @@ def gateway_process(upstream_url: str, **overrides: Any) -> Process:
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(config, f)
     args = [sys.executable, "-m", "gateway.cli", "serve", "--config", path]
-    return Process([*args, "--log-level", "WARNING"], port, "/healthz")
+    return Process([*args, "--log-level", log_level], port, "/healthz")

@@ -1,5 +1,5 @@
-// The demo and the dashboard end to end: a real gateway on its embedded engine, the
-// pages it serves, Debian's Chromium. Timing checks are on medians and rates with
+// The demo, the dashboard and /docs end to end: a real gateway on its embedded engine,
+// the pages it serves, Debian's Chromium. Timing checks are on medians and rates with
 // tolerances that hold on a loaded 2-core machine; the pacing logic itself is tested on
 // an injectable clock in sdk_web's unit tests.
 import assert from "node:assert/strict";
@@ -27,13 +27,19 @@ after(async () => {
   await gw?.stop();
 });
 
-/** Every response of `page` that failed (a 404 favicon included), as "status url". */
+/**
+ * Every response of `page` that failed (a 404 favicon included), as "status url", and
+ * everything its Content-Security-Policy refused, as "csp message".
+ */
 function failures(page) {
   const failed = [];
   page.on("response", (response) => {
     if (response.status() >= 400) failed.push(`${response.status()} ${response.url()}`);
   });
-  page.on("requestfailed", (request) => failed.push(`failed ${request.url()}`));
+  page.on("requestfailed", (request) => failed.push(`failed ${request.url()} ${request.failure()?.errorText}`));
+  page.on("console", (message) => {
+    if (message.type() === "error" && message.text().includes("Content Security Policy")) failed.push(`csp ${message.text()}`);
+  });
   return failed;
 }
 
@@ -491,6 +497,50 @@ describe("dashboard", () => {
     const pageFailures = failed.filter((f) => !f.includes("/v1/")); // the tenant key's 401s were meant
     assert.deepEqual(pageFailures, [], "no request for the page failed (no favicon 404)");
     assert.deepEqual(browser.refused, []);
+    await page.close();
+  });
+});
+
+describe("what the pages let the browser do", () => {
+  test("every page forbids framing and code from elsewhere, and runs within its policy", { timeout: 60_000 }, async () => {
+    for (const path of ["/demo", "/dashboard", "/docs"]) {
+      const page = await browser.context.newPage();
+      const failed = failures(page);
+      const response = await page.goto(`${gw.url}${path}`);
+      const headers = response.headers();
+      assert.match(headers["content-security-policy"], /frame-ancestors 'none'/, path);
+      assert.match(headers["content-security-policy"], /script-src 'self';/, path);
+      assert.equal(headers["x-frame-options"], "DENY", path);
+      assert.equal(headers["x-content-type-options"], "nosniff", path);
+      if (path === "/demo") {
+        await enterKey(page, gw.demoKey);
+        await sendMessage(page, { tier: "fast", maxTokens: 5, text: "policy" });
+        await page.waitForSelector("#status[data-state=done]", { timeout: 20_000 });
+      } else if (path === "/dashboard") {
+        await page.fill("#key-form input[name=key]", gw.adminKey);
+        await page.click("#key-form button[type=submit]");
+        await page.waitForFunction(() => Number(document.body.dataset.polls) >= 1, null, { timeout: 10_000 });
+      } else {
+        // Swagger UI, served by the gateway, on the gateway's own document
+        await page.waitForSelector(".opblock-summary-path[data-path='/v1/chat/completions']", { timeout: 20_000 });
+      }
+      const problems = failed.filter((f) => !f.endsWith("/v1/chat/completions net::ERR_ABORTED")); // the reply's read, ended
+      assert.deepEqual(problems, [], `${path}: nothing failed or was refused by the policy`);
+      await page.close();
+    }
+    assert.deepEqual(browser.refused, [], "no page asked for anything outside the gateway");
+  });
+
+  test("another page cannot frame the dashboard's admin key form", { timeout: 60_000 }, async () => {
+    const page = await browser.context.newPage();
+    const framed = page.waitForResponse(`${gw.url}/dashboard`);
+    await page.setContent(`<iframe id="f" src="${gw.url}/dashboard" width="800" height="600"></iframe>`);
+    assert.equal((await framed).status(), 200, "the gateway answered; the browser refused to show it");
+    await new Promise((r) => setTimeout(r, 500));
+    const frame = page.frames().find((f) => f !== page.mainFrame());
+    assert.ok(frame !== undefined);
+    assert.notEqual(frame.url(), `${gw.url}/dashboard`, "the frame shows an error page, not the dashboard");
+    assert.equal(await frame.locator("#key-form").count(), 0, "no key form in the frame");
     await page.close();
   });
 });

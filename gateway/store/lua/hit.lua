@@ -1,8 +1,8 @@
--- ARGV: P, tenant, name, limit
+-- ARGV: P, tenant, window kind ('x'..name, or 'r': the requests arrive.lua counts), limit
 local now = now_ms()
 local idx = math.floor(now / W)
 local frac = (now - idx * W) / W
-local kind = 'x'..ARGV[3]
+local kind = ARGV[3]
 local prev, cur = window(kind, ARGV[2], idx)
 local wait = wait_ms(tonumber(ARGV[4]), 1, prev, cur, frac)
 if wait ~= 0 then return tostring(wait) end

@@ -1,13 +1,15 @@
-"""The gateway's web pages (/demo, /dashboard and their assets) and the dashboard's
-status document. The built pages themselves run in Chromium: webui/test/."""
+"""The gateway's web pages (/demo, /dashboard, /docs and their assets) and the dashboard's
+status document. The built pages themselves run in Chromium: webui/test/ (the policy
+and the framing too)."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
-from gateway.http.pages import WEBUI_DIR_ENV
+from gateway.http.pages import WEBUI_DIR_ENV, is_built, webui_dir
 from tests.support.fake_upstream import MODEL, upstream
 from tests.support.gateway import KEY, backend_entry, gateway, make_config
 
@@ -39,6 +41,45 @@ async def test_pages_and_assets_are_served_with_a_charset(webui) -> None:
         assert js.status_code == 200 and "javascript" in js.headers["content-type"]
         assert (await c.get("/webui/missing.js")).status_code == 404
         assert (await c.get("/webui/../pyproject.toml")).status_code == 404
+
+
+async def test_pages_forbid_framing_and_code_from_elsewhere(webui) -> None:
+    for name in ("demo.html", "dashboard.html", "docs.html"):
+        (webui / name).write_text("<!doctype html><title>page</title>")
+    async with (
+        upstream() as fake,
+        gateway(make_config([backend_entry(fake, "up")])) as gw,
+        gw.client("") as c,
+    ):
+        for path in ("/demo", "/dashboard", "/docs"):
+            r = await c.get(path)
+            assert r.status_code == 200, path
+            policy = r.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in policy and "script-src 'self';" in policy
+            assert "default-src 'none'" in policy
+            assert r.headers["x-frame-options"] == "DENY"
+            assert r.headers["x-content-type-options"] == "nosniff"
+        # every response, an API error included, is only what its type says
+        assert (await c.get("/v1/models")).headers["x-content-type-options"] == "nosniff"
+        assert (await c.get("/redoc")).status_code == 404  # ReDoc loaded its code from a CDN
+    async with (
+        upstream() as fake,
+        gateway(make_config([backend_entry(fake, "up")], server={"docs": False})) as gw,
+        gw.client("") as c,
+    ):
+        assert (await c.get("/docs")).status_code == 404
+        assert (await c.get("/openapi.json")).status_code == 404
+
+
+def test_the_built_docs_page_loads_swagger_ui_from_the_gateway() -> None:
+    """What `make webui` builds: /docs loads Swagger UI from /webui/, nothing from a CDN."""
+    dist = webui_dir()
+    if not is_built(dist):
+        pytest.fail("webui/dist is not built: run `make webui`")
+    html = (dist / "docs.html").read_text()
+    scripts = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert scripts and all(s.startswith("/webui/") for s in scripts), scripts
+    assert (dist / "swagger-ui-bundle.js").is_file() and (dist / "swagger-ui.css").is_file()
 
 
 async def test_an_unbuilt_ui_says_how_to_build_it(webui) -> None:

@@ -7,10 +7,11 @@ import math
 import pytest
 
 from gateway.config.loader import parse_config
+from gateway.config.schema import ConfigError, CustomTierLimits
 from gateway.context import RequestContext, ResolvedTier
 from gateway.errors import GatewayError
 from gateway.relay.tagging import upstream_body
-from gateway.request.tiers import resolve_tier
+from gateway.request.tiers import plan_limits, resolve_tier
 from qos.tags import TAG_KEYS
 
 CONFIG = parse_config(
@@ -24,10 +25,23 @@ CONFIG = parse_config(
                 "tiers": ["chat", "batch"],
                 "default_tier": "batch",
             },
+            {
+                "name": "reader",
+                "api_keys": ["tp-reader-key-03"],
+                "tiers": ["chat", "voice"],
+                "allow_custom": True,
+            },
+            {
+                "name": "lab",
+                "api_keys": ["tp-lab-key-00004"],
+                "tiers": ["chat"],
+                "allow_custom": True,
+                "custom_tier_limits": {"ttft_min": 0.0, "tds_max": 1000.0},
+            },
         ],
     }
 )
-PRO, BASIC = CONFIG.tenants
+PRO, BASIC, READER, LAB = CONFIG.tenants
 
 
 def err(fn, *args) -> GatewayError:
@@ -54,7 +68,32 @@ def test_custom_numbers():
     # one number given: the other comes from the named (or default) tier
     t = resolve_tier(CONFIG, PRO, "voice", {"tds": 2.5})
     assert (t.name, t.ttft, t.tds) == ("custom", 1.0, 2.5)
-    assert resolve_tier(CONFIG, PRO, None, {"ttft": 0}).ttft == 0.0
+    assert resolve_tier(CONFIG, PRO, None, {"ttft": 0.2}).ttft == 0.2  # gold's, the shortest
+
+
+def test_custom_numbers_stay_within_the_plan():
+    """A plan without limits of its own spans its tiers: chat and voice (TTFT 1 s, TDS up
+    to 4.8) may ask for a slower reader, not for TTFT 0 or TDS 1000."""
+    assert plan_limits(CONFIG, READER) == CustomTierLimits(
+        ttft_min=1.0, ttft_max=600.0, tds_min=0.1, tds_max=4.8
+    )
+    assert resolve_tier(CONFIG, READER, None, {"ttft": 2.0, "tds": 3.0}).tds == 3.0
+    for options, param in (({"ttft": 0}, "tokenpace.ttft"), ({"tds": 1000}, "tokenpace.tds")):
+        e = err(resolve_tier, CONFIG, READER, None, options)
+        assert (e.status, e.param) == (400, param)
+        assert "your plan's range" in e.message
+    # a plan with its own range gets it, whatever its tiers
+    assert resolve_tier(CONFIG, LAB, None, {"ttft": 0, "tds": 1000}).tds == 1000.0
+
+
+def test_the_global_custom_tier_limits_key_is_refused_naming_it():
+    with pytest.raises(ConfigError) as exc:
+        parse_config(
+            {"tenants": [{"name": "a", "api_keys": ["tp-a-key-0001"]}], "custom_tier_limits": {}}
+        )
+    (problem,) = exc.value.problems
+    assert problem.startswith("custom_tier_limits: ")
+    assert "tenants[].custom_tier_limits" in problem
 
 
 @pytest.mark.parametrize(
@@ -68,6 +107,8 @@ def test_custom_numbers():
         (PRO, None, {"speed": 3}, 400, "tokenpace.speed"),
         (PRO, None, {"ttft": -0.1}, 400, "tokenpace.ttft"),
         (PRO, None, {"ttft": 601}, 400, "tokenpace.ttft"),
+        (PRO, None, {"ttft": 0.1}, 400, "tokenpace.ttft"),  # below gold's, the plan's shortest
+        (PRO, None, {"tds": 51}, 400, "tokenpace.tds"),  # past batch's, the plan's fastest
         (PRO, None, {"ttft": math.inf}, 400, "tokenpace.ttft"),
         (PRO, None, {"ttft": True}, 400, "tokenpace.ttft"),
         (PRO, None, {"tds": 0}, 400, "tokenpace.tds"),
@@ -78,7 +119,8 @@ def test_custom_numbers():
         (BASIC, None, {"tier": "fast"}, 403, "tokenpace.tier"),
         (BASIC, None, {"ttft": 1, "tds": 5}, 403, "tokenpace.ttft"),
         (BASIC, None, {"tier": "nope", "ttft": 1}, 400, "tokenpace.tier"),  # 400 before 403
-        (BASIC, None, {"ttft": -1}, 400, "tokenpace.ttft"),
+        (BASIC, None, {"ttft": -1}, 400, "tokenpace.ttft"),  # malformed before the plan
+        (BASIC, None, {"ttft": 601}, 403, "tokenpace.ttft"),  # the plan before its range
     ],
 )
 def test_rejections(tenant, header, options, status, param):

@@ -201,6 +201,18 @@ async def test_requests_per_minute(store: Store) -> None:
     assert other.status == "admitted"
 
 
+async def test_refused_requests_share_the_requests_per_minute_window(store: Store) -> None:
+    lim = Limits(requests_per_minute=3)
+    assert [(await store.count_request("t", 3))[0] for _ in range(2)] == [True, True]
+    first = await store.arrive(arrival("a1", "t", limits=lim), [Slot("b", 0)], LEASE)
+    assert (first.status, first.rate.remaining_requests) == ("admitted", 0)
+    refused, wait = await store.count_request("t", 3)
+    assert not refused and 0 < wait <= 2 * WINDOW_MS
+    second = await store.arrive(arrival("a2", "t", limits=lim), [Slot("b", 0)], LEASE)
+    assert second.status == "limited"
+    assert (await store.count_request("u", 3))[0]  # another tenant's window
+
+
 async def test_tokens_per_minute_and_budget(store: Store) -> None:
     lim = Limits(tokens_per_minute=100)
     first = await store.arrive(arrival("a", "t", prompt=30, limits=lim), [Slot("b", 0)], LEASE)
