@@ -81,7 +81,7 @@ def resolve_tier(
 
     ttft_raw, tds_raw = options.get("ttft"), options.get("tds")
     if ttft_raw is None and tds_raw is None:
-        return ResolvedTier(base_name, base.ttft, base.tds, base.priority)
+        return ResolvedTier(base_name, base.ttft, base.tds, base.priority, base.overload_after_s)
 
     # Explicit expectations: validate the numbers first (400), then the plan (403).
     limits = config.custom_tier_limits

@@ -1,4 +1,5 @@
-"""Weighted fair share (VTC) across two gateway replicas sharing one real Redis.
+"""Tenants' shares across two gateway replicas sharing one real Redis: the plans' split
+of the slots between weights, VTC between equal weights.
 
 The upstream is a FakeUpstream stand-in for vLLM with a fixed token rate; the gateway
 caps it with ``max_concurrent``, counted over both replicas. Received service is
@@ -38,43 +39,30 @@ def clients(gws, name: str, n: int) -> list:
 
 
 async def test_weights_one_and_two_get_one_to_two(redis_server, key_prefix) -> None:
+    """Both backlogged, weights 1 : 2 over 6 slots: the plans give them 2 and 4 slots,
+    hence, requests being alike, service in the ratio 1 : 2."""
     async with capped_upstream(n_tokens=10, token_interval=0.004) as up:
         config = cluster_config(
             up.url,
             [tenant("a", 1.0), tenant("b", 2.0)],
             redis_url=redis_server.url,
             prefix=key_prefix,
-            max_concurrent=4,
+            max_concurrent=6,
         )
         async with replicas(config) as gws:
             log = Log()
             cs = {"a": clients(gws, "a", 8), "b": clients(gws, "b", 8)}
             start = time.monotonic()
             end = start + 4.0
-
-            async def sample(at: float) -> dict[str, float]:
-                await asyncio.sleep(at - (time.monotonic() - start))
-                return await gws[1].state.store.counters()
-
-            first, last, *_ = await asyncio.gather(
-                sample(1.0),
-                sample(4.0),
-                *(backlog(c, name, log, end, (0, 0)) for name in cs for c in cs[name]),
+            await asyncio.gather(
+                *(backlog(c, name, log, end, (0, 0)) for name in cs for c in cs[name])
             )
             for c in cs["a"] + cs["b"]:
                 await c.aclose()
             a = log.service("a", start + 1.0, end, PROMPT, W_PROMPT, W_OUTPUT)
             b = log.service("b", start + 1.0, end, PROMPT, W_PROMPT, W_OUTPUT)
-            # the same from the gateway's charge records: counter growth times the weight
-            charged_a = (last["a"] - first["a"]) * 1.0
-            charged_b = (last["b"] - first["b"]) * 2.0
             assert a > 0 and b / a == pytest.approx(2.0, rel=0.10), (a, b)
-            assert charged_b / charged_a == pytest.approx(2.0, rel=0.10), (first, last)
-            # while both are backlogged the counters stay within VTC's bound,
-            # 2·max(w_p·L_input, w_q·M)/w_min with M the tokens of the 4 slots
-            bound = 2 * max(W_PROMPT * PROMPT, W_OUTPUT * 4 * 10)
-            assert abs(last["a"] - last["b"]) <= bound, last
-            assert up.peak <= 4  # the cap holds over both replicas
+            assert up.peak <= 6  # the cap holds over both replicas
             for gw in gws:  # both replicas admitted work of both tenants
                 for name in ("a", "b"):
                     labels = {"tenant": name, "outcome": "admitted"}
