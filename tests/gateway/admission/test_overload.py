@@ -18,6 +18,7 @@ from typing import Any
 
 import openai
 import pytest
+import tokenpace_client as tp
 
 from tests.gateway.admission.test_controller import KEY, one_replica
 from tests.support.cluster import CappedUpstream, chat
@@ -124,6 +125,31 @@ async def test_async_openai_client_is_served_after_the_wait(key_prefix, stream) 
             )
             text = done.choices[0].message.content or ""
         assert text == "t0 t1 t2 " and time.monotonic() - t0 > 0.5
+        await client.close()
+
+
+async def test_the_python_sdk_hears_the_gateways_notices(key_prefix) -> None:
+    """tokenpace-client's drop-in client hands the gateway's notices to ``on_queued``
+    while the request waits, then paces the reply."""
+    async with capped(key_prefix, 30.0) as gw, holding(gw, 1.5):
+        heard: list[tuple[float, int, float]] = []
+        client = tp.AsyncOpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0, telemetry=False)
+        t0 = time.monotonic()
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+            on_queued=lambda position, eta_s: heard.append((time.monotonic(), position, eta_s)),
+        )
+        async with stream:
+            chunks = [c async for c in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+            "t0 t1 t2 "
+        )
+        assert len(heard) >= 2 and {p for _, p, _ in heard} == {1}
+        assert heard[0][0] - t0 < 0.5 and all(e >= 0 for _, _, e in heard)
+        assert stream.queued == tp.QueueNotice(heard[-1][1], heard[-1][2])
         await client.close()
 
 
