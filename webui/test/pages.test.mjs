@@ -123,6 +123,23 @@ function displayGaps(displayed, tds) {
   return shown.slice(1).map((d, k) => d - shown[k] - 1 / tds);
 }
 
+/** A gateway configuration (YAML): tenant `demo` with `DEMO_KEY`, one embedded engine. */
+function oneEngine(model, options, more = []) {
+  return [
+    "tenants:",
+    "  - name: demo",
+    "    api_keys:",
+    `      - key: "${DEMO_KEY}"`,
+    "backends:",
+    "  - name: engine",
+    "    kind: embedded",
+    `    models: [${model}]`,
+    `    options: ${options}`,
+    ...more.map((line) => `    ${line}`),
+    "",
+  ].join("\n");
+}
+
 function median(values) {
   const sorted = [...values].sort((a, b) => a - b);
   return sorted[Math.floor(sorted.length / 2)];
@@ -372,19 +389,7 @@ describe("demo page: queue notices and freezes", () => {
     // One engine slot (max_concurrent: 1) on an embedded engine at 0.05x speed: a
     // 40-token reply holds it for about 4 s, and the page's request waits behind it.
     const busy = await startGateway({
-      config: [
-        "tenants:",
-        "  - name: demo",
-        "    api_keys:",
-        `      - key: "${DEMO_KEY}"`,
-        "backends:",
-        "  - name: one",
-        "    kind: embedded",
-        "    models: [tokenpace-sim-one]",
-        "    max_concurrent: 1",
-        "    options: {time_scale: 0.05}",
-        "",
-      ].join("\n"),
+      config: oneEngine("tokenpace-sim-one", "{time_scale: 0.05}", ["max_concurrent: 1"]),
     });
     const busyBrowser = await launchBrowser(busy.url);
     try {
@@ -425,18 +430,7 @@ describe("demo page: queue notices and freezes", () => {
     // The embedded engine run at 0.08x of opt-66b's speed: about 0.5 s a token against the
     // chat tier's 4.8 tokens/s, so the reader waits about 0.3 s for every token after the first.
     const slow = await startGateway({
-      config: [
-        "tenants:",
-        "  - name: demo",
-        "    api_keys:",
-        `      - key: "${DEMO_KEY}"`,
-        "backends:",
-        "  - name: slow",
-        "    kind: embedded",
-        "    models: [tokenpace-sim-slow]",
-        "    options: {profile: opt-66b-4xa100, time_scale: 0.08}",
-        "",
-      ].join("\n"),
+      config: oneEngine("tokenpace-sim-slow", "{profile: opt-66b-4xa100, time_scale: 0.08}"),
     });
     const slowBrowser = await launchBrowser(slow.url);
     try {
