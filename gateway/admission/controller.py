@@ -134,14 +134,6 @@ class Waiting:
         self.rate = rate
         self._done = False
 
-    @property
-    def position(self) -> int:
-        return self._waiter.position
-
-    @property
-    def wait_s(self) -> float:
-        return self._waiter.wait_s
-
     async def ticket(self, notify: Notify | None = None) -> Ticket:
         """The request's ticket once admitted; ``notify(position, wait_s)`` now and at each
         new standing (about once a second) meanwhile. Raises 503 ``overloaded`` at the
@@ -152,7 +144,7 @@ class Waiting:
         loop = asyncio.get_running_loop()
         admitted = False
         try:
-            if notify is not None:
+            if notify is not None and not w.future.done():
                 await notify(w.position, w.wait_s)
             while not w.future.done():
                 remaining = ctx.received_at + limit - time.monotonic()
@@ -262,11 +254,6 @@ class AdmissionController:
         ]
 
     # -- admission ------------------------------------------------------------------------
-    async def admit(self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int) -> Ticket:
-        """Wait for a slot in the queue's order; raise 429 (limits, queue bound) or 503."""
-        entered = await self.arrive(ctx, tenant, prompt_tokens)
-        return entered if isinstance(entered, Ticket) else await entered.ticket()
-
     async def arrive(
         self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int
     ) -> Ticket | Waiting:
