@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from starlette.types import Scope, Send
 
+from gateway.config.schema import OVERLOAD_AFTER_TTFTS
+
 if TYPE_CHECKING:
     from gateway.config.schema import TenantConfig
 
@@ -35,6 +37,14 @@ class ResolvedTier:
     ttft: float
     tds: float
     priority: int
+    overload_after_s: float | None = None  # None: OVERLOAD_AFTER_TTFTS x ttft
+
+    @property
+    def wait_bound_s(self) -> float:
+        """How long a request of this tier may wait for an engine before it is overloaded."""
+        if self.overload_after_s is not None:
+            return self.overload_after_s
+        return OVERLOAD_AFTER_TTFTS * self.ttft
 
     def headers(self) -> dict[str, str]:
         return {

@@ -1,11 +1,18 @@
-"""Admission: weighted fair share (VTC) at the gateway, a queue, backend capacity.
+"""Admission: tenants' plans and fair share at the gateway, a queue, backend capacity.
 
-A request is admitted when it is the head of its model's queue (the tenant with the
-least virtual token counter, then the earliest TTFT deadline; VTC as in "Fairness in
-Serving Large Language Models", Sheng et al.) and a backend serving the model has a free
-slot; otherwise it waits. The queue, the counters and the slots are in the store, so the
-order holds across replicas; each replica pumps its own waiters. docs/architecture.md,
-"Fair share across gateway replicas", has the design and its round trips.
+A request is admitted when it is the head of its model's queue (the tenants' plans over
+the backends' slots, then VTC, as in "Fairness in Serving Large Language Models", Sheng
+et al., between tenants of one weight: :mod:`gateway.store.queue`) and a backend serving
+the model has a free slot; otherwise it waits. The queue, the counters and the slots are
+in the store, so the order holds across replicas; each replica pumps its own waiters and,
+about once a second, asks the store where they stand (their place and estimated wait).
+
+A waiting request is *overloaded* once no engine can start it within its tier's bound
+(``overload_after_s``, by default 10 TTFTs): it gets 503 ``overloaded`` at the bound, or
+at once where ``admission.overload`` is ``reject`` and the estimated wait is past it. A
+stream that waits in ``queue`` mode is answered 200 at once and told its standing
+(:meth:`Waiting.ticket`'s ``notify``). docs/architecture.md, "Fair share across gateway
+replicas", has the design and its round trips; docs/protocol.md, "Overload", the answers.
 """
 
 from __future__ import annotations
@@ -14,13 +21,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from gateway.admission.errors import queue_full, queue_timeout, rate_limited
+from gateway.admission.errors import overloaded, queue_full, queue_timeout, rate_limited
 from gateway.backends.routing import BackendState, Lease, Router
 from gateway.background import stop
 from gateway.config.schema import AdmissionConfig, TenantConfig
@@ -31,6 +39,10 @@ from gateway.store.ratelimit import RateState
 from gateway.telemetry.metrics import GatewayMetrics, series
 
 log = logging.getLogger("tokenpace.gateway.admission")
+
+STANDING_INTERVAL_S = 1.0
+"""How often a replica asks the store where its waiting requests stand (queue notices)."""
+Notify = Callable[[int, float], Awaitable[None]]  # (position, estimated wait in s)
 
 
 def tenant_limits(t: TenantConfig) -> Limits:
@@ -97,6 +109,75 @@ class _Waiter:
     deadline: float  # time.monotonic()
     counter: float
     future: asyncio.Future[Admission]
+    position: int  # where the store last said it stands (1: next)
+    wait_s: float  # ... and its estimated wait
+    # resolved (and replaced by the waiting request) when a new standing comes
+    update: asyncio.Future[None] | None = None
+
+
+class Waiting:
+    """A request in the queue: :meth:`ticket` waits for its admission. Made by
+    :meth:`AdmissionController.arrive`; whoever holds it calls :meth:`ticket` or, if it
+    never will (the response was never sent), :meth:`abandon`."""
+
+    def __init__(
+        self,
+        controller: AdmissionController,
+        waiter: _Waiter,
+        ctx: RequestContext,
+        tenant: TenantConfig,
+        rate: RateState,
+    ) -> None:
+        self._controller = controller
+        self._waiter = waiter
+        self._ctx = ctx
+        self._tenant = tenant
+        self.rate = rate
+        self._done = False
+
+    async def ticket(self, notify: Notify | None = None) -> Ticket:
+        """The request's ticket once admitted; ``notify(position, wait_s)`` now and at each
+        new standing (about once a second) meanwhile. Raises 503 ``overloaded`` at the
+        tier's bound (``queue_timeout`` at ``admission.max_wait_s``, if sooner)."""
+        c, w, ctx = self._controller, self._waiter, self._ctx
+        bound = ctx.tier.wait_bound_s
+        limit = min(bound, c.cfg.max_wait_s)
+        loop = asyncio.get_running_loop()
+        admitted = False
+        try:
+            if notify is not None and not w.future.done():
+                await notify(w.position, w.wait_s)
+            while not w.future.done():
+                remaining = ctx.received_at + limit - time.monotonic()
+                if remaining <= 0:
+                    tenant = w.arrival.tenant
+                    c.m_admissions(tenant, "timeout").inc()
+                    if limit < bound:
+                        raise queue_timeout(c.cfg.max_wait_s)
+                    answer = "at_bound" if notify is None else "in_stream"
+                    c.m_overloaded(tenant, ctx.tier.name, answer).inc()
+                    raise overloaded(ctx.model, bound, w.wait_s, w.wait_s, waited=True)
+                w.update = loop.create_future()
+                await asyncio.wait(
+                    (w.future, w.update), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                if notify is not None and w.update.done() and not w.future.done():
+                    await notify(w.position, w.wait_s)
+            result = w.future.result()
+            admitted = True
+        finally:
+            if not admitted:  # overloaded, timed out, or the client went away (cancelled)
+                await self.abandon()
+        self._done = True
+        c.unregister(w)
+        return c.ticket(ctx, self._tenant, result, self.rate)
+
+    async def abandon(self) -> None:
+        """Leave the queue (or give back the slot granted at that very moment); once."""
+        if self._done:
+            return
+        self._done = True
+        await self._controller.abandon(self._waiter)
 
 
 class AdmissionController:
@@ -125,6 +206,7 @@ class AdmissionController:
         self._releases: set[asyncio.Task[None]] = set()
         self.m_admissions = series(metrics.admissions)
         self.m_waiting = metrics.queue_waiting
+        self.m_overloaded = series(metrics.overloaded)
         self.m_counter = series(metrics.vtc_counter)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -138,6 +220,7 @@ class AdmissionController:
             ("poll", self._poll_loop),
             ("charge", self._charge_loop),
             ("heartbeat", self._heartbeat_loop),
+            ("standing", self._standing_loop),
         ]
         if any(s.backend.probes_capacity for s in self.router.states):
             interval = self.cfg.metrics_interval_s
@@ -154,19 +237,29 @@ class AdmissionController:
 
     # -- backends -------------------------------------------------------------------------
     def slots_for(self, model: str) -> list[Slot]:
-        """Backends serving ``model`` with room by their own report, in routing order: the
-        store grants the first with a free slot, and that is the backend the request goes
-        to (the one place a backend is chosen; failover goes on in the router's order).
-        Unhealthy backends only when none serving the model is healthy: a slot on one
-        while the healthy ones are full would fail over into no room."""
+        """The backends serving ``model``, in routing order; all count in the model's
+        slots (the plans' shares), and the store grants the first *candidate* with a free
+        slot, which is the backend the request goes to (the one place a backend is
+        chosen; failover goes on in the router's order). Candidates have room by their
+        own report, and are healthy unless none serving the model is: a slot on an
+        unhealthy one while the healthy ones are full would fail over into no room."""
         ranked = self.router.ranked(model)
-        if any(s.healthy for s in ranked):
-            ranked = [s for s in ranked if s.healthy]
-        return [Slot(s.name, self._caps.get(s.name, 0)) for s in ranked if not s.saturated]
+        any_healthy = any(s.healthy for s in ranked)
+        return [
+            Slot(
+                s.name,
+                self._caps.get(s.name, 0),
+                candidate=(s.healthy or not any_healthy) and not s.saturated,
+            )
+            for s in ranked
+        ]
 
     # -- admission ------------------------------------------------------------------------
-    async def admit(self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int) -> Ticket:
-        """Wait for a slot in fair-share order; raise 429 (limits, queue bound) or 503."""
+    async def arrive(
+        self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int
+    ) -> Ticket | Waiting:
+        """The request's ticket if admitted at once, else its place in the queue; raise
+        429 (limits, queue bound) or 503 ``overloaded`` (module doc)."""
         arrival = Arrival(
             request_id=ctx.request_id,
             tenant=tenant.name,
@@ -179,8 +272,7 @@ class AdmissionController:
             expected_tokens=ctx.expected_tokens,
             limits=tenant_limits(tenant),
         )
-        slots = self.slots_for(ctx.model)
-        result = await self.store.arrive(arrival, slots, self.cfg.lease_s)
+        result = await self.store.arrive(arrival, self.slots_for(ctx.model), self.cfg.lease_s)
         rate = result.rate
         self._note(tenant.name, result)
         if result.status == "limited":
@@ -189,11 +281,39 @@ class AdmissionController:
         if result.status == "queue_full":
             self.m_admissions(tenant.name, "queue_full").inc()
             raise queue_full(tenant.max_queued, result.retry_after_ms, rate)
-        if result.status != "admitted":
-            self.m_admissions(tenant.name, "queued").inc()
-            result = await self._wait(arrival, ctx, result)
-        self.m_admissions(tenant.name, "admitted").inc()
-        assert result.backend is not None
+        if result.status == "admitted":
+            self.m_admissions(tenant.name, "admitted").inc()
+            return self.ticket(ctx, tenant, result, rate)
+        self.m_admissions(tenant.name, "queued").inc()
+        bound = ctx.tier.wait_bound_s
+        if bound <= 0 or (self.cfg.overload == "reject" and result.wait_s > bound):
+            self.m_overloaded(tenant.name, ctx.tier.name, "at_arrival").inc()
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self.store.leave(arrival.request_id)
+            self._kick(arrival.model)
+            late = result.wait_s - bound
+            raise overloaded(ctx.model, bound, result.wait_s, late, waited=False)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(
+            arrival,
+            ctx.received_at + ctx.tier.ttft,
+            result.counter,
+            loop.create_future(),
+            result.position,
+            result.wait_s,
+        )
+        self._waiters.setdefault(arrival.model, {})[arrival.request_id] = waiter
+        self._queued.set()
+        self.m_waiting.inc()
+        return Waiting(self, waiter, ctx, tenant, rate)
+
+    def ticket(
+        self, ctx: RequestContext, tenant: TenantConfig, result: Admission, rate: RateState
+    ) -> Ticket:
+        """The ticket of a request the store admitted (``result``); ``rate``: its tenant's
+        rate-limit state at its arrival."""
+        if result.status != "admitted" or result.backend is None:
+            raise ValueError(f"not admitted: {result}")
         lease = self.router.acquire(self.router.state(result.backend), ctx.expected_tokens)
         ticket = Ticket(
             self,
@@ -226,38 +346,26 @@ class AdmissionController:
         self.m_admissions(tenant.name, "limited").inc()
         return rate_limited("requests", wait, RateState(rpm, 0, wait))
 
-    async def _wait(self, arrival: Arrival, ctx: RequestContext, first: Admission) -> Admission:
-        loop = asyncio.get_running_loop()
-        waiter = _Waiter(
-            arrival, ctx.received_at + ctx.tier.ttft, first.counter, loop.create_future()
-        )
-        queue = self._waiters.setdefault(arrival.model, {})
-        queue[arrival.request_id] = waiter
-        self._queued.set()
-        self.m_waiting.inc()
-        admitted = False
-        try:
-            with anyio.fail_after(self.cfg.max_wait_s):
-                result = await asyncio.shield(waiter.future)
-            admitted = True
-            return result
-        except TimeoutError:
-            self.m_admissions(arrival.tenant, "timeout").inc()
-            raise queue_timeout(self.cfg.max_wait_s) from None
-        finally:
-            self.m_waiting.dec()
-            queue.pop(arrival.request_id, None)
-            if not admitted:  # timed out, or the client went away (cancelled)
-                self.m_admissions(arrival.tenant, "gone_away").inc()
-                if waiter.future.done() and not waiter.future.cancelled():
-                    # admitted at that very moment: give the slot back
-                    backend = waiter.future.result().backend or ""
-                    self._spawn_release(arrival.request_id, backend, arrival.model)
-                else:
-                    waiter.future.cancel()  # the pump leaves it to us now
-                    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                        await self.store.leave(arrival.request_id)
-                    self._kick(arrival.model)
+    def unregister(self, waiter: _Waiter) -> None:
+        """``waiter`` was admitted (once)."""
+        self._waiters.get(waiter.arrival.model, {}).pop(waiter.arrival.request_id, None)
+        self.m_waiting.dec()
+        self.m_admissions(waiter.arrival.tenant, "admitted").inc()
+
+    async def abandon(self, waiter: _Waiter) -> None:
+        """``waiter`` gives up (once): it leaves the queue, or gives back the slot it was
+        granted meanwhile."""
+        a = waiter.arrival
+        self._waiters.get(a.model, {}).pop(a.request_id, None)
+        self.m_waiting.dec()
+        self.m_admissions(a.tenant, "gone_away").inc()
+        if waiter.future.done() and not waiter.future.cancelled():
+            self._spawn_release(a.request_id, waiter.future.result().backend or "", a.model)
+        else:
+            waiter.future.cancel()  # the pump leaves it to us now
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self.store.leave(a.request_id)
+            self._kick(a.model)
 
     def _note(self, tenant: str, result: Admission) -> None:
         if result.status in ("admitted", "queued", "full"):
@@ -417,6 +525,29 @@ class AdmissionController:
                     log.warning("admission pump failed", exc_info=True)
             if not any(self._waiters.values()):
                 self._queued.clear()
+
+    async def _standing_loop(self) -> None:
+        """Every ``STANDING_INTERVAL_S`` while this replica has waiters: where they stand,
+        one call per model (their queue notices, and the wait their overloaded answer
+        reports)."""
+        while True:
+            await self._queued.wait()
+            await asyncio.sleep(STANDING_INTERVAL_S)
+            for model, queue in [(m, q) for m, q in self._waiters.items() if q]:
+                try:
+                    standing = await self.store.standing(model, list(queue), self.slots_for(model))
+                except StoreUnavailable:
+                    continue
+                except Exception:
+                    log.warning("reading the queue's standing failed", exc_info=True)
+                    continue
+                for rid, place in standing.places.items():
+                    waiter = queue.get(rid)
+                    if waiter is None:
+                        continue
+                    waiter.position, waiter.wait_s = place, standing.wait_s(rid)
+                    if waiter.update is not None and not waiter.update.done():
+                        waiter.update.set_result(None)
 
     async def renew(self) -> None:
         """Renew (or re-create) this replica's slots and queue places in the store."""

@@ -1,7 +1,10 @@
 """Admission's answers: a rate limit or budget reached (429), too many requests queued
-(429), the queue's wait run out (503)."""
+(429), no engine able to start the request within its tier's bound (503 ``overloaded``),
+the queue's wait run out (503)."""
 
 from __future__ import annotations
+
+import math
 
 from gateway.errors import RATE_LIMIT, SERVER_ERROR, GatewayError
 from gateway.store.ratelimit import RateState, retry_after_header
@@ -49,4 +52,24 @@ def queue_timeout(max_wait_s: float) -> GatewayError:
         type=SERVER_ERROR,
         code="queue_timeout",
         headers={"Retry-After": "1"},
+    )
+
+
+def overloaded(
+    model: str, bound_s: float, wait_s: float, retry_after_s: float, *, waited: bool
+) -> GatewayError:
+    """503: no engine serving ``model`` can start the request within ``bound_s``, its
+    tier's bound: it ``waited`` that long already, or would wait ``wait_s`` (the estimate)."""
+    if waited:
+        why = f"this request waited {bound_s:g} s for one, its tier's bound"
+        why += f" (about {wait_s:.0f} s more expected)"
+    else:
+        why = f"this request would wait about {wait_s:.0f} s for one,"
+        why += f" beyond its tier's bound of {bound_s:g} s"
+    return GatewayError(
+        503,
+        f"The engines serving `{model}` are overloaded: {why}; try again later.",
+        type=SERVER_ERROR,
+        code="overloaded",
+        headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
     )

@@ -32,6 +32,10 @@ CONFIG_ENV = "TOKENPACE_CONFIG"
 DEMO_MODEL = "tokenpace-sim"
 CUSTOM_TIER = "custom"
 BACKEND_KINDS = ("embedded", "http")  # gateway.backends.kinds builds each
+OVERLOAD_AFTER_TTFTS = 10.0
+"""A request that waits this many TTFTs for an engine is overloaded (unless its tier says
+otherwise): the multiple after which the engines' reader guard admits a waiting request
+as overdue (``qos.policy.reader.ReaderGuard``'s ``overdue_after_ttfts``)."""
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
@@ -85,6 +89,12 @@ class TierSpec(_Strict):
     tds: float = Field(gt=0, description="expected token delivery speed, tokens per second")
     priority: int = Field(
         0, description="vLLM priority for engines running its priority policy (lower is sooner)"
+    )
+    overload_after_s: float | None = Field(
+        None,
+        ge=0,
+        description="a request still waiting for an engine this long after it arrived is "
+        f"answered 'overloaded'; None = {OVERLOAD_AFTER_TTFTS:g} x ttft",
     )
 
 
@@ -329,6 +339,12 @@ class AdmissionConfig(_Strict):
         10.0, gt=0, description="a replica's hold on a slot or queue place lapses unless renewed"
     )
     max_wait_s: float = Field(120.0, gt=0, description="longest wait in the queue, then 503")
+    overload: Literal["queue", "reject"] = Field(
+        "queue",
+        description="past a tier's overload_after_s (docs/protocol.md, 'Overload'): 'queue' "
+        "answers a waiting stream 200 at once with queue notices; 'reject' answers 503 as "
+        "soon as the estimated wait is past the bound",
+    )
     metrics_interval_s: float = Field(1.0, gt=0, description="vLLM /metrics polling period")
     charge_interval_s: float = Field(
         0.05, gt=0, description="streamed output tokens are charged in batches this often"

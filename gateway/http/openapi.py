@@ -27,7 +27,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     502: {"model": ErrorResponse, "description": "Every backend failed"},
     503: {
         "model": ErrorResponse,
-        "description": "Every backend is down (backend_unavailable), the queue wait ran "
+        "description": "No engine can start the request within its tier's bound "
+        "(overloaded), every backend is down (backend_unavailable), the queue wait ran "
         "out (queue_timeout) or the shared store is unreachable (store_unavailable); "
         "Retry-After",
     },

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from gateway.context import server_send
-from gateway.relay.streaming import StreamRelay
+
+
+class Body(Protocol):
+    """What sends a streaming response's body: :class:`~gateway.relay.streaming.
+    StreamRelay`, or :class:`~gateway.relay.queued.QueuedRelay` for a stream that waits
+    first."""
+
+    async def send_body(self, send: Send) -> None:
+        """Send the body's messages, each with ``more_body`` (the response sends the last)."""
+
+    async def finish(self) -> Any:
+        """Tear down, once; also for a body that never started."""
 
 
 class RelayResponse(EventSourceResponse):
@@ -27,7 +40,7 @@ class RelayResponse(EventSourceResponse):
     tests/gateway/test_dependency_interfaces.py).
     """
 
-    def __init__(self, relay: StreamRelay, headers: dict[str, str]) -> None:
+    def __init__(self, relay: Body, headers: dict[str, str]) -> None:
         super().__init__(
             iter(()),  # never iterated: the relay sends the body
             headers=headers,

@@ -3,13 +3,15 @@
 After authentication and validation (:mod:`gateway.http`, FastAPI with the models of
 :mod:`gateway.request.schemas`): the body within the configured caps and encodable for
 the backend (400), the tier (:mod:`gateway.request.tiers`, 400/403), the model (404),
-admission (:mod:`gateway.admission`: 429, or a wait in the fair-share queue for a
-backend slot, held until the response ends), then the backend: streaming through
+admission (:mod:`gateway.admission`: 429, 503 ``overloaded``, or a wait in the queue
+for a backend slot, held until the response ends), then the backend: streaming through
 :class:`~gateway.relay.streaming.StreamRelay` in a
 :class:`~gateway.relay.response.RelayResponse`, non-streaming through
 :meth:`~gateway.relay.dispatch.Failover.complete`, both with failover before the
-first byte. A request still unanswered when the gateway's drain runs out gets 503
-``server_shutting_down`` (:mod:`gateway.relay.drain`).
+first byte. A stream that must wait is answered at once in ``admission.overload:
+queue`` mode, its body first telling it where it stands
+(:class:`~gateway.relay.queued.QueuedRelay`). A request still unanswered when the
+gateway's drain runs out gets 503 ``server_shutting_down`` (:mod:`gateway.relay.drain`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.admission.controller import AdmissionController
+from gateway.admission.controller import AdmissionController, Ticket, Waiting
 from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.errors import INVALID_REQUEST, GatewayError
-from gateway.relay.dispatch import Dispatcher, Failover
+from gateway.relay.dispatch import Attempt, Dispatcher, Failover
 from gateway.relay.drain import Drain, shutting_down
+from gateway.relay.queued import QueuedRelay
 from gateway.relay.response import RelayResponse
 from gateway.relay.streaming import StreamRelay
 from gateway.request.body import check_forwardable, check_limits
@@ -83,6 +86,7 @@ class CompletionService:
         self.tracing = tracing
         self.default_tokens = config.routing.expected_output_tokens
         self._tokens = series(metrics.tokens)
+        self._queued = series(metrics.queued_with_notice)
 
     async def serve(
         self,
@@ -152,17 +156,22 @@ class CompletionService:
     ) -> Response:
         """Admission, then the backend; ``headers`` gain the admission's."""
         token = await self.tokens.header(ctx.request_id, tenant.name)
-        admit = self.admission.admit(ctx, tenant, estimate_prompt_tokens(raw))
+        arrive = self.admission.arrive(ctx, tenant, estimate_prompt_tokens(raw))
+        queued_stream = ctx.stream and self.config.admission.overload == "queue"
         try:
             with span_of(trace, "tokenpace.admission"):
-                ticket = await watch.run(admit)
+                entered = await watch.run(arrive)
+                if isinstance(entered, Waiting) and not queued_stream:
+                    entered = await watch.run(entered.ticket())
         except ClientGone:
             return client_gone(record)
+        headers.update(entered.rate.headers())
+        headers.update(token)
+        if isinstance(entered, Waiting):
+            return await self._queued_stream(entered, raw, ctx, record, headers, trace)
         # from here every path closes the ticket (no await until _stream/_complete); the
         # failover moves it on in the router's order
-        failover = self.dispatcher.failover(raw, ctx, ticket, trace)
-        headers.update(ticket.rate.headers())
-        headers.update(token)
+        failover = self.dispatcher.failover(raw, ctx, entered, trace)
         if ctx.stream:
             return await self._stream(watch, failover, record, headers)
         return await self._complete(watch, failover, record, headers)
@@ -188,7 +197,7 @@ class CompletionService:
         record: RequestRecord,
         headers: dict[str, str],
     ) -> Response:
-        ctx, ticket = failover.ctx, failover.hold
+        ticket = failover.hold
         try:
             attempt = await watch.run(failover.open_stream())
         except GatewayError:
@@ -203,22 +212,63 @@ class CompletionService:
             await ticket.close()
             raise
         record.backend = attempt.state.name
-
-        async def finished(result: StreamOutcome) -> None:
-            """Once, after the relay's teardown: the record, the tokens, the slot back."""
-            record.finished_stream(result)
-            self._count_tokens(ctx, result.backend, result.tokens)
-            self.telemetry.record_stream(ctx, result)
-            await ticket.close()
-
-        relay = StreamRelay(
-            failover, self.metrics, self.config.timeouts, attempt, self.drain, on_finish=finished
-        )
+        relay = self._relay(failover, attempt, record)
         try:
             return RelayResponse(relay, headers)
         except BaseException:
             await relay.finish()
             raise
+
+    def _relay(self, failover: Failover, attempt: Attempt, record: RequestRecord) -> StreamRelay:
+        """The relay of a stream opened by ``attempt``; when it ends: the record, the
+        tokens, the slot back."""
+        ctx, ticket = failover.ctx, failover.hold
+
+        async def finished(result: StreamOutcome) -> None:
+            """Once, after the relay's teardown."""
+            record.finished_stream(result)
+            self._count_tokens(ctx, result.backend, result.tokens)
+            self.telemetry.record_stream(ctx, result)
+            await ticket.close()
+
+        return StreamRelay(
+            failover, self.metrics, self.config.timeouts, attempt, self.drain, on_finish=finished
+        )
+
+    async def _queued_stream(
+        self,
+        waiting: Waiting,
+        raw: dict[str, Any],
+        ctx: RequestContext,
+        record: RequestRecord,
+        headers: dict[str, str],
+        trace: RequestTrace | None,
+    ) -> Response:
+        """A stream answered 200 while it waits: queue notices, then the relay."""
+
+        async def start(ticket: Ticket) -> StreamRelay:
+            failover = self.dispatcher.failover(raw, ctx, ticket, trace)
+            try:
+                attempt = await failover.open_stream()
+            except BaseException:
+                record.backend = failover.backend or record.backend
+                await ticket.close()
+                raise
+            record.backend = attempt.state.name
+            return self._relay(failover, attempt, record)
+
+        def failed(exc: GatewayError) -> None:
+            record.outcome = "error"
+            record.error = exc.message
+
+        body = QueuedRelay(waiting, start, failed, self.drain)
+        try:
+            response = RelayResponse(body, headers)
+        except BaseException:
+            await waiting.abandon()
+            raise
+        self._queued(ctx.tenant, ctx.tier.name).inc()
+        return response
 
     async def _complete(
         self,

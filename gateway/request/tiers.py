@@ -113,7 +113,7 @@ def resolve_tier(
 
     ttft_raw, tds_raw = options.get("ttft"), options.get("tds")
     if ttft_raw is None and tds_raw is None:
-        return ResolvedTier(base_name, base.ttft, base.tds, base.priority)
+        return ResolvedTier(base_name, base.ttft, base.tds, base.priority, base.overload_after_s)
 
     # Explicit expectations: malformed numbers first (400), then the plan (403), then the
     # plan's range (400).

@@ -6,7 +6,9 @@ Two implementations with the same behaviour: :class:`gateway.store.memory.Memory
 Lua script, so every read-modify-write is atomic). ``tests/gateway/store/test_stores.py`` runs one
 suite against both. Operations are coarse on purpose: one call is one round trip.
 
-Fair share is the Virtual Token Counter of the VTC slides (Sheng et al.,
+The admission order is the plans' rule over the backends' slots, with VTC between
+tenants of one weight (:mod:`gateway.store.queue`). Fair share is the Virtual Token
+Counter of the VTC slides (Sheng et al.,
 "Fairness in Serving Large Language Models"):
 :meth:`Store.arrive` is VTC's *enqueue* (counter lift when the tenant had nothing
 queued) and, when the request is the head of the queue and a backend has a free slot,
@@ -56,10 +58,15 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """A backend that may take the request, and its cap on requests in flight (0: none)."""
+    """A backend serving the request's model, and its cap on requests in flight (0: none).
+
+    Every backend serving the model counts in its slots (the plans' shares,
+    :mod:`gateway.store.queue`); only a ``candidate`` may be granted (healthy, and with
+    room by its own report)."""
 
     backend: str
     capacity: int
+    candidate: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +94,9 @@ class Admission:
     ``limited``: a rate limit or budget (``limited_by``) refused it, retry after
     ``retry_after_ms`` (-1: never fits); ``queue_full``: the tenant's queue is at its
     bound; ``gone``: the queue no longer knows the request (its lease lapsed, or the
-    store restarted empty): arrive again.
+    store restarted empty): arrive again. :meth:`Store.arrive`'s ``queued`` and ``full``
+    answers also say where the request stands: ``position`` (1: next) and ``wait_s``,
+    the estimated wait (:mod:`gateway.store.queue`).
     """
 
     status: Status
@@ -97,6 +106,22 @@ class Admission:
     retry_after_ms: float = 0.0
     limited_by: str | None = None
     rate: RateState = field(default_factory=RateState)
+    position: int = 0
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """Where queued requests of a model stand: each one's place (1: next to be admitted)
+    and the recent interval between the model's admissions, in seconds
+    (:func:`gateway.store.queue.admission_interval`)."""
+
+    places: dict[str, int]
+    interval_s: float
+
+    def wait_s(self, request_id: str) -> float:
+        """The estimated wait of a queued request: its place × the interval."""
+        return self.places[request_id] * self.interval_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +223,13 @@ class Store(ABC):
     @abstractmethod
     async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
         """Admit a queued request if it is now the head and a slot is free; renew its place."""
+
+    @abstractmethod
+    async def standing(
+        self, model: str, request_ids: Sequence[str], slots: Sequence[Slot]
+    ) -> Standing:
+        """The places of those of ``request_ids`` still queued for ``model`` (``slots``:
+        its backends), and the interval between its recent admissions."""
 
     @abstractmethod
     async def leave(self, request_id: str) -> None:

@@ -1,7 +1,8 @@
 """In-process store: the default without Redis, and the local fallback while it is down.
 
-Fair share uses :class:`qos.fairness.VirtualTokenCounter` itself; the queue, slots and
-windows follow the same rules as the Lua scripts of :mod:`gateway.store.redis`.
+Fair share uses :class:`qos.fairness.VirtualTokenCounter` itself and the queue's order
+:func:`gateway.store.queue.admission_order`; the queue, slots and windows follow the same
+rules as the Lua scripts of :mod:`gateway.store.redis`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from gateway.store.base import (
     ReportResult,
     RequestInfo,
     Slot,
+    Standing,
     Store,
+)
+from gateway.store.queue import (
+    ADMISSIONS_KEPT,
+    Queued,
+    admission_interval,
+    admission_order,
+    capacity_of,
 )
 from gateway.store.ratelimit import RateState, estimate, reset_ms, wait_ms, window_position
 from qos.fairness import VirtualTokenCounter
@@ -52,6 +61,9 @@ class MemoryStore(Store):
         self.tenants: dict[str, str] = {}
         self._waiters: dict[str, _Waiter] = {}
         self._slots: dict[str, dict[str, float]] = {}
+        self._holders: dict[str, str] = {}  # request id -> tenant, of every slot granted
+        self._weights: dict[str, float] = {}  # tenant -> weight, as last seen
+        self._admitted: dict[str, deque[float]] = {}  # model -> recent admission times (ms)
         self._windows: dict[str, float] = {}  # "kind:tenant:index" -> count
         self._requests: OrderedDict[str, RequestInfo] = OrderedDict()
         self._reported: set[str] = set()
@@ -113,6 +125,7 @@ class MemoryStore(Store):
         for held in self._slots.values():
             for rid in [r for r, t in held.items() if t <= now]:
                 del held[rid]
+                self._holders.pop(rid, None)
 
     def _drop(self, rid: str) -> _Waiter | None:
         w = self._waiters.pop(rid, None)
@@ -120,27 +133,37 @@ class MemoryStore(Store):
             self.vtc.dequeue(w.tenant)
         return w
 
-    def _head(self, model: str) -> str | None:
-        best: tuple[float, float, str] | None = None
-        for w in self._waiters.values():
-            if w.model == model:
-                key = (self.vtc.counter(w.tenant), w.deadline_ms, w.request_id)
-                if best is None or key < best:
-                    best = key
-        return best[2] if best else None
+    def _order(self, model: str, slots: Sequence[Slot]) -> list[str]:
+        """The model's queued requests in admission order (gateway.store.queue)."""
+        holds: dict[str, int] = {}
+        for slot in slots:
+            for rid in self._slots.get(slot.backend, {}):
+                tenant = self._holders.get(rid)
+                if tenant is not None:
+                    holds[tenant] = holds.get(tenant, 0) + 1
+        queued = [
+            Queued(w.request_id, w.tenant, w.deadline_ms)
+            for w in self._waiters.values()
+            if w.model == model
+        ]
+        capacity = capacity_of([s.capacity for s in slots])
+        return admission_order(queued, holds, self._weights, self.vtc.counters, capacity)
 
     def _try(self, rid: str, slots: Sequence[Slot], lease_s: float, now: float) -> Admission:
         w = self._waiters.get(rid)
         if w is None:
             return Admission("gone")
-        head = self._head(w.model)
-        if head != rid:
-            return Admission("queued", head=head, counter=self.vtc.counter(w.tenant))
+        order = self._order(w.model, slots)
+        if order[0] != rid:
+            return Admission("queued", head=order[0], counter=self.vtc.counter(w.tenant))
         for slot in slots:
             held = self._slots.setdefault(slot.backend, {})
-            if slot.capacity <= 0 or len(held) < slot.capacity:
+            if slot.candidate and (slot.capacity <= 0 or len(held) < slot.capacity):
                 held[rid] = now + lease_s * 1000
+                self._holders[rid] = w.tenant
                 self._drop(rid)
+                admitted = self._admitted.setdefault(w.model, deque(maxlen=ADMISSIONS_KEPT))
+                admitted.append(now)
                 self.vtc.charge(w.tenant, w.weight, prompt_tokens=w.prompt)
                 counter = self.vtc.counter(w.tenant)
                 return Admission("admitted", backend=slot.backend, counter=counter)
@@ -192,6 +215,7 @@ class MemoryStore(Store):
             req.request_id, RequestInfo(req.tenant, req.tier, req.ttft_s, req.tds, req.model)
         )
         self.vtc.enqueue(req.tenant)
+        self._weights[req.tenant] = req.weight
         self._waiters[req.request_id] = _Waiter(
             req.request_id,
             req.tenant,
@@ -202,7 +226,19 @@ class MemoryStore(Store):
             now + lease_s * 1000,
         )
         result = self._try(req.request_id, slots, lease_s, now)
-        return Admission(result.status, result.backend, result.head, result.counter, rate=rate)
+        position, wait_s = 0, 0.0
+        if result.status != "admitted":
+            position = self._order(req.model, slots).index(req.request_id) + 1
+            wait_s = position * admission_interval(self._admitted.get(req.model, ()), now)
+        return Admission(
+            result.status,
+            result.backend,
+            result.head,
+            result.counter,
+            rate=rate,
+            position=position,
+            wait_s=wait_s,
+        )
 
     async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
         now = _now_ms()
@@ -211,6 +247,15 @@ class MemoryStore(Store):
         if w is not None:
             w.lease_ms = now + lease_s * 1000
         return self._try(request_id, slots, lease_s, now)
+
+    async def standing(
+        self, model: str, request_ids: Sequence[str], slots: Sequence[Slot]
+    ) -> Standing:
+        now = _now_ms()
+        self._expire(now)
+        place = {rid: i for i, rid in enumerate(self._order(model, slots), 1)}
+        asked = {rid: place[rid] for rid in request_ids if rid in place}
+        return Standing(asked, admission_interval(self._admitted.get(model, ()), now))
 
     async def leave(self, request_id: str) -> None:
         self._drop(request_id)
@@ -227,6 +272,7 @@ class MemoryStore(Store):
 
     async def release(self, request_id: str, backend: str) -> None:
         self._slots.get(backend, {}).pop(request_id, None)
+        self._holders.pop(request_id, None)
 
     async def renew(
         self, slots: Iterable[tuple[str, str]], waiting: Iterable[str], lease_s: float

@@ -2,7 +2,9 @@
 
 The scripts are the atomic form of :class:`qos.fairness.VirtualTokenCounter` (enqueue
 with counter lift, dequeue, charge; ``w_p``/``w_q`` are passed in from
-:mod:`qos.fairness`, never written here) and of :mod:`gateway.store.ratelimit`'s windows;
+:mod:`qos.fairness`, never written here), of the queue's order and wait estimate
+(:mod:`gateway.store.queue`, whose constants are passed in too) and of
+:mod:`gateway.store.ratelimit`'s windows;
 ``tests/gateway/store/test_stores.py`` checks them against the Python on the same events. Times are
 the Redis server's (``TIME``), so replicas need no synchronised clocks.
 
@@ -16,6 +18,8 @@ Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot)
 ``wt:<model>``         SET tenants with requests queued for the model
 ``wl``                 ZSET request id -> lease expiry (ms) of queue places
 ``wr``                 HASH request id -> "tenant\\nweight\\nprompt\\nmodel"
+``tw``                 HASH tenant -> weight, as last seen (the plans' shares)
+``ad:<model>``         LIST the model's recent admission times (ms), newest first
 ``s:<backend>``        ZSET request id -> lease expiry (ms): the backend's slots, one per
                        request it serves (a failover moves it)
 ``r|t:<tenant>:<min>`` STRING requests / tokens in a one-minute window
@@ -51,9 +55,11 @@ from gateway.store.base import (
     ReportResult,
     RequestInfo,
     Slot,
+    Standing,
     Status,
     Store,
 )
+from gateway.store.queue import ADMISSION_HORIZON_S, ADMISSIONS_KEPT
 from gateway.store.ratelimit import RateState
 from qos.fairness import W_OUTPUT, W_PROMPT
 
@@ -81,8 +87,11 @@ def _status(value: str) -> Status:
 def _slot_args(slots: Sequence[Slot]) -> list[Any]:
     out: list[Any] = []
     for s in slots:
-        out += [s.backend, s.capacity]
+        out += [s.backend, s.capacity, int(s.candidate)]
     return out
+
+
+_HORIZON_MS = int(ADMISSION_HORIZON_S * 1000)
 
 
 def _rate(r: list[Any]) -> RateState:
@@ -118,6 +127,7 @@ class RedisStore(Store):
         r = self.redis
         self._arrive = r.register_script(_lua("arrive", prelude=True))
         self._retry = r.register_script(_lua("retry", prelude=True))
+        self._standing = r.register_script(_lua("standing", prelude=True))
         self._leave = r.register_script(_lua("leave", prelude=True))
         self._move = r.register_script(_lua("move", prelude=True))
         self._renew = r.register_script(_lua("renew", prelude=True))
@@ -221,6 +231,8 @@ class RedisStore(Store):
             req.tier,
             repr(float(req.ttft_s)),
             repr(float(req.tds)),
+            ADMISSIONS_KEPT,
+            _HORIZON_MS,
             *_slot_args(slots),
         ]
         r = await self._arrive(args=args)
@@ -235,10 +247,14 @@ class RedisStore(Store):
             retry_after_ms=float(_s(r[3])),
             limited_by=_s(r[4]) or None,
             rate=_rate(r),
+            position=int(r[11]),
+            wait_s=float(_s(r[12])),
         )
 
     async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
-        args = [self.p, request_id, W_PROMPT, int(lease_s * 1000), *_slot_args(slots)]
+        lease_ms = int(lease_s * 1000)
+        args: list[Any] = [self.p, request_id, W_PROMPT, lease_ms, ADMISSIONS_KEPT, _HORIZON_MS]
+        args += _slot_args(slots)
         r = await self._retry(args=args)
         status = _s(r[0])
         return Admission(
@@ -247,6 +263,15 @@ class RedisStore(Store):
             head=_s(r[1]) if status in ("queued", "full") and r[1] else None,
             counter=float(_s(r[2])),
         )
+
+    async def standing(
+        self, model: str, request_ids: Sequence[str], slots: Sequence[Slot]
+    ) -> Standing:
+        args: list[Any] = [self.p, model, _HORIZON_MS, len(request_ids), *request_ids]
+        args += _slot_args(slots)
+        r = await self._standing(args=args)
+        places = {_s(r[i]): int(r[i + 1]) for i in range(1, len(r), 2)}
+        return Standing(places, float(_s(r[0])))
 
     async def leave(self, request_id: str) -> None:
         await self._leave(args=[self.p, request_id])

@@ -30,6 +30,7 @@ from gateway.store.base import (
     ReportResult,
     RequestInfo,
     Slot,
+    Standing,
     Store,
     StoreUnavailable,
 )
@@ -300,6 +301,12 @@ class ResilientStore(Store):
 
     async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
         return await self._either("retry", request_id, slots, lease_s)
+
+    async def standing(
+        self, model: str, request_ids: Sequence[str], slots: Sequence[Slot]
+    ) -> Standing:
+        result: Standing = await self._either("standing", model, request_ids, slots)
+        return result
 
     async def leave(self, request_id: str) -> None:
         await self.local.leave(request_id)

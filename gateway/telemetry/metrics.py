@@ -24,6 +24,12 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   from the router at scrape time.
 - ``tokenpace_admissions_total{tenant,outcome}``, ``tokenpace_queue_waiting``,
   ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission.controller`).
+- ``tokenpace_queued_with_notice_total{tenant,tier}``: streams answered 200 at once
+  while they wait for an engine, told their place in line about once a second;
+  ``tokenpace_overloaded_total{tenant,tier,answer}``: requests answered ``overloaded``,
+  ``answer`` one of ``at_arrival`` (503, the estimated wait past the tier's bound),
+  ``at_bound`` (503 once the bound passed) and ``in_stream`` (an error event after the
+  200).
 - ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
   ``telemetry.window_s`` (:mod:`gateway.telemetry.reports`), refreshed at each scrape.
 
@@ -286,6 +292,18 @@ class GatewayMetrics:
             "tokenpace_admissions",
             "admission decisions (admitted, queued, limited, queue_full, timeout, gone_away)",
             ["tenant", "outcome"],
+            registry=r,
+        )
+        self.queued_with_notice = Counter(
+            "tokenpace_queued_with_notice",
+            "streams answered 200 at once while they wait for an engine, with queue notices",
+            ["tenant", "tier"],
+            registry=r,
+        )
+        self.overloaded = Counter(
+            "tokenpace_overloaded",
+            "requests answered 'overloaded' (answer=at_arrival|at_bound|in_stream)",
+            ["tenant", "tier", "answer"],
             registry=r,
         )
         self.queue_waiting = Gauge(

@@ -129,6 +129,23 @@ function displayGaps(displayed, tds) {
   return shown.slice(1).map((d, k) => d - shown[k] - 1 / tds);
 }
 
+/** A gateway configuration (YAML): tenant `demo` with `DEMO_KEY`, one embedded engine. */
+function oneEngine(model, options, more = []) {
+  return [
+    "tenants:",
+    "  - name: demo",
+    "    api_keys:",
+    `      - key: "${DEMO_KEY}"`,
+    "backends:",
+    "  - name: engine",
+    "    kind: embedded",
+    `    models: [${model}]`,
+    `    options: ${options}`,
+    ...more.map((line) => `    ${line}`),
+    "",
+  ].join("\n");
+}
+
 function median(values) {
   const sorted = [...values].sort((a, b) => a - b);
   return sorted[Math.floor(sorted.length / 2)];
@@ -308,9 +325,10 @@ describe("demo page", () => {
 
 describe("demo page: queue notices and freezes", () => {
   test("while queue notices come, the page says how long the wait should be (a scripted server response)", { timeout: 60_000 }, async () => {
-    // The gateway does not send queue notices yet: the page's completions request is
-    // routed to a scripted server that answers as the protocol says (docs/protocol.md,
-    // "Queue notices"): notices, then (told by the test) a reply with a 1.2 s stop.
+    // Exact notices and an exact stop: the page's completions request is routed to a
+    // scripted server that answers as the protocol says (docs/protocol.md, "Queue
+    // notices"): notices, then (told by the test) a reply with a 1.2 s stop. The real
+    // gateway's notices are the next test's.
     const steps = [];
     let next = () => undefined;
     const scripted = await startScriptedServer(async (_req, res) => {
@@ -373,22 +391,52 @@ describe("demo page: queue notices and freezes", () => {
     }
   });
 
+  test("a real overloaded gateway: the page says the request is queued, then streams it", { timeout: 90_000 }, async () => {
+    // One engine slot (max_concurrent: 1) on an embedded engine at 0.05x speed: a
+    // 40-token reply holds it for about 4 s, and the page's request waits behind it.
+    const busy = await startGateway({
+      config: oneEngine("tokenpace-sim-one", "{time_scale: 0.05}", ["max_concurrent: 1"]),
+    });
+    const busyBrowser = await launchBrowser(busy.url);
+    try {
+      const holder = await fetch(`${busy.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { Authorization: `Bearer ${DEMO_KEY}`, "Content-Type": "application/json" },
+        body: JSON.stringify({ model: "tokenpace-sim-one", messages: [{ role: "user", content: "hold" }], stream: true, max_tokens: 40 }),
+      });
+      assert.equal(holder.status, 200);
+      const held = holder.text(); // read to the end meanwhile
+      const { page } = await openDemo(busyBrowser, busy);
+      await enterKey(page, busy.demoKey);
+      await sendMessage(page, { tier: "chat", maxTokens: 4, text: "Wait in line" });
+      await page.waitForSelector("#status[data-state=queued]", { timeout: 10_000 });
+      const waiting = await page.textContent("#status");
+      assert.match(waiting, /^Waiting for an engine(, about \d+ s)? \(number 1 in line\)…$/);
+      await screenshot(page, "demo-queued-gateway.png");
+      await page.waitForSelector("#status[data-state=done]", { timeout: 30_000 });
+      assert.match(await held, /data: \[DONE\]/);
+      const states = (await statuses(page)).map(([state]) => state);
+      assert.deepEqual(
+        states.filter((s, i) => s !== states[i - 1]),
+        ["idle", "waiting", "queued", "streaming", "done"],
+        "queued until the first token, then streaming",
+      );
+      assert.ok((await page.textContent("#reply")).length > 0);
+      const metrics = await busy.get("/metrics", busy.adminKey);
+      assert.equal(counter(metrics, "tokenpace_queued_with_notice_total", { tenant: "demo", tier: "chat" }), 1);
+      assert.deepEqual(busyBrowser.refused, []);
+      await page.close();
+    } finally {
+      await busyBrowser.close();
+      await busy.stop();
+    }
+  });
+
   test("a reply from an engine slower than the tier: its freezes are shaded and the longest shown", { timeout: 90_000 }, async (t) => {
     // The embedded engine run at 0.08x of opt-66b's speed: about 0.5 s a token against the
     // chat tier's 4.8 tokens/s, so the reader waits about 0.3 s for every token after the first.
     const slow = await startGateway({
-      config: [
-        "tenants:",
-        "  - name: demo",
-        "    api_keys:",
-        `      - key: "${DEMO_KEY}"`,
-        "backends:",
-        "  - name: slow",
-        "    kind: embedded",
-        "    models: [tokenpace-sim-slow]",
-        "    options: {profile: opt-66b-4xa100, time_scale: 0.08}",
-        "",
-      ].join("\n"),
+      config: oneEngine("tokenpace-sim-slow", "{profile: opt-66b-4xa100, time_scale: 0.08}"),
     });
     const slowBrowser = await launchBrowser(slow.url);
     try {

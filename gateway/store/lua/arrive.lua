@@ -1,18 +1,20 @@
 -- ARGV: P, rid, tenant, weight, model, ttft_ms, prompt, expected, wp, rpm, tpm, budget,
--- budget_period_s, max_queued, lease_ms, request ttl s, tier, ttft, tds, slot pairs...
+-- budget_period_s, max_queued, lease_ms, request ttl s, tier, ttft, tds, admissions kept,
+-- their horizon (ms), slot triples...
 local rid, tenant, weight, model = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttft_ms, prompt, expected = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local wp, rpm, tpm = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local budget, period_s, max_queued = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local lease_ms, ttl = tonumber(ARGV[15]), tonumber(ARGV[16])
+local kept, horizon_ms = tonumber(ARGV[20]), tonumber(ARGV[21])
 local now = now_ms()
 expire_waiters(now)
 local idx = math.floor(now / W)
 local frac = (now - idx * W) / W
 local rate = {0, 0, 0, 0, 0, 0}
-local function answer(status, a, b, retry, by)
+local function answer(status, a, b, retry, by, position, wait)
   return {status, a, b, tostring(retry), by, rate[1], rate[2], tostring(rate[3]),
-    rate[4], rate[5], tostring(rate[6])}
+    rate[4], rate[5], tostring(rate[6]), position or 0, fmt(wait or 0)}
 end
 if rpm > 0 or tpm > 0 then
   local rp, rc = window('r', tenant, idx)
@@ -56,5 +58,13 @@ redis.call('ZADD', P..'w:'..tenant..'|'..model, now + ttft_ms, rid)
 redis.call('SADD', P..'wt:'..model, tenant)
 redis.call('ZADD', P..'wl', now + lease_ms, rid)
 redis.call('HSET', P..'wr', rid, tenant..'\n'..weight..'\n'..prompt..'\n'..model)
-local r = try_admit(rid, now, lease_ms, wp, 20)
-return answer(r[1], r[2], r[3], 0, '')
+redis.call('HSET', P..'tw', tenant, weight)
+local slots = slot_list(22)
+local r, v = try_admit(rid, now, lease_ms, wp, slots, kept, horizon_ms)
+if r[1] == 'admitted' then return answer(r[1], r[2], r[3], 0, '') end
+local position = 0
+for i, id in ipairs(queue_order(v, model)) do
+  if id == rid then position = i; break end
+end
+local wait = position * admission_interval(model, now, horizon_ms)
+return answer(r[1], r[2], r[3], 0, '', position, wait)

@@ -48,40 +48,167 @@ local function enqueue(tenant)
   end
   redis.call('HINCRBY', P..'wn', tenant, 1)
 end
--- the head of a model's queue: least counter, then earliest deadline, then id
-local function head(model)
-  local best, bc, bd = nil, 0, 0
-  for _, t in ipairs(redis.call('SMEMBERS', P..'wt:'..model)) do
-    local first = redis.call('ZRANGE', P..'w:'..t..'|'..model, 0, 0, 'WITHSCORES')
-    if #first > 0 then
-      local c, d = num(redis.call('HGET', P..'vtc', t)), tonumber(first[2])
-      if best == nil or c < bc or (c == bc and (d < bd or (d == bd and first[1] < best))) then
-        best, bc, bd = first[1], c, d
+-- qos.fairness.water_fill, in the same arithmetic: weighted max-min split of total
+local function water_fill(asked, weights, total)
+  local share, open = {}, {}
+  for i = 1, #asked do share[i], open[i] = 0.0, asked[i] > 0 end
+  local left = total
+  while left > 1e-12 do
+    local weight, any_open = 0, false
+    for i = 1, #asked do
+      if open[i] then weight, any_open = weight + weights[i], true end
+    end
+    if not any_open then break end
+    local offer, capped, any_capped = {}, {}, false
+    for i = 1, #asked do
+      offer[i] = open[i] and left * weights[i] / weight or 0.0
+      capped[i] = open[i] and share[i] + offer[i] >= asked[i]
+      any_capped = any_capped or capped[i]
+    end
+    if not any_capped then
+      for i = 1, #asked do share[i] = share[i] + offer[i] end
+      return share
+    end
+    for i = 1, #asked do
+      if capped[i] then
+        left = left - (asked[i] - share[i])
+        share[i], open[i] = asked[i], false
       end
     end
   end
-  return best
+  return share
 end
--- admit rid if it is the head and a slot is free; slots are ARGV[first..] pairs
-local function try_admit(rid, now, lease_ms, wp, first)
+-- the model's backends, ARGV triples (backend, cap, candidate 1/0) from index first
+local function slot_list(first)
+  local out = {}
+  for i = first, #ARGV, 3 do
+    out[#out + 1] = {ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2] == '1'}
+  end
+  return out
+end
+-- gateway.store.queue.admission_order's view of a model's queue: the tenants queued
+-- (sorted), their counters and weights, and, when the plans order it, holds and shares.
+-- With fewer than two tenants queued the order is theirs by deadline either way: the
+-- holds are not read.
+local function queue_view(model, slots, now)
+  local v = {tenants = redis.call('SMEMBERS', P..'wt:'..model), c = {}, w = {}, hold = {},
+    share = {}, plans = false}
+  table.sort(v.tenants)
+  local function weight(t)
+    if v.w[t] == nil then v.w[t] = tonumber(redis.call('HGET', P..'tw', t)) or 1 end
+    return v.w[t]
+  end
+  for _, t in ipairs(v.tenants) do v.c[t] = num(redis.call('HGET', P..'vtc', t)) end
+  local capacity = 0
+  for _, s in ipairs(slots) do
+    if s[2] <= 0 then return v end  -- a backend without a cap: no plans
+    capacity = capacity + s[2]
+  end
+  if #v.tenants < 2 then return v end
+  for _, s in ipairs(slots) do
+    local skey = P..'s:'..s[1]
+    redis.call('ZREMRANGEBYSCORE', skey, '-inf', now)
+    for _, rid in ipairs(redis.call('ZRANGE', skey, 0, -1)) do
+      local t = redis.call('HGET', P..'req:'..rid, 'tenant')
+      if t then v.hold[t] = (v.hold[t] or 0) + 1 end
+    end
+  end
+  local seen, present = {}, {}
+  for _, t in ipairs(v.tenants) do seen[t] = true; present[#present + 1] = t end
+  for t, _ in pairs(v.hold) do
+    if not seen[t] then present[#present + 1] = t end
+  end
+  table.sort(present)
+  local wants, weights, lo, hi = {}, {}, nil, nil
+  for i, t in ipairs(present) do
+    wants[i] = (v.hold[t] or 0) + redis.call('ZCARD', P..'w:'..t..'|'..model)
+    weights[i] = weight(t)
+    lo = (lo == nil or weights[i] < lo) and weights[i] or lo
+    hi = (hi == nil or weights[i] > hi) and weights[i] or hi
+  end
+  if lo == hi then return v end
+  v.plans = true
+  local split = water_fill(wants, weights, capacity)
+  for i, t in ipairs(present) do v.share[t] = split[i] end
+  return v
+end
+-- the sort key of tenant t's k-th queued request (deadline d, id rid)
+local function order_key(v, t, k, d, rid)
+  if not v.plans then return {0, 0, v.c[t], d, rid} end
+  if (v.hold[t] or 0) + k <= v.share[t] + 1e-9 then return {0, 0, 0, d, rid} end
+  return {1, -v.w[t], v.c[t], d, rid}
+end
+local function before(a, b)
+  for i = 1, 5 do
+    if a[i] ~= b[i] then return a[i] < b[i] end
+  end
+  return false
+end
+-- the head of a model's queue: the least key among the tenants' first requests (each
+-- tenant's keys grow along its queue)
+local function head(v, model)
+  local best = nil
+  for _, t in ipairs(v.tenants) do
+    local first = redis.call('ZRANGE', P..'w:'..t..'|'..model, 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      local key = order_key(v, t, 1, tonumber(first[2]), first[1])
+      if best == nil or before(key, best) then best = key end
+    end
+  end
+  return best and best[5]
+end
+-- every request queued for the model, in admission order
+local function queue_order(v, model)
+  local keys = {}
+  for _, t in ipairs(v.tenants) do
+    local q = redis.call('ZRANGE', P..'w:'..t..'|'..model, 0, -1, 'WITHSCORES')
+    for i = 1, #q, 2 do keys[#keys + 1] = order_key(v, t, (i + 1) / 2, tonumber(q[i + 1]), q[i]) end
+  end
+  table.sort(keys, before)
+  local out = {}
+  for i, key in ipairs(keys) do out[i] = key[5] end
+  return out
+end
+-- gateway.store.queue.admission_interval over the model's recent admissions (ms)
+local function admission_interval(model, now, horizon_ms)
+  local n, oldest = 0, nil
+  for _, t in ipairs(redis.call('LRANGE', P..'ad:'..model, 0, -1)) do
+    t = tonumber(t)
+    if t > now - horizon_ms then
+      n = n + 1
+      if oldest == nil or t < oldest then oldest = t end
+    end
+  end
+  if n == 0 then return horizon_ms / 1000 end
+  return (now - oldest) / 1000 / n
+end
+-- admit rid if it is the head and a candidate backend has a free slot; kept: how many
+-- admission times the model's log keeps, horizon_ms: for how long. Also returns the
+-- queue's view (before the admission).
+local function try_admit(rid, now, lease_ms, wp, slots, kept, horizon_ms)
   local info = redis.call('HGET', P..'wr', rid)
   if not info then return {'gone', '', '0'} end
   local tenant, weight, prompt, model = parse(info)
-  local h = head(model)
+  local v = queue_view(model, slots, now)
+  local h = head(v, model)
   local counter = num(redis.call('HGET', P..'vtc', tenant))
-  if h ~= rid then return {'queued', h or '', fmt(counter)} end
-  for i = first, #ARGV, 2 do
-    local skey, cap = P..'s:'..ARGV[i], tonumber(ARGV[i + 1])
+  if h ~= rid then return {'queued', h or '', fmt(counter)}, v end
+  for _, s in ipairs(slots) do
+    local skey, cap = P..'s:'..s[1], s[2]
     redis.call('ZREMRANGEBYSCORE', skey, '-inf', now)
-    if cap <= 0 or redis.call('ZCARD', skey) < cap then
+    if s[3] and (cap <= 0 or redis.call('ZCARD', skey) < cap) then
       redis.call('ZADD', skey, now + lease_ms, rid)
       drop_waiter(rid)
       local c = redis.call('HINCRBYFLOAT', P..'vtc', tenant,
         wp * tonumber(prompt) / tonumber(weight))
-      return {'admitted', ARGV[i], c}
+      local log = P..'ad:'..model
+      redis.call('LPUSH', log, fmt(now))
+      redis.call('LTRIM', log, 0, kept - 1)
+      redis.call('PEXPIRE', log, horizon_ms)
+      return {'admitted', s[1], c}, v
     end
   end
-  return {'full', rid, fmt(counter)}
+  return {'full', rid, fmt(counter)}, v
 end
 local W = 60000
 local function window(kind, tenant, idx)

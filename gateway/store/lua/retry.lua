@@ -1,6 +1,7 @@
--- ARGV: P, rid, wp, lease_ms, slot pairs...
+-- ARGV: P, rid, wp, lease_ms, admissions kept, their horizon (ms), slot triples...
 local rid, wp, lease_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 expire_waiters(now)
 if redis.call('ZSCORE', P..'wl', rid) then redis.call('ZADD', P..'wl', now + lease_ms, rid) end
-return try_admit(rid, now, lease_ms, wp, 5)
+local r = try_admit(rid, now, lease_ms, wp, slot_list(7), tonumber(ARGV[5]), tonumber(ARGV[6]))
+return r

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import socket
 import subprocess
@@ -15,8 +16,10 @@ import pytest
 
 from gateway.cli import add_gateway_commands, banner, check_config, load_serve_config
 from gateway.config.loader import demo_config, load_config, parse_config
-from gateway.config.schema import DEFAULT_TIERS, ConfigError, hash_key
+from gateway.config.schema import DEFAULT_TIERS, OVERLOAD_AFTER_TTFTS, ConfigError, hash_key
+from gateway.request.tiers import resolve_tier
 from gateway.version import VERSION
+from qos.policy.reader import ReaderGuard
 from tests.support.paths import ROOT
 from tests.support.ports import free_port
 
@@ -107,6 +110,24 @@ def test_contract_default_tiers():
     }
 
 
+def test_the_overload_bound_is_the_reader_guards_overdue_multiple():
+    """Ten TTFTs: where the engines' reader guard starts admitting a waiting request as
+    overdue, the gateway stops letting one wait (unless the tier says otherwise)."""
+    guard = inspect.signature(ReaderGuard).parameters["overdue_after_ttfts"].default
+    assert OVERLOAD_AFTER_TTFTS == guard == 10.0
+    config = parse_config(
+        {
+            "tenants": [{"name": "ok", "api_keys": ["tp-fine-key-1"]}],
+            "tiers": {"chat": {"ttft": 1.0, "tds": 4.8, "overload_after_s": 4.0}},
+        }
+    )
+    tenant = config.tenants[0]
+    assert resolve_tier(config, tenant, "chat", None).wait_bound_s == 4.0
+    assert resolve_tier(config, tenant, "fast", None).wait_bound_s == 5.0
+    assert resolve_tier(config, tenant, "batch", None).wait_bound_s == 600.0
+    assert config.admission.overload == "queue"
+
+
 @pytest.mark.parametrize(
     ("patch", "expected"),
     [
@@ -183,6 +204,8 @@ def test_contract_default_tiers():
         ),
         ({"tiers": {"chat": {"ttft": 1, "tds": -1}}}, "tiers.chat.tds"),
         ({"tiers": {"custom": {"ttft": 1, "tds": 1}}}, "reserved"),
+        ({"tiers": {"chat": {"ttft": 1, "tds": 4.8, "overload_after_s": -1}}}, "overload_after_s"),
+        ({"admission": {"overload": "drop"}}, "admission.overload"),
         ({"timeouts": {"idle_s": 0}}, "timeouts.idle_s"),
         ({"limits": {"max_body_bytes": "big"}}, "limits.max_body_bytes"),
         ({"colour": "blue"}, "colour: unknown key"),
