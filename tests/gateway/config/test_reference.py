@@ -93,6 +93,8 @@ def sections() -> dict[str, dict[str, tuple[str, str]]]:
         rows: dict[str, tuple[str, str]] = {}
         for key, field in model.model_fields.items():
             key = field.alias or key
+            if field.annotation is type(None):  # a key removed, refused with where it went
+                continue
             nested = _model_of(field.annotation)
             if nested is not None:
                 walk(
