@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -307,3 +308,25 @@ async def test_a_client_gone_while_queued_leaves_the_queue(key_prefix) -> None:
         assert not gw.state.admission._waiters.get(MODEL)
         assert sample(gw, "tokenpace_queue_waiting") == 0
     assert await gw.state.store.in_flight("up") == 0
+
+
+async def test_a_waiting_stream_ends_when_the_drain_runs_out(key_prefix) -> None:
+    """A stream answered 200 while it waits is one the gateway's drain ends too: an
+    OpenAI error event, ``server_shutting_down``, then ``[DONE]``."""
+    fake = CappedUpstream(n_tokens=1000, token_interval=INTERVAL)
+    config = {**bounded(30.0), "server": {"drain_s": 0.3}}
+    async with (
+        one_replica(fake, key_prefix, max_concurrent=1, **config) as gw,
+        holding(gw, 10.0),
+        gw.client(KEY) as c,
+        c.stream("POST", "/v1/chat/completions", json=chat("w", stream=True)) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.aiter_lines()
+        async for line in lines:
+            if line.startswith(": queued "):
+                break
+        gw.state.drain.begin()
+        events = [line async for line in lines if line.startswith("data: ")]
+    assert len(events) == 2 and events[-1] == "data: [DONE]", events  # never reached the engine
+    assert json.loads(events[0][6:])["error"]["code"] == "server_shutting_down"
