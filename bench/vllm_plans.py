@@ -1,0 +1,167 @@
+"""Price plans on a real vLLM engine: two tenants, weights 1 : 4, the plugin with plans
+(``andes-tp``) against the same policy with weights ignored (``andes-tp-unweighted``).
+
+Shared with ``tests/qos/vllm/test_tiering_e2e.py``. One vLLM OpenAI server per policy (the
+CPU build, ``.models/small-llama`` with dummy weights, started from ``.venv-vllm`` with
+this checkout's ``qos`` first on its path), four sequence slots (``--max-num-seqs 4``).
+The tokenpace gateway in front of it has two tenants, ``basic`` (weight 1) and
+``premium`` (weight 4), and tags every request with its tenant and weight. Both send the
+same demand: ``per_tenant`` requests each, interleaved, one every ``SPACING_S`` (so the
+policy decides who starts, not the race of a burst), 320 tokens, at a tier **scaled to
+the engine's measured speed**: a first gateway streams four 96-token replies at once to
+measure s, the tokens/s of one request in a full batch; the measured gateway's tier asks
+for ``tds_per_speed`` × s tokens/s after a first token within ``TTFT_TOKENS`` / TDS
+seconds. At the default 0.286, sixteen streams ask for about 1.14 times what the engine
+gives (overload); at 0.2, 0.8 times (room for both).
+
+The slack is 256 service units (``TOKENPACE_FAIR_SHARE_SLACK``): the shipped 8,192 is
+~5 s of a GPU engine's output and would outlast a whole run.
+
+    .venv/bin/python bench/vllm_plans.py --loads 0.2,0.286
+
+prints each tenant's client-measured average QoE, first-token wait and longest freeze
+per policy and load (a few minutes per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_harness import (
+    Job,
+    JobResult,
+    VllmServer,
+    gateway_config,
+    median_decode_speed,
+    run_jobs,
+    serve_gateway,
+    tenant_key,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OVERLOAD_TDS_PER_SPEED = 0.286  # 16 streams at this TDS ask 1.14 x the engine's 4 s
+TTFT_TOKENS = 15.0  # the expected TTFT, in tokens' worth of the tier's TDS
+CALIBRATION_TOKENS = 96
+TENANTS = {"basic": 1.0, "premium": 4.0}
+TOKENS = 320
+PER_TENANT = 8
+SLOTS = 4  # --max-num-seqs
+SPACING_S = 0.25  # between arrivals: each one meets a scheduling decision, not a burst
+POLICIES = ("andes-tp", "andes-tp-unweighted")
+
+
+def workload(per_tenant: int = PER_TENANT) -> list[Job]:
+    jobs = []
+    for i in range(per_tenant):
+        for tenant in TENANTS:
+            prompt = f"{tenant} question {i}: how fast do users read?"
+            jobs.append(Job(SPACING_S * len(jobs), "chat", prompt, TOKENS, tenant_key(tenant)))
+    return jobs
+
+
+def tiers(tds: float) -> dict[str, dict[str, float]]:
+    return {"chat": {"ttft": TTFT_TOKENS / tds, "tds": tds, "priority": 1}}
+
+
+def plan_server(python: str, model: str, policy: str, workdir: Path) -> VllmServer:
+    """The plugin under ``policy`` (``TOKENPACE_POLICY``) on four slots."""
+    return VllmServer(
+        python,
+        model,
+        "tiny-tiers",
+        "andes",
+        workdir,
+        kv_blocks=256,
+        max_num_seqs=SLOTS,
+        max_model_len=1024,
+        extra_args=("--stream-interval", "4"),
+        env={"TOKENPACE_FAIR_SHARE_SLACK": "256", "TOKENPACE_POLICY": policy},
+        nice=10,
+    )
+
+
+async def full_batch_speed(server: VllmServer) -> float:
+    """Warm the engine up, then the median tokens/s of one request among ``SLOTS`` at once."""
+    async with serve_gateway(gateway_config([server], tiers(30.0), TENANTS)) as url:
+        key = tenant_key("premium")
+        warm = [Job(0.0, "chat", "warm up " * (i + 1), 8 + 8 * i, key) for i in range(SLOTS)]
+        done = await run_jobs(url, server.name, warm)
+        assert all(r.completion_tokens == r.job.max_tokens for r in done)
+        batch = [Job(0.0, "chat", f"{i}: calibrate", CALIBRATION_TOKENS, key) for i in range(SLOTS)]
+        return median_decode_speed(await run_jobs(url, server.name, batch))
+
+
+async def drive(
+    server: VllmServer, tds_per_speed: float = OVERLOAD_TDS_PER_SPEED
+) -> tuple[float, list[JobResult]]:
+    """The tier's TDS (scaled to the engine's speed) and every reply of the workload."""
+    tds = tds_per_speed * await full_batch_speed(server)
+    async with serve_gateway(gateway_config([server], tiers(tds), TENANTS)) as url:
+        return tds, await run_jobs(url, server.name, workload())
+
+
+@dataclass(frozen=True)
+class TenantOutcome:
+    avg_qoe: float
+    mean_ttft_s: float
+    longest_freeze_s: float
+
+
+def by_tenant(results: list[JobResult]) -> dict[str, TenantOutcome]:
+    out = {}
+    for name in TENANTS:
+        rs = [r for r in results if r.job.api_key == tenant_key(name)]
+        out[name] = TenantOutcome(
+            statistics.mean(r.qoe for r in rs),
+            statistics.mean(r.ttft for r in rs),
+            max(r.longest_freeze_s for r in rs),
+        )
+    return out
+
+
+def run_one(args: argparse.Namespace, policy: str, load: float, workdir: Path) -> dict[str, Any]:
+    server = plan_server(args.python, args.model, policy, workdir)
+    try:
+        server.start()
+        server.wait_ready(timeout_s=400)
+        tds, results = asyncio.run(drive(server, load))
+        stats = server.stats()
+    finally:
+        server.stop()
+    assert all(r.completion_tokens == r.job.max_tokens for r in results)
+    return {"tds": tds, "tenants": by_tenant(results), "policy_s": stats.get("policy_s")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    p.add_argument("--model", default=str(ROOT / ".models" / "small-llama"))
+    p.add_argument("--loads", default=f"0.2,{OVERLOAD_TDS_PER_SPEED}", help="TDS per speed")
+    p.add_argument("--workdir", default=str(ROOT / "results" / "vllm_plans"))
+    args = p.parse_args()
+    print(
+        "| TDS / full-batch speed | policy | tier TDS | "
+        + " | ".join(f"{t} (w {w:g}): QoE, mean TTFT, longest freeze" for t, w in TENANTS.items())
+        + " |"
+    )
+    print("| --- | --- | --- | --- | --- |")
+    for load in (float(x) for x in args.loads.split(",")):
+        for policy in POLICIES:
+            workdir = Path(args.workdir) / f"{policy}-{load:g}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            got = run_one(args, policy, load, workdir)
+            cells = [
+                f"{o.avg_qoe:.2f}, {o.mean_ttft_s:.1f} s, {o.longest_freeze_s:.1f} s"
+                for o in got["tenants"].values()
+            ]
+            print(f"| {load:g} | {policy} | {got['tds']:.1f} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
