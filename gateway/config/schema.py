@@ -282,7 +282,15 @@ class StoreConfig(_Strict):
     fail_mode: Literal["open", "closed"] = Field(
         "open", description="Redis unreachable: 'open' serves on local state, 'closed' 503s"
     )
-    timeout_s: float = Field(0.5, gt=0, description="one Redis command, connect included")
+    timeout_s: float = Field(
+        0.5,
+        gt=0,
+        description="one Redis command, connect included; also the longest wait for a "
+        "free connection (then 503 store_busy)",
+    )
+    max_connections: int = Field(
+        256, ge=1, description="Redis connections per gateway process; more calls wait"
+    )
     reconnect_interval_s: float = Field(1.0, gt=0, description="probe period while Redis is down")
     key_cache_s: float = Field(5.0, ge=0, description="API key lookups cached this long")
     request_ttl_s: int = Field(

@@ -40,7 +40,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreUnavailable)
     async def _store_down(request: Request, exc: StoreUnavailable) -> Response:
-        return store_unavailable().response()
+        return store_unavailable(exc).response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:

@@ -80,8 +80,8 @@ class AccessGate:
         except GatewayError as exc:
             await exc.response()(scope, receive, send)
             return
-        except StoreUnavailable:
-            await store_unavailable().response()(scope, receive, send)
+        except StoreUnavailable as exc:
+            await store_unavailable(exc).response()(scope, receive, send)
             return
         except ClientGone:
             await Response(status_code=499)(scope, receive, send)  # counted; nobody reads it

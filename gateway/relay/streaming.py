@@ -8,7 +8,9 @@ OpenAI error event and ``data: [DONE]``. Every chunk carrying tokens is timed as
 handed to the client; :meth:`StreamRelay.finish` returns the stream's
 :class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
 gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
-:func:`qos.metrics.monotone_qoe`). docs/architecture.md, "The streaming relay".
+:func:`qos.metrics.monotone_qoe`; and what a reader paced at the tier's TDS saw:
+:func:`qos.metrics.freezes` and :func:`qos.metrics.user_idle_latency`, Wang et al.
+Eq. 9). docs/architecture.md, "The streaming relay".
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from gateway.errors import TIMEOUT, GatewayError, sse_error_event
 from gateway.relay.dispatch import Attempt, Failover
 from gateway.relay.read_deadline import ReadDeadline
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
-from qos.metrics import andes_qoe, monotone_qoe
+from qos.metrics import andes_qoe, freezes, monotone_qoe, user_idle_latency
 
 log = logging.getLogger("tokenpace.gateway")
 
@@ -242,9 +244,12 @@ class StreamRelay:
         timeline = np.repeat(
             np.frombuffer(self.times, dtype=np.float64), np.frombuffer(self.counts, dtype=np.int64)
         )
+        ttft, tds = ctx.tier.ttft, ctx.tier.tds
         try:
-            andes = andes_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)
-            mono = monotone_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)
+            andes = andes_qoe(timeline, ttft, tds)
+            mono = monotone_qoe(timeline, ttft, tds)
+            frozen = freezes(timeline, tds)
+            idle = user_idle_latency(timeline, ttft, tds)
         except ValueError as exc:  # cannot happen with monotonic times; never fail a stream
             log.warning("QoE not computed: %s", exc)
             return result
@@ -252,4 +257,6 @@ class StreamRelay:
         m.qoe.labels(ctx.tenant, ctx.tier.name, "monotone").observe(mono)
         result.qoe_andes = andes
         result.qoe_monotone = mono
+        result.longest_freeze_s, result.freezes = frozen.longest_s, frozen.count
+        result.idle_s = idle
         return result

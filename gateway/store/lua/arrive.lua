@@ -1,5 +1,10 @@
 -- ARGV: P, rid, tenant, weight, model, ttft_ms, prompt, expected, wp, rpm, tpm, budget,
 -- budget_period_s, max_queued, lease_ms, request ttl s, tier, ttft, tds, slot pairs...
+require_numbers(4, 4)
+if tonumber(ARGV[4]) <= 0 then error('argument 4 is not a weight') end
+require_numbers(6, 16)
+require_numbers(18, 19)
+require_numbers(21, #ARGV, 2)
 local rid, tenant, weight, model = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttft_ms, prompt, expected = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local wp, rpm, tpm = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])

@@ -1,4 +1,6 @@
 -- ARGV: P, rid, wp, lease_ms, slot pairs...
+require_numbers(3, 4)
+require_numbers(6, #ARGV, 2)
 local rid, wp, lease_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 expire_waiters(now)
