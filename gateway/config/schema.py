@@ -325,6 +325,12 @@ class TelemetryConfig(_Strict):
     """``POST /v1/tokenpace/telemetry`` and ``GET /v1/tokenpace/qoe``."""
 
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="larger reports get 413")
+    anonymous_bodies_max_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="bodies of reports without a credential (a beacon's) read at once by a "
+        "gateway process, all connections together; past it 503 server_busy",
+    )
     max_points: int = Field(20000, ge=1, description="entries in arrivals or displayed")
     requests_per_minute: int = Field(600, ge=1, description="reports per tenant per minute")
     retention_s: int = Field(7 * 86400, ge=60, description="records older than this are trimmed")

@@ -19,6 +19,8 @@ from gateway.http.auth import Access, Authenticator, access_rule
 from gateway.http.errors import too_large
 from gateway.request.disconnect import ClientGone
 from gateway.store import StoreUnavailable, store_unavailable
+from gateway.telemetry.errors import anonymous_bodies_busy
+from gateway.telemetry.tokens import AnonymousBodies
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
@@ -38,8 +40,10 @@ class AccessGate:
     read (401 else), so an unauthenticated client never costs the gateway body memory.
     The one exception is a QoE report without an ``Authorization`` header: it may carry
     its telemetry token inside its body (a browser beacon cannot set headers), so that
-    body is read first, within ``telemetry.max_body_bytes``, and the token taken out of
-    it. The caller is left on the request's record (:func:`~gateway.http.auth.caller_of`).
+    body is read first, within ``telemetry.max_body_bytes`` and, all such bodies
+    together, ``telemetry.anonymous_bodies_max_bytes`` (:class:`AnonymousBodies`: 503
+    past it, before any of it is read), and the token taken out of it. The caller is left
+    on the request's record (:func:`~gateway.http.auth.caller_of`).
     Routes that ask for nothing, and routes the gateway does not have, never have their
     body read here. A body is read whole (413 past the limit, before any parsing) and
     replayed to the app; later ``receive()`` calls go to the server, so the app still
@@ -57,12 +61,32 @@ class AccessGate:
         self.auth = auth
         self.max_body = limits.max_body_bytes
         self.max_report = min(limits.max_body_bytes, telemetry.max_body_bytes)
+        self.anonymous = AnonymousBodies(telemetry.anonymous_bodies_max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rule = access_rule(scope.get("path", "")) if scope["type"] == "http" else None
         if rule is None:
             await self.app(scope, receive, send)
             return
+        anonymous = (
+            rule is Access.REPORT
+            and scope.get("method") in _BODY_METHODS
+            and header(scope, b"authorization") is None
+        )
+        if not anonymous:
+            await self._serve(scope, receive, send, rule)
+            return
+        reserved = _announced(scope, self.max_report)
+        if not self.anonymous.take(reserved):
+            busy = anonymous_bodies_busy(self.anonymous.max_bytes)
+            await busy.response()(scope, receive, send)
+            return
+        try:
+            await self._serve(scope, receive, send, rule)
+        finally:
+            self.anonymous.give_back(reserved)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, rule: Access) -> None:
         limit = self.max_report if rule is Access.REPORT else self.max_body
         with_body = scope.get("method") in _BODY_METHODS
         authorization = header(scope, b"authorization")
@@ -93,6 +117,15 @@ class AccessGate:
         if with_body:
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+
+def _announced(scope: Scope, limit: int) -> int:
+    """The body's announced length, within ``limit`` (``limit`` when not announced)."""
+    length = header(scope, b"content-length")
+    with contextlib.suppress(ValueError):
+        if length is not None and 0 <= int(length) <= limit:
+            return int(length)
+    return limit
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:

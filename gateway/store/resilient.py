@@ -233,8 +233,8 @@ class ResilientStore(Store):
                 self._buffer.extendleft(reversed(batch))
                 raise
             for (rec, _), result in zip(batch, results, strict=True):
-                if result != "ok":  # a second report of a request made during the outage
-                    log.warning("buffered %s report of %s: %s", rec.side, rec.request_id, result)
+                if result not in ("ok", "dropped"):  # a second report made during the outage
+                    log.warning("buffered %s record of %s: %s", rec.side, rec.request_id, result)
 
     async def _replay_singly(
         self, batch: list[tuple[QoERecord, RequestInfo | None]]
@@ -250,7 +250,7 @@ class ResilientStore(Store):
                 if _reply_kind(exc) != "command":
                     raise
                 log.error(
-                    "buffered %s report of %s refused by Redis, dropped: %s",
+                    "buffered %s record of %s refused by Redis, dropped: %s",
                     rec.side,
                     rec.request_id,
                     exc,
