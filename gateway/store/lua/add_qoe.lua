@@ -47,10 +47,12 @@ for r = 1, n_records do
     ok = ok and ok1 and ok2}
 end
 local groups = {}
-for _ = 1, tonumber(ARGV[i]) do
-  local tenant = ARGV[i + 1]
+local n_groups = tonumber(ARGV[i])
+i = i + 1
+for _ = 1, n_groups do
+  local tenant = ARGV[i]
   local sums, maxima, ok1, ok2
-  sums, ok1, i = read_pairs(i + 3, tonumber(ARGV[i + 2]))
+  sums, ok1, i = read_pairs(i + 2, tonumber(ARGV[i + 1]))
   maxima, ok2, i = read_pairs(i + 1, tonumber(ARGV[i]))
   if not (tenant and ok1 and ok2) then
     return redis.error_reply('ERR add_qoe: an aggregate is not a set of finite numbers')

@@ -274,6 +274,11 @@ async def test_requests_and_qoe(store: Store) -> None:
     assert "f5" not in gw
     assert await store.qoe_window(60, "basic") == {}
     assert set(await store.qoe_window(60, "acme")) == set(window)
+    # a batch of several tenants' gateway records: each tenant's aggregate gets its own
+    batch = [rec(f"g{i}", ("acme", "basic", "zeta")[i % 3], "gateway") for i in range(9)]
+    assert await store.add_qoe(batch) == ["ok"] * 9
+    window = await store.qoe_window(60)
+    assert [window[(t, "chat", "gateway")]["n"] for t in ("acme", "basic", "zeta")] == [4, 3, 3]
 
 
 async def test_a_report_is_charged_only_when_it_is_stored(store: Store) -> None:
