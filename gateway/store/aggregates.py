@@ -196,24 +196,28 @@ def _seconds_edges(i: int) -> tuple[float, float]:
     return 2.0 ** (i / 4), 2.0 ** ((i + 1) / 4)
 
 
-def _histogram(g: Mapping[str, float], prefix: str) -> list[tuple[float, float, float]]:
-    """(low, high, count) of a histogram's bins, in order."""
-    bins: list[tuple[float, float, float]] = []
+Histograms = dict[str, list[tuple[float, float, float]]]  # prefix -> (low, high, count)
+
+
+def histograms(g: Mapping[str, float]) -> Histograms:
+    """Every histogram of a group: its bins (low, high, count) in order, by prefix."""
+    out: Histograms = {}
     for name, count in g.items():
-        if not name.startswith(prefix) or count <= 0:
+        prefix, index = name[:2], name[2:]
+        if prefix[0] != "h" or count <= 0:
             continue
-        index = name[len(prefix) :]
         if index == "z":
-            bins.append((0.0, 0.0, count))
+            out.setdefault(prefix, []).append((0.0, 0.0, count))
             continue
         try:
             i = int(index)
         except ValueError:
             continue
         low, high = _qoe_edges(i) if prefix in ("ha", "hm", "hd") else _seconds_edges(i)
-        bins.append((low, high, count))
-    bins.sort()
-    return bins
+        out.setdefault(prefix, []).append((low, high, count))
+    for bins in out.values():
+        bins.sort()
+    return out
 
 
 def quantiles(
@@ -233,8 +237,11 @@ def quantiles(
     return out
 
 
-def qoe_stats(g: Mapping[str, float], metric: str) -> dict[str, float] | None:
-    """Mean (exact) and p50/p90/p99 (estimated) of a QoE metric of a group, or None."""
+def qoe_stats(
+    g: Mapping[str, float], metric: str, hists: Histograms | None = None
+) -> dict[str, float] | None:
+    """Mean (exact) and p50/p90/p99 (estimated) of a QoE metric of a group, or None;
+    ``hists``: the group's :func:`histograms`, when already made."""
     count, total = (
         (g.get("dn", 0.0), g.get("da", 0.0))
         if metric == "displayed_andes"
@@ -245,19 +252,21 @@ def qoe_stats(g: Mapping[str, float], metric: str) -> dict[str, float] | None:
     )
     if count <= 0:
         return None
-    p50, p90, p99 = quantiles(_histogram(g, _HISTOGRAMS[metric]), (0.5, 0.9, 0.99), 1.0)
+    bins = (hists if hists is not None else histograms(g)).get(_HISTOGRAMS[metric], [])
+    p50, p90, p99 = quantiles(bins, (0.5, 0.9, 0.99), 1.0)
     return {"mean": min(total / count, 1.0), "p50": p50, "p90": p90, "p99": p99}
 
 
-def reader_summary(g: Mapping[str, float]) -> ReaderSummary | None:
+def reader_summary(g: Mapping[str, float], hists: Histograms | None = None) -> ReaderSummary | None:
     """What the group's readers saw (:class:`qos.metrics.ReaderSummary`), or None."""
     replies = g.get("rn", 0.0)
     if replies <= 0:
         return None
+    hists = hists if hists is not None else histograms(g)
     longest, idle_top = g.get("xf", 0.0), g.get("xi", 0.0)
-    froze = [b for b in _histogram(g, "hf") if b[1] > 0]
+    froze = [b for b in hists.get("hf", []) if b[1] > 0]
     (median,) = quantiles(froze, (0.5,), longest) if froze else (None,)
-    idle50, idle99 = quantiles(_histogram(g, "hi"), (0.5, 0.99), idle_top)
+    idle50, idle99 = quantiles(hists.get("hi", []), (0.5, 0.99), idle_top)
     return ReaderSummary(
         replies=int(replies),
         frozen_share={x: min(g.get(f"f{x:g}", 0.0) / replies, 1.0) for x in FREEZE_THRESHOLDS_S},

@@ -135,11 +135,12 @@ def _side(g: Mapping[str, float] | None) -> dict[str, Any]:
     if not g or g.get("n", 0.0) <= 0:
         return {"count": 0}
     out: dict[str, Any] = {"count": int(g["n"])}
+    hists = aggregates.histograms(g)
     for metric in ("andes", "monotone", "displayed_andes"):
-        stats = aggregates.qoe_stats(g, metric)
+        stats = aggregates.qoe_stats(g, metric, hists)
         if stats is not None:
             out[metric] = stats
-    reader = aggregates.reader_summary(g)
+    reader = aggregates.reader_summary(g, hists)
     if reader is not None:
         out["reader"] = reader.as_dict()
     return out
