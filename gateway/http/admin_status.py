@@ -86,7 +86,7 @@ def add_status_route(
         tags=["admin"],
         summary="Requests in flight and queued, and each tenant's tokens, every 2 s",
         dependencies=[Security(admin_key)],
-        responses=admin_responses(401),
+        responses=admin_responses(400, 401),
     )
     async def admin_history(
         seconds: Annotated[
