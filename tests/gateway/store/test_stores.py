@@ -382,5 +382,16 @@ async def test_every_script_checks_its_numbers_before_writing(redis_server, key_
         with pytest.raises(ResponseError, match="not a finite number"):
             await store.arrive(arrival("r1", "acme", weight=float("inf")), ONE, LEASE)
         assert await store.request_info("r1") is None
+        # a slot's cap, in the triples after the admission horizon: checked in each script
+        bad = [Slot("b1", 1), Slot("b2", float("nan"))]  # type: ignore[arg-type]
+        with pytest.raises(ResponseError, match="argument 26 is not a finite number"):
+            await store.arrive(arrival("r2", "acme"), bad, LEASE)
+        assert await store.request_info("r2") is None
+        with pytest.raises(ResponseError, match="argument 11 is not a finite number"):
+            await store.retry("r2", bad, LEASE)
+        with pytest.raises(ResponseError, match="argument 10 is not a finite number"):
+            await store.standing("m", ["r2"], bad)
+        # the same arguments, well formed, are taken
+        assert (await store.arrive(arrival("r2", "acme"), ONE, LEASE)).status == "admitted"
     finally:
         await store.aclose()
