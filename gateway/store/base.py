@@ -57,7 +57,8 @@ def store_unavailable(exc: StoreUnavailable | None = None) -> GatewayError:
 
 class StoreCommandError(GatewayError):
     """The shared store refused one command (a Redis error reply): that call fails with a
-    500; the store is not down for it (docs/reliability.md, "Shared state")."""
+    500; the store is not down for it (docs/reliability.md, "One tenant cannot take the
+    shared state down")."""
 
     def __init__(self, operation: str) -> None:
         super().__init__(
