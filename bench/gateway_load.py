@@ -48,6 +48,12 @@ cores the two workers get both, and the upstream and the load generator keep the
 one, as in the single-worker run (they share it with a worker; no priorities are
 changed). With more than one worker every gateway uses a Redis store (``--redis`` for
 one worker alone): a ``redis-server`` on a free loopback port, on the harness's CPUs.
+On Redis, every run of a gateway also reports what it cost the store, per request sent
+(``streams_started``): Redis commands (``INFO``'s ``total_commands_processed``, the
+commands inside scripts included, and the few that the other, idle gateways' background
+checks add), round trips (the gateway's ``tokenpace_store_redis_calls_total``), and the
+times it fell back to local state (``tokenpace_store_local_calls_total`` and
+``tokenpace_store_outages_total``: both must stay 0) or refused a call as busy.
 
 The server's CPU seconds (process tree, psutil) are taken over each phase and divided
 by the content chunks (= tokens) delivered; RSS is sampled every 50 ms.
@@ -77,12 +83,15 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+import redis
 from launch import Server, free_port
 from loadgen import LoadSpec, spec_json
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / "bench" / "fixed_rate_upstream.py"
@@ -91,6 +100,14 @@ FLOOR = ROOT / "bench" / "stack_floor.py"
 BENCH_KEY = "tp-bench-key-0001"
 LITELLM_KEY = "sk-tokenpace-bench-0001"  # the proxy's master key (it refuses to run without one)
 TARGETS = ("direct", "floor", "gateway", "litellm")
+# the gateway's store series (gateway/telemetry/metrics.py) a run reports, by short name
+STORE_SERIES = {
+    "tokenpace_store_redis_calls_total": "round_trips",
+    "tokenpace_store_local_calls_total": "local_calls",
+    "tokenpace_store_outages_total": "outages",
+    "tokenpace_store_errors_total": "refused",
+    "tokenpace_store_pool_waits_total": "pool_waits",
+}
 
 
 # ---------------------------------------------------------------------------------
@@ -390,7 +407,16 @@ class Bench:
             self.sampler.reset()
         cpu0 = server.cpu_s() if server else 0.0
         up0 = upstream.cpu_s()
+        store0 = self.store_counters(target)
         res = _run_loadgen(spec, self.harness_cpus)
+        if store0 is not None:
+            store1 = self.store_counters(target)
+            assert store1 is not None
+            requests = max(res["streams_started"], 1)
+            res["store"] = {k: store1[k] - store0[k] for k in store0}
+            res["store"]["requests"] = res["streams_started"]
+            for k in ("redis_commands", "round_trips"):
+                res["store"][f"{k}_per_request"] = res["store"][k] / requests
         chunks = max(res["chunks"], 1)
         res["upstream_cpu_s_per_1k_tokens"] = (upstream.cpu_s() - up0) / chunks * 1000
         res["loadgen_cpu_s_per_1k_tokens"] = res["loadgen_cpu_s"] / chunks * 1000
@@ -400,6 +426,26 @@ class Bench:
             res["cpu_s_per_1k_tokens"] = res["server_cpu_s"] / chunks * 1000
             res["peak_rss_mb"] = self.sampler.peak[target] / 2**20
         return res
+
+    def store_counters(self, target: str) -> dict[str, float] | None:
+        """Redis's command count and the gateway's store series, for a gateway on Redis."""
+        if self.redis is None or not target.startswith("gateway"):
+            return None
+        client = redis.Redis(port=self.redis.port)
+        try:
+            out = {"redis_commands": float(client.info("stats")["total_commands_processed"])}
+        finally:
+            client.close()
+        out["redis_commands"] -= 1  # this INFO
+        text = urllib.request.urlopen(
+            f"http://127.0.0.1:{self.ports[target]}/metrics", timeout=10
+        ).read()
+        out.update(dict.fromkeys(STORE_SERIES.values(), 0.0))
+        for family in text_string_to_metric_families(text.decode()):
+            for sample in family.samples:
+                if sample.name in STORE_SERIES:
+                    out[STORE_SERIES[sample.name]] += sample.value
+        return out
 
     def warm_up(self, target: str) -> None:
         a = self.args
@@ -633,6 +679,7 @@ def summarize(results: dict[str, Any], targets: list[str], ns: list[int]) -> lis
             if t in by and t != "direct"
         }
         lines += [f"CPU s / 1k tokens per fixed-rate repeat (median kept): {per_repeat}", ""]
+        lines += _store_lines(by, targets)
     per = results.get("per_request_repeats", {})
     if per:
         lines += [
@@ -650,6 +697,36 @@ def summarize(results: dict[str, Any], targets: list[str], ns: list[int]) -> lis
             lines.append(f"| gateway − floor, per pair | {pairs} (median {own[1]:.3f}) | | |")
         lines.append("")
     return lines + _baseline_lines(results, ns)
+
+
+def _store_lines(by: dict[str, Any], targets: list[str]) -> list[str]:
+    """Per gateway on Redis: what its runs cost the store, per request sent."""
+    rows = []
+    for t in targets:
+        runs = [
+            r["store"]
+            for phase in ("fixed_repeats", "saturation_runs")
+            for r in by.get(t, {}).get(phase, [])
+            if "store" in r
+        ]
+        if not runs:
+            continue
+        total = {k: sum(r[k] for r in runs) for k in runs[0] if not k.endswith("_request")}
+        n = max(total["requests"], 1)
+        rows.append(
+            f"| {t} | {int(total['requests'])} | {total['redis_commands'] / n:.1f} | "
+            f"{total['round_trips'] / n:.2f} | {int(total['local_calls'])} | "
+            f"{int(total['outages'])} | {int(total['refused'])} | {int(total['pool_waits'])} |"
+        )
+    if not rows:
+        return []
+    return [
+        "| gateway on Redis | requests | Redis commands / request | round trips / request "
+        "| calls on local state | outages | refused (busy, errors) | waits for a connection |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+    ]
 
 
 def _sustained_ratio(gw: dict[str, Any], base: dict[str, Any]) -> float:
@@ -739,6 +816,22 @@ def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]
                 }
             )
     checks += _cost_checks(results, ns)
+    fallbacks = [
+        r["store"]["local_calls"] + r["store"]["outages"]
+        for by in results["runs"].values()
+        for runs in by.values()
+        for phase in ("fixed_repeats", "saturation_runs")
+        for r in runs.get(phase, [])
+        if "store" in r
+    ]
+    if fallbacks:
+        checks.append(
+            {
+                "target": "no gateway on Redis ever fell back to local state",
+                "measured": sum(fallbacks),
+                "met": sum(fallbacks) == 0,
+            }
+        )
     mem = results.get("memory")
     if mem:
         checks.append(
@@ -865,6 +958,7 @@ def run(args: argparse.Namespace) -> int:
                 runs[t]["fixed_repeats"] = fixed[t]
                 runs[t]["saturation"] = _median_run(reps[t], lambda r: r["chunks_per_s"])
                 runs[t]["saturation_chunks_per_s"] = [r["chunks_per_s"] for r in reps[t]]
+                runs[t]["saturation_runs"] = reps[t]
             results["runs"][str(n)] = runs
         if args.requests > 0:
             # Repeated as the fixed-rate phase is: interleaved, each gateway run judged

@@ -104,7 +104,7 @@ def create_app(
     tenants: dict[str, TenantConfig] = {t.name: t for t in config.tenants}
     router = Router(backend_list, config)
     metrics = GatewayMetrics(router)
-    store = build_store(config)
+    store = build_store(config, metrics.store)
     keys = KeyCache(store, config.store.key_cache_s)
     caps = {b.name: b.max_concurrent or 0 for b in config.backends}
     admission = AdmissionController(config.admission, caps, store, router, metrics)

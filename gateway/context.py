@@ -85,6 +85,10 @@ class StreamOutcome:
     qoe_andes: float | None = None  # Andes Eq. 1 of the emission times (completed only)
     qoe_monotone: float | None = None
     error: str | None = None  # the message of the error event that ended it
+    # what a reader paced at the tier's TDS saw of the emission times (completed only)
+    longest_freeze_s: float | None = None
+    freezes: int | None = None
+    idle_s: float | None = None  # user idle latency, Wang et al. Eq. 9
 
 
 @dataclass(frozen=True, slots=True)

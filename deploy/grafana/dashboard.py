@@ -1,5 +1,5 @@
-"""The Grafana dashboard over the gateway's own metrics (the series gateway/metrics.py
-lists): writes ``tokenpace-gateway.json`` beside this file.
+"""The Grafana dashboard over the gateway's own metrics (the series
+gateway/telemetry/metrics.py lists): writes ``tokenpace-gateway.json`` beside this file.
 
 Each row of :data:`ROWS` is a topic, each :class:`Panel` a titled time series of one or
 more PromQL queries. To add a panel, add it to its row (or add a row) and run
@@ -66,6 +66,26 @@ def mean(series: str, selector: str, by: str) -> str:
 
 QOE = f'metric="andes", {TT}'
 TOKENS = f"tokenpace_output_tokens_total{{{TT}}}"
+FREEZE = "tokenpace_longest_freeze_seconds"
+
+
+def frozen_share(over_s: float, by: str) -> str:
+    """The share of replies whose longest freeze passed ``over_s`` seconds, per ``by``:
+    1 - (bucket le=over_s) / count (the histogram has buckets at 2, 5 and 10 s, written
+    "2.0", "5.0", "10.0" by prometheus-client)."""
+    return (
+        f'1 - sum by ({by}) (rate({FREEZE}_bucket{{le="{float(over_s)}", {TT}}}{RATE}))\n'
+        f"/\nsum by ({by}) (rate({FREEZE}_count{{{TT}}}{RATE}))"
+    )
+
+
+def idle_p99(by: str) -> str:
+    return (
+        f"histogram_quantile(0.99, sum by (le, {by}) "
+        f"(rate(tokenpace_user_idle_seconds_bucket{{{TT}}}{RATE})))"
+    )
+
+
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     (
         "Quality of experience (gateway side)",
@@ -126,6 +146,61 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                         "streams {{tenant}} {{tier}} {{side}}",
                     ),
                 ),
+            ),
+        ),
+    ),
+    (
+        "What the readers saw: freezes and idle latency, client against gateway",
+        (
+            Panel(
+                "Replies frozen over 2 s, by tier",
+                "Share of replies that stopped on the reader's screen for over 2 s at least "
+                "once (a display gap beyond the tier's pace, the SDKs' release rule): "
+                "side=gateway from the gateway's send times, side=client from the SDKs' "
+                "reports of what arrived.",
+                (Query(frozen_share(2, "tier, side"), "{{tier}} {{side}}"),),
+                unit="percentunit",
+                bounds=(0, 1),
+            ),
+            Panel(
+                "Replies frozen over 2 s, by tenant",
+                "As by tier, per tenant, all tiers together.",
+                (Query(frozen_share(2, "tenant, side"), "{{tenant}} {{side}}"),),
+                unit="percentunit",
+                bounds=(0, 1),
+            ),
+            Panel(
+                "Replies frozen over 5 s and over 10 s",
+                "The long freezes, all tenants and tiers selected, per side.",
+                (
+                    Query(frozen_share(5, "side"), "over 5 s {{side}}"),
+                    Query(frozen_share(10, "side"), "over 10 s {{side}}"),
+                ),
+                unit="percentunit",
+                width=8,
+                bounds=(0, 1),
+            ),
+            Panel(
+                "User idle latency p99, by tier",
+                "99th percentile of the longest a token came after its deadline "
+                "TTFT + (i-1)/TDS (Wang et al., Eq. 9), per tier and side.",
+                (Query(idle_p99("tier, side"), "{{tier}} {{side}}"),),
+                unit="s",
+                width=8,
+            ),
+            Panel(
+                "Longest freeze in the telemetry window",
+                "Over telemetry.window_s, all replicas: the longest freeze of any reply, per "
+                "tenant, tier and side.",
+                (
+                    Query(
+                        "max by (tenant, tier, side) (tokenpace_qoe_window"
+                        f'{{metric="reader", stat="longest_freeze_s", {TT}}})',
+                        "{{tenant}} {{tier}} {{side}}",
+                    ),
+                ),
+                unit="s",
+                width=8,
             ),
         ),
     ),
@@ -261,6 +336,51 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                         "sum by (backend) "
                         f'(rate(tokenpace_failovers_total{{backend=~"$backend"}}{RATE}))',
                         "{{backend}}",
+                    ),
+                ),
+                width=6,
+            ),
+        ),
+    ),
+    (
+        "Shared state (Redis)",
+        (
+            Panel(
+                "Store mode",
+                "Gateway processes on Redis (redis), on their local state while Redis is "
+                "down (local, fail open), refusing (closed, fail closed), or without Redis "
+                "(memory).",
+                (Query("sum by (mode) (tokenpace_store_mode)", "{{mode}}"),),
+                width=6,
+            ),
+            Panel(
+                "Redis round trips per second",
+                "Commands, pipelines and scripts sent to Redis, all gateway processes.",
+                (Query(f"sum (rate(tokenpace_store_redis_calls_total{RATE}))", "round trips"),),
+                width=6,
+            ),
+            Panel(
+                "Redis connections in use",
+                "Store calls holding a Redis connection, against the pools' size, and the "
+                "calls that waited for one.",
+                (
+                    Query("sum by (state) (tokenpace_store_pool_connections)", "{{state}}"),
+                    Query(
+                        f"sum (rate(tokenpace_store_pool_waits_total{RATE}))", "waits per second"
+                    ),
+                ),
+                width=6,
+            ),
+            Panel(
+                "Outages, local-state calls and refused calls",
+                "Per second: calls served from local state while Redis was down, Redis "
+                "outages, and calls refused as busy or by a Redis error reply.",
+                (
+                    Query(f"sum (rate(tokenpace_store_local_calls_total{RATE}))", "local state"),
+                    Query(f"sum (rate(tokenpace_store_outages_total{RATE}))", "outages"),
+                    Query(
+                        f"sum by (kind) (rate(tokenpace_store_errors_total{RATE}))",
+                        "refused: {{kind}}",
                     ),
                 ),
                 width=6,

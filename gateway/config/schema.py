@@ -314,7 +314,15 @@ class StoreConfig(_Strict):
     fail_mode: Literal["open", "closed"] = Field(
         "open", description="Redis unreachable: 'open' serves on local state, 'closed' 503s"
     )
-    timeout_s: float = Field(0.5, gt=0, description="one Redis command, connect included")
+    timeout_s: float = Field(
+        0.5,
+        gt=0,
+        description="one Redis command, connect included; also the longest wait for a "
+        "free connection (then 503 store_busy)",
+    )
+    max_connections: int = Field(
+        256, ge=1, description="Redis connections per gateway process; more calls wait"
+    )
     reconnect_interval_s: float = Field(1.0, gt=0, description="probe period while Redis is down")
     key_cache_s: float = Field(5.0, ge=0, description="API key lookups cached this long")
     request_ttl_s: int = Field(
@@ -355,6 +363,12 @@ class TelemetryConfig(_Strict):
     """``POST /v1/tokenpace/telemetry`` and ``GET /v1/tokenpace/qoe``."""
 
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="larger reports get 413")
+    anonymous_bodies_max_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="bodies of reports without a credential (a beacon's) read at once by a "
+        "gateway process, all connections together; past it 503 server_busy",
+    )
     max_points: int = Field(20000, ge=1, description="entries in arrivals or displayed")
     requests_per_minute: int = Field(600, ge=1, description="reports per tenant per minute")
     retention_s: int = Field(7 * 86400, ge=60, description="records older than this are trimmed")

@@ -65,7 +65,7 @@ def install_error_handlers(app: FastAPI, refused: Refused) -> None:
 
     @app.exception_handler(StoreUnavailable)
     async def _store_down(request: Request, exc: StoreUnavailable) -> Response:
-        return respond(request.scope, store_unavailable())
+        return respond(request.scope, store_unavailable(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> Response:

@@ -20,6 +20,8 @@ from gateway.http.errors import COMPLETION_PATHS, Refused, answer, too_large
 from gateway.request.body import check_shape
 from gateway.request.disconnect import ClientGone
 from gateway.store import StoreUnavailable, store_unavailable
+from gateway.telemetry.errors import anonymous_bodies_busy
+from gateway.telemetry.tokens import AnonymousBodies
 from gateway.telemetry.tracing import TRACING_OFF, Tracing
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
@@ -40,8 +42,10 @@ class AccessGate:
     read (401 else), so an unauthenticated client never costs the gateway body memory.
     The one exception is a QoE report without an ``Authorization`` header: it may carry
     its telemetry token inside its body (a browser beacon cannot set headers), so that
-    body is read first, within ``telemetry.max_body_bytes``, and the token taken out of
-    it. The caller is left on the request's record (:func:`~gateway.http.auth.caller_of`).
+    body is read first, within ``telemetry.max_body_bytes`` and, all such bodies
+    together, ``telemetry.anonymous_bodies_max_bytes`` (:class:`AnonymousBodies`: 503
+    past it, before any of it is read), and the token taken out of it. The caller is left
+    on the request's record (:func:`~gateway.http.auth.caller_of`).
     Routes that ask for nothing, and routes the gateway does not have, never have their
     body read here. A body is read whole (413 past the limit, before any parsing) and
     replayed to the app; later ``receive()`` calls go to the server, so the app still
@@ -69,12 +73,31 @@ class AccessGate:
         self.tracing = tracing  # the span tokenpace.authenticate
         self.max_body = limits.max_body_bytes
         self.max_report = min(limits.max_body_bytes, telemetry.max_body_bytes)
+        self.anonymous = AnonymousBodies(telemetry.anonymous_bodies_max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         rule = access_rule(scope.get("path", "")) if scope["type"] == "http" else None
         if rule is None:
             await self.app(scope, receive, send)
             return
+        anonymous = (
+            rule is Access.REPORT
+            and scope.get("method") in _BODY_METHODS
+            and header(scope, b"authorization") is None
+        )
+        if not anonymous:
+            await self._serve(scope, receive, send, rule)
+            return
+        reserved = _announced(scope, self.max_report)
+        if not self.anonymous.take(reserved):
+            await answer(anonymous_bodies_busy(self.anonymous.max_bytes), scope, receive, send)
+            return
+        try:
+            await self._serve(scope, receive, send, rule)
+        finally:
+            self.anonymous.give_back(reserved)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, rule: Access) -> None:
         limit = self.max_report if rule is Access.REPORT else self.max_body
         with_body = scope.get("method") in _BODY_METHODS
         authorization = header(scope, b"authorization")
@@ -106,8 +129,8 @@ class AccessGate:
                     exc = await self.refused(caller.tenant, exc)
             await answer(exc, scope, receive, send)
             return
-        except StoreUnavailable:
-            await answer(store_unavailable(), scope, receive, send)
+        except StoreUnavailable as exc:
+            await answer(store_unavailable(exc), scope, receive, send)
             return
         except ClientGone:
             await Response(status_code=499)(scope, receive, send)  # counted; nobody reads it
@@ -127,6 +150,15 @@ class AccessGate:
             if rule is Access.TENANT:
                 scope = _as_json(scope)
         await self.app(scope, receive, send)
+
+
+def _announced(scope: Scope, limit: int) -> int:
+    """The body's announced length, within ``limit`` (``limit`` when not announced)."""
+    length = header(scope, b"content-length")
+    with contextlib.suppress(ValueError):
+        if length is not None and 0 <= int(length) <= limit:
+            return int(length)
+    return limit
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:

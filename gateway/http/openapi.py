@@ -14,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from gateway.http.auth import TELEMETRY_PATH
 from gateway.request.schemas import ErrorResponse
 from gateway.request.tiers import TIER_HEADER
-from gateway.telemetry.reports import TelemetryReport
+from gateway.telemetry.reports import MAX_TIMELINE_S, TelemetryReport
 from gateway.telemetry.tokens import TOKEN_HEADER
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -131,7 +131,12 @@ def _telemetry_schema(max_points: int) -> dict[str, Any]:
     entry = {
         "type": "array",
         "prefixItems": [
-            {"type": "number", "minimum": 0, "description": "seconds, non-decreasing"},
+            {
+                "type": "number",
+                "minimum": 0,
+                "maximum": MAX_TIMELINE_S,
+                "description": "seconds since the request, non-decreasing",
+            },
             {"type": "integer", "minimum": 1, "description": "tokens in the chunk"},
         ],
         "minItems": 2,

@@ -206,8 +206,8 @@ class Failover:
         while (state := router.choose(ctx.model, [*self._tried, *full], hold.backend)) is not None:
             try:
                 moved = await hold.move(state)
-            except StoreUnavailable:
-                raise store_unavailable() from None
+            except StoreUnavailable as exc:
+                raise store_unavailable(exc) from None
             if not moved:
                 full.append(state.name)
                 continue

@@ -10,9 +10,11 @@ carrying tokens is timed as it is handed to the client; :meth:`StreamRelay.finis
 returns the stream's
 :class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
 gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
-:func:`qos.metrics.monotone_qoe`). docs/architecture.md, "The streaming relay". A traced
-request's body is the span ``tokenpace.stream``, which ends with the outcome, the QoE
-and the longest freeze (:func:`qos.metrics.freezes`) on the request's span too.
+:func:`qos.metrics.monotone_qoe`; and what a reader paced at the tier's TDS saw:
+:func:`qos.metrics.freezes` and :func:`qos.metrics.user_idle_latency`, Wang et al.
+Eq. 9). docs/architecture.md, "The streaming relay". A traced request's body is the span
+``tokenpace.stream``, which ends with the outcome, the QoE and the longest freeze on the
+request's span too.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from gateway.relay.drain import Drain, shutting_down
 from gateway.relay.read_deadline import ReadDeadline
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
 from gateway.telemetry.tracing import end_span, outcome_attributes
-from qos.metrics import andes_qoe, freezes, monotone_qoe
+from qos.metrics import andes_qoe, freezes, monotone_qoe, user_idle_latency
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -281,8 +283,8 @@ class StreamRelay:
     def _traced(self, result: StreamOutcome) -> None:
         """The stream's span ended, and the request's span told how it went."""
         assert self.failover.trace is not None
-        longest = None
-        if self.n_tokens:
+        longest = result.longest_freeze_s  # a completed stream's, else what was sent
+        if longest is None and self.n_tokens:
             longest = freezes(self._timeline(), self.ctx.tier.tds).longest_s
         prompt = (self.usage or {}).get("prompt_tokens")
         prompt_tokens = prompt if isinstance(prompt, int) else None
@@ -303,9 +305,12 @@ class StreamRelay:
             return result
         ctx, m = self.ctx, self.metrics
         timeline = self._timeline()  # per token, once here, not in each formula
+        ttft, tds = ctx.tier.ttft, ctx.tier.tds
         try:
-            andes = andes_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)
-            mono = monotone_qoe(timeline, ctx.tier.ttft, ctx.tier.tds)
+            andes = andes_qoe(timeline, ttft, tds)
+            mono = monotone_qoe(timeline, ttft, tds)
+            frozen = freezes(timeline, tds)
+            idle = user_idle_latency(timeline, ttft, tds)
         except ValueError as exc:  # cannot happen with monotonic times; never fail a stream
             log.warning("QoE not computed: %s", exc)
             return result
@@ -313,4 +318,6 @@ class StreamRelay:
         m.qoe.labels(ctx.tenant, ctx.tier.name, "monotone").observe(mono)
         result.qoe_andes = andes
         result.qoe_monotone = mono
+        result.longest_freeze_s, result.freezes = frozen.longest_s, frozen.count
+        result.idle_s = idle
         return result

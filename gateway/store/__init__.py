@@ -11,11 +11,15 @@ from gateway.store.base import (
     Admission,
     Arrival,
     Limits,
+    QoEAggregates,
     QoERecord,
     RequestInfo,
     Slot,
     Standing,
     Store,
+    StoreBusy,
+    StoreCommandError,
+    StoreMonitor,
     StoreUnavailable,
     store_unavailable,
 )
@@ -28,6 +32,7 @@ __all__ = [
     "Arrival",
     "Limits",
     "MemoryStore",
+    "QoEAggregates",
     "QoERecord",
     "RedisStore",
     "RequestInfo",
@@ -35,18 +40,24 @@ __all__ = [
     "Slot",
     "Standing",
     "Store",
+    "StoreBusy",
+    "StoreCommandError",
+    "StoreMonitor",
     "StoreUnavailable",
     "build_store",
     "store_unavailable",
 ]
 
 
-def build_store(config: GatewayConfig) -> Store:
+def build_store(config: GatewayConfig, monitor: StoreMonitor | None = None) -> Store:
+    """The store of ``config``; ``monitor`` hears how it fares (the gateway's metrics)."""
     s, t = config.store, config.telemetry
+    monitor = monitor or StoreMonitor()
     local = MemoryStore(
         max_requests=config.recent_requests, max_records=t.max_records, retention_s=t.retention_s
     )
     if s.redis_url is None:
+        monitor.mode("memory")
         return local
     redis = RedisStore(
         s.redis_url,
@@ -55,6 +66,8 @@ def build_store(config: GatewayConfig) -> Store:
         request_ttl_s=s.request_ttl_s,
         retention_s=t.retention_s,
         max_records=t.max_records,
+        max_connections=s.max_connections,
+        monitor=monitor,
     )
     return ResilientStore(
         redis,
@@ -62,5 +75,5 @@ def build_store(config: GatewayConfig) -> Store:
         fail_open=s.fail_mode == "open",
         reconnect_interval_s=s.reconnect_interval_s,
         buffer_max=t.buffer_max,
-        timeout_s=s.timeout_s,
+        monitor=monitor,
     )

@@ -19,6 +19,7 @@ VirtualTokenCounter`'s (the memory store uses that class; the Lua is its atomic 
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,16 +34,39 @@ Status = Literal["admitted", "queued", "full", "limited", "queue_full", "gone"]
 class StoreUnavailable(Exception):
     """The shared store cannot be reached (and the gateway fails closed)."""
 
+    code = "store_unavailable"
+    answer = "The gateway's shared state is unavailable; try again shortly."
 
-def store_unavailable() -> GatewayError:
-    """The answer while the shared store is unreachable (fail closed): 503, Retry-After."""
+
+class StoreBusy(StoreUnavailable):
+    """The shared store is up, but this replica could not get a connection to it (or an
+    answer from it) within ``store.timeout_s``: the call is refused, the store stays up."""
+
+    code = "store_busy"
+    answer = "The gateway's shared state is busy; try again shortly."
+
+
+def store_unavailable(exc: StoreUnavailable | None = None) -> GatewayError:
+    """The answer while the shared store is unreachable (fail closed) or busy: 503,
+    Retry-After."""
+    kind = exc if exc is not None else StoreUnavailable()
     return GatewayError(
-        503,
-        "The gateway's shared state is unavailable; try again shortly.",
-        type=SERVER_ERROR,
-        code="store_unavailable",
-        headers={"Retry-After": "1"},
+        503, kind.answer, type=SERVER_ERROR, code=kind.code, headers={"Retry-After": "1"}
     )
+
+
+class StoreCommandError(GatewayError):
+    """The shared store refused one command (a Redis error reply): that call fails with a
+    500; the store is not down for it (docs/reliability.md, "One tenant cannot take the
+    shared state down")."""
+
+    def __init__(self, operation: str) -> None:
+        super().__init__(
+            500,
+            f"The gateway's shared state refused an operation ({operation}); it has been logged.",
+            type=SERVER_ERROR,
+            code="store_error",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +157,29 @@ class RequestInfo:
     ttft: float
     tds: float
     model: str
+    reported: bool = False  # a client report on it is stored already
+
+
+MAX_SECONDS = 86_400.0
+"""The longest freeze or idle latency a record may hold (a day: a timeline is at most
+that long, :data:`gateway.telemetry.reports.MAX_TIMELINE_S`)."""
+
+
+def _finite(name: str, value: float, low: float, high: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+        raise ValueError(f"QoE record: '{name}' must be a number in [{low}, {high}], got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class QoERecord:
-    """One QoE measurement of a request: ``side`` is ``gateway`` or ``client``."""
+    """One QoE measurement of a request: ``side`` is ``gateway`` or ``client``.
+
+    What the reader saw: ``longest_freeze_s`` and ``freezes`` (:func:`qos.metrics.freezes`)
+    and ``idle_s`` (:func:`qos.metrics.user_idle_latency`, Wang et al. Eq. 9), None when
+    no token reached the reader. Every number is checked when the record is made
+    (ValueError): a record the stores hold is finite and in range, so no aggregate can
+    become NaN.
+    """
 
     request_id: str
     tenant: str
@@ -149,6 +191,30 @@ class QoERecord:
     displayed_andes: float | None = None  # client side: QoE of what the user was shown
     displayed_monotone: float | None = None
     ts: float = 0.0  # unix seconds, set by the store
+    longest_freeze_s: float | None = None
+    freezes: int | None = None
+    idle_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.side not in ("gateway", "client"):
+            raise ValueError(f"QoE record: 'side' must be gateway or client, got {self.side!r}")
+        for name in ("andes", "monotone", "displayed_andes", "displayed_monotone"):
+            value = getattr(self, name)
+            if value is not None or name in ("andes", "monotone"):
+                _finite(name, value, 0.0, 1.0)
+        for name in ("longest_freeze_s", "idle_s"):
+            value = getattr(self, name)
+            if value is not None:
+                _finite(name, value, 0.0, MAX_SECONDS)
+        if self.freezes is not None and not (
+            isinstance(self.freezes, int) and 0 <= self.freezes < 2**53
+        ):
+            raise ValueError(f"QoE record: 'freezes' must be a count, got {self.freezes!r}")
+
+    @property
+    def reader(self) -> bool:
+        """Whether the record holds what the reader saw (some token reached them)."""
+        return self.longest_freeze_s is not None and self.idle_s is not None
 
     def fields(self) -> dict[str, str]:
         out = {
@@ -160,30 +226,51 @@ class QoERecord:
             "monotone": repr(self.monotone),
             "outcome": self.outcome,
         }
-        if self.displayed_andes is not None:
-            out["dandes"] = repr(self.displayed_andes)
-        if self.displayed_monotone is not None:
-            out["dmono"] = repr(self.displayed_monotone)
+        optional = (
+            ("dandes", self.displayed_andes),
+            ("dmono", self.displayed_monotone),
+            ("lf", self.longest_freeze_s),
+            ("nf", self.freezes),
+            ("idle", self.idle_s),
+        )
+        out.update((key, repr(value)) for key, value in optional if value is not None)
         return out
 
     @classmethod
     def from_fields(cls, f: Mapping[str, Any], ts: float) -> QoERecord:
-        return cls(
-            request_id=f["rid"],
-            tenant=f["tenant"],
-            tier=f["tier"],
-            side=f["side"],
-            andes=float(f["andes"]),
-            monotone=float(f["monotone"]),
-            outcome=f["outcome"],
-            displayed_andes=float(f["dandes"]) if "dandes" in f else None,
-            displayed_monotone=float(f["dmono"]) if "dmono" in f else None,
-            ts=ts,
-        )
+        """The record a store row holds; ValueError for a row that is not one (missing
+        fields, a number that is not, or out of range): readers skip such rows."""
+
+        def number(key: str) -> float | None:
+            return float(f[key]) if key in f else None
+
+        try:
+            freezes = number("nf")
+            return cls(
+                request_id=f["rid"],
+                tenant=f["tenant"],
+                tier=f["tier"],
+                side=f["side"],
+                andes=float(f["andes"]),
+                monotone=float(f["monotone"]),
+                outcome=f["outcome"],
+                displayed_andes=number("dandes"),
+                displayed_monotone=number("dmono"),
+                ts=ts,
+                longest_freeze_s=number("lf"),
+                freezes=None if freezes is None else int(freezes),
+                idle_s=number("idle"),
+            )
+        except (KeyError, TypeError, OverflowError) as exc:
+            raise ValueError(f"QoE record: {exc!r}") from None
 
 
-# "buffered": accepted while the shared store is unreachable, written when it returns
-ReportResult = Literal["ok", "duplicate", "unknown", "buffered"]
+# "buffered": accepted while the shared store is unreachable, written when it returns;
+# "limited": the tenant's telemetry rate limit refused it (nothing written)
+ReportResult = Literal["ok", "duplicate", "unknown", "buffered", "limited"]
+
+# (tenant, tier, side) -> the aggregate's fields (gateway.store.aggregates)
+QoEAggregates = dict[tuple[str, str, str], dict[str, float]]
 
 
 class Store(ABC):
@@ -286,17 +373,60 @@ class Store(ABC):
 
     @abstractmethod
     async def add_qoe(self, records: Sequence[QoERecord]) -> list[ReportResult]:
-        """Store records; a client record must be its request's first and only report."""
+        """Store records and add each to its aggregates; a client record must be its
+        request's first and only report."""
+
+    @abstractmethod
+    async def add_report(self, record: QoERecord, per_minute: int) -> tuple[ReportResult, float]:
+        """Store a client's report, in one step: its request must be its tenant's and not
+        reported yet (``unknown``, ``duplicate``), then it is charged to the tenant's
+        telemetry limit of ``per_minute`` reports a sliding minute (``limited``, nothing
+        written) and stored. Returns the result and, when ``limited``, the wait in ms."""
 
     @abstractmethod
     async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
-        """Records since unix time ``since`` (every tenant's when ``tenant`` is None)."""
+        """Records since unix time ``since`` (every tenant's when ``tenant`` is None); a
+        row that does not read as a record is skipped."""
+
+    @abstractmethod
+    async def qoe_window(self, window_s: float, tenant: str | None = None) -> QoEAggregates:
+        """The aggregates of the last ``window_s`` seconds' records per (tenant, tier,
+        side), every tenant's when ``tenant`` is None, read from the time buckets of
+        :mod:`gateway.store.aggregates`: the cost does not depend on how many records
+        there are."""
 
     @abstractmethod
     async def shared_secret(self, name: str, candidate: str) -> str:
         """The secret stored under ``name``, storing ``candidate`` first if there is none
         (set if absent: every replica ends up with the first one stored)."""
 
-    @abstractmethod
-    async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
-        """All-time ``(tenant, tier, side) -> (count, Σ andes, Σ monotone)``."""
+
+# Redis; Redis down and this replica on its local state (fail open) or refusing (fail
+# closed); no Redis configured
+StoreMode = Literal["redis", "local", "closed", "memory"]
+
+
+class StoreMonitor:
+    """What a store tells about itself: the gateway's metrics implement it
+    (:class:`gateway.telemetry.metrics.StoreMetrics`); this one ignores everything."""
+
+    def mode(self, mode: StoreMode) -> None:
+        """Where the state lives now (:data:`StoreMode`)."""
+
+    def redis_call(self) -> None:
+        """One round trip to Redis (a command, a pipeline or a script)."""
+
+    def pool(self, in_use: int, size: int) -> None:
+        """The calls holding one of the ``size`` Redis connections now."""
+
+    def waited(self) -> None:
+        """A call waited for a free Redis connection."""
+
+    def local_call(self) -> None:
+        """A call served from this replica's local state (Redis down, fail open)."""
+
+    def outage(self) -> None:
+        """Redis went from reachable to unreachable."""
+
+    def error(self, kind: Literal["busy", "command"]) -> None:
+        """A call refused: no connection or answer in time (busy), or a Redis error reply."""

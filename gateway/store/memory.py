@@ -7,15 +7,18 @@ rules as the Lua scripts of :mod:`gateway.store.redis`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.store import aggregates
 from gateway.store.base import (
     Admission,
     Arrival,
+    QoEAggregates,
     QoERecord,
     ReportResult,
     RequestInfo,
@@ -53,7 +56,7 @@ class MemoryStore(Store):
     """One process's state (see the module docstring); bounded by ``max_requests``."""
 
     def __init__(
-        self, max_requests: int = 100_000, max_records: int = 1_000_000, retention_s: float = 0
+        self, max_requests: int = 100_000, max_records: int = 1_000_000, retention_s: int = 0
     ) -> None:
         self.vtc = VirtualTokenCounter()
         self._keys: dict[str, str] = {}
@@ -69,8 +72,12 @@ class MemoryStore(Store):
         self._reported: set[str] = set()
         self._max_requests = max_requests
         self._records: deque[QoERecord] = deque(maxlen=max_records)
-        self._retention_s = retention_s
-        self._totals: dict[tuple[str, str, str], tuple[int, float, float]] = {}
+        self._retention_s = retention_s  # 0: records are bounded by count only
+        self._aggregate_retention_s = retention_s or 7 * 86400
+        # (level, bucket start, tenant) -> the bucket's numbers (gateway.store.aggregates)
+        self._buckets: dict[tuple[int, int, str], dict[str, float]] = {}
+        self._qoe_tenants: set[str] = set()
+        self._gc_buckets_at = 0.0
         self._secrets: dict[str, str] = {}
 
     # -- keys -----------------------------------------------------------------------------
@@ -333,53 +340,87 @@ class MemoryStore(Store):
             self._reported.discard(old)
 
     async def request_info(self, request_id: str) -> RequestInfo | None:
-        return self._requests.get(request_id)
+        info = self._requests.get(request_id)
+        if info is not None and request_id in self._reported:
+            return dataclasses.replace(info, reported=True)
+        return info
+
+    def _ownership(self, rec: QoERecord) -> ReportResult:
+        """A client record's check: its tenant's request, not reported yet."""
+        info = self._requests.get(rec.request_id)
+        if info is None or info.tenant != rec.tenant:
+            return "unknown"
+        return "duplicate" if rec.request_id in self._reported else "ok"
 
     async def add_qoe(self, records: Sequence[QoERecord]) -> list[ReportResult]:
         out: list[ReportResult] = []
+        stored: list[QoERecord] = []
         now = time.time()
         for rec in records:
-            if rec.side == "client":
-                info = self._requests.get(rec.request_id)
-                if info is None or info.tenant != rec.tenant:
-                    out.append("unknown")
-                    continue
-                if rec.request_id in self._reported:
-                    out.append("duplicate")
-                    continue
-                self._reported.add(rec.request_id)
-            self._records.append(_stamped(rec, rec.ts or now))
-            key = (rec.tenant, rec.tier, rec.side)
-            n, a, m = self._totals.get(key, (0, 0.0, 0.0))
-            self._totals[key] = (n + 1, a + rec.andes, m + rec.monotone)
-            out.append("ok")
+            result = self._ownership(rec) if rec.side == "client" else "ok"
+            if result == "ok":
+                self._store(rec, now)
+                stored.append(rec)
+            out.append(result)
+        self._aggregate(stored, now)
+        return out
+
+    async def add_report(self, record: QoERecord, per_minute: int) -> tuple[ReportResult, float]:
+        result = self._ownership(record)
+        if result != "ok":
+            return result, 0.0
+        allowed, wait = await self.hit(record.tenant, "tel", per_minute)
+        if not allowed:
+            return "limited", wait
+        now = time.time()
+        self._store(record, now)
+        self._aggregate([record], now)
+        return "ok", 0.0
+
+    def _store(self, rec: QoERecord, now: float) -> None:
+        if rec.side == "client":
+            self._reported.add(rec.request_id)
+        self._records.append(dataclasses.replace(rec, ts=rec.ts or now))
         if self._retention_s:
             while self._records and self._records[0].ts < now - self._retention_s:
                 self._records.popleft()
-        return out
+
+    def _aggregate(self, records: Sequence[QoERecord], now: float) -> None:
+        """Add ``records`` to the buckets of every level (gateway.store.aggregates)."""
+        second = math.floor(now)
+        for tenant, (sums, maxima) in aggregates.contributions(records).items():
+            self._qoe_tenants.add(tenant)
+            for level, lvl in enumerate(aggregates.LEVELS):
+                start = second - second % lvl.size_s
+                bucket = self._buckets.setdefault((level, start, tenant), {})
+                for name, value in sums.items():
+                    bucket[name] = bucket.get(name, 0.0) + value
+                for name, value in maxima.items():
+                    bucket[name] = max(bucket.get(name, 0.0), value)
+        if now >= self._gc_buckets_at:
+            self._gc_buckets_at = now + aggregates.LEVELS[0].size_s
+            retention = self._aggregate_retention_s
+            self._buckets = {
+                k: v
+                for k, v in self._buckets.items()
+                if aggregates.kept(k[0], k[1], now, retention)
+            }
 
     async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
         return [
             r for r in self._records if r.ts >= since and (tenant is None or r.tenant == tenant)
         ]
 
-    async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
-        return dict(self._totals)
+    async def qoe_window(self, window_s: float, tenant: str | None = None) -> QoEAggregates:
+        plan = aggregates.plan(time.time(), window_s, self._aggregate_retention_s)
+        tenants = [tenant] if tenant is not None else sorted(self._qoe_tenants)
+        out: QoEAggregates = {}
+        for name in tenants:
+            for level, start in plan:
+                bucket = self._buckets.get((level, start, name))
+                if bucket is not None:
+                    aggregates.merge_into(out, name, bucket)
+        return out
 
     async def shared_secret(self, name: str, candidate: str) -> str:
         return self._secrets.setdefault(name, candidate)
-
-
-def _stamped(rec: QoERecord, ts: float) -> QoERecord:
-    return QoERecord(
-        rec.request_id,
-        rec.tenant,
-        rec.tier,
-        rec.side,
-        rec.andes,
-        rec.monotone,
-        rec.outcome,
-        rec.displayed_andes,
-        rec.displayed_monotone,
-        ts,
-    )

@@ -1,11 +1,23 @@
 """Redis with a local fallback: what the gateway uses when ``store.redis_url`` is set.
 
 While Redis answers, every operation goes to it and a local
-:class:`~gateway.store.memory.MemoryStore` mirrors what this replica learns. A call that
-fails or takes longer than ``store.timeout_s`` (the gateway's one store timeout: callers
-add none) marks Redis down: ``fail_mode: open`` serves from the local store, ``closed``
-raises :class:`~gateway.store.base.StoreUnavailable` (503). A probe reconnects and
-reconciles (the key table, requests, counters, slots, buffered telemetry).
+:class:`~gateway.store.memory.MemoryStore` mirrors what this replica learns. What a
+failed call means (the gateway's one store timeout is ``store.timeout_s``; callers add
+none):
+
+- Redis is **down**: the connection is refused or lost, or a call timed out and Redis
+  does not answer a PING on a connection of its own either, or it answers that it
+  cannot serve (``LOADING``, ``READONLY``, ``OOM``, ``MISCONF``, ...). Then ``fail_mode:
+  open`` serves from the local store, ``closed`` raises
+  :class:`~gateway.store.base.StoreUnavailable` (503), and a probe reconnects and
+  reconciles (the key table, requests, counters, slots, buffered telemetry).
+- Redis is **busy**: no connection of this replica's pool came free in time, a call
+  timed out while Redis still answers a PING, or a script is running (``BUSY``). That
+  one call is refused (:class:`~gateway.store.base.StoreBusy`, 503 ``store_busy``);
+  nothing changes mode.
+- a **command error** (any other error reply): that one call fails
+  (:class:`~gateway.store.base.StoreCommandError`, 500, logged); nothing changes mode.
+
 docs/architecture.md, "Fair share across gateway replicas" ("Failure") and "API keys:
 what survives what", has the design.
 """
@@ -20,18 +32,23 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from gateway.background import stop
 from gateway.store.base import (
     Admission,
     Arrival,
+    QoEAggregates,
     QoERecord,
     ReportResult,
     RequestInfo,
     Slot,
     Standing,
     Store,
+    StoreBusy,
+    StoreCommandError,
+    StoreMonitor,
     StoreUnavailable,
 )
 from gateway.store.memory import MemoryStore
@@ -40,6 +57,28 @@ from gateway.store.redis import RedisStore
 log = logging.getLogger("tokenpace.gateway.store")
 
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+# Error replies that say Redis cannot serve at all (not that one command was wrong)
+_DOWN_REPLIES = (
+    "LOADING",
+    "READONLY",
+    "OOM",
+    "MISCONF",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "NOAUTH",
+    "WRONGPASS",
+)
+_BUSY_REPLY = "BUSY"
+
+
+def _reply_kind(exc: ResponseError) -> str:
+    """``down``, ``busy`` or ``command`` for an error reply (see the module docstring)."""
+    word = str(exc).split(" ", 1)[0].upper()
+    if word in _DOWN_REPLIES:
+        return "down"
+    return "busy" if word == _BUSY_REPLY else "command"
 
 
 class ResilientStore(Store):
@@ -53,10 +92,10 @@ class ResilientStore(Store):
         fail_open: bool = True,
         reconnect_interval_s: float = 1.0,
         buffer_max: int = 10000,
-        timeout_s: float = 2.0,
+        monitor: StoreMonitor | None = None,
     ) -> None:
         self.redis = redis
-        self.timeout_s = timeout_s
+        self.monitor = monitor or StoreMonitor()
         self.local = local
         self.fail_open = fail_open
         self.reconnect_interval_s = reconnect_interval_s
@@ -69,6 +108,7 @@ class ResilientStore(Store):
         self._unsynced_max = buffer_max
         self._probe: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._liveness: asyncio.Task[bool] | None = None
         self._seed: tuple[dict[str, str], dict[str, str]] = ({}, {})
         # the key table as last read from Redis, and the epoch of the store it came from
         self._keys: dict[str, str] = {}
@@ -85,7 +125,7 @@ class ResilientStore(Store):
         except _FAILURES as exc:
             self._down(exc)
         else:
-            self.up = True
+            self._set_up()
             log.info("shared state in Redis at %s", _safe_url(self.redis.url))
             await self._check_persistence()
         self._watch = asyncio.get_running_loop().create_task(
@@ -108,32 +148,65 @@ class ResilientStore(Store):
             )
 
     async def aclose(self) -> None:
-        await stop(*(t for t in (self._probe, self._watch) if t is not None))
-        self._probe = self._watch = None
+        await stop(*(t for t in (self._probe, self._watch, self._liveness) if t is not None))
+        self._probe = self._watch = self._liveness = None
         await self.redis.aclose()
+
+    def _set_up(self) -> None:
+        self.up = True
+        self.monitor.mode("redis")
 
     def _down(self, exc: BaseException) -> None:
         if self.up or self._probe is None:
             mode = "serving on local state" if self.fail_open else "refusing requests (503)"
             log.error("Redis unreachable (%s: %s): %s", type(exc).__name__, exc, mode)
+        if self.up:
+            self.monitor.outage()
         self.up = False
+        self.monitor.mode("local" if self.fail_open else "closed")
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(
                 self._reconnect(), name="tokenpace-redis-probe"
             )
 
+    async def _alive(self) -> bool:
+        """Whether Redis answers a PING on a connection of its own; concurrent callers
+        share one check."""
+        if self._liveness is None or self._liveness.done():
+            self._liveness = asyncio.get_running_loop().create_task(self.redis.alive())
+        return await asyncio.shield(self._liveness)
+
+    async def _failed(self, operation: str, exc: BaseException) -> None:
+        """Classify a failed call (module docstring): raise StoreBusy or StoreCommandError
+        for that call alone, or mark Redis down and return."""
+        if isinstance(exc, StoreBusy):
+            raise exc
+        if isinstance(exc, ResponseError):
+            kind = _reply_kind(exc)
+            if kind == "command":
+                self.monitor.error("command")
+                log.error("Redis refused %s: %s", operation, exc)
+                raise StoreCommandError(operation) from exc
+            if kind == "busy":
+                self.monitor.error("busy")
+                raise StoreBusy(f"Redis is busy ({exc})") from exc
+        elif isinstance(exc, (RedisTimeout, asyncio.TimeoutError)) and await self._alive():
+            self.monitor.error("busy")
+            raise StoreBusy(f"Redis did not answer {operation} in time, but is up") from exc
+        self._down(exc)
+
     async def _reconnect(self) -> None:
         while True:
             await asyncio.sleep(self.reconnect_interval_s)
             with contextlib.suppress(*_FAILURES):
-                await self.redis.redis.connection_pool.disconnect()
+                await self.redis.reset()
             try:
                 await self.redis.ping()
                 await self._reconcile()
-            except _FAILURES as exc:
+            except (*_FAILURES, StoreUnavailable) as exc:
                 log.debug("Redis still unreachable: %r", exc)
                 continue
-            self.up = True
+            self._set_up()
             self._probe = None
             log.warning("Redis reachable again; state reconciled")
             return
@@ -152,24 +225,50 @@ class ResilientStore(Store):
                 for rec, owner in batch:
                     if owner is not None:  # fields only: a 'reported' mark already there stays
                         await self.redis.remember(rec.request_id, owner)
-                results = await self.redis.add_qoe([rec for rec, _ in batch])
+                results: list[ReportResult | str]
+                try:
+                    results = list(await self.redis.add_qoe([rec for rec, _ in batch]))
+                except ResponseError:
+                    results = await self._replay_singly(batch)
             except BaseException:
                 self._buffer.extendleft(reversed(batch))
                 raise
             for (rec, _), result in zip(batch, results, strict=True):
-                if result != "ok":  # a second report of a request made during the outage
-                    log.warning("buffered %s report of %s: %s", rec.side, rec.request_id, result)
+                if result not in ("ok", "dropped"):  # a second report made during the outage
+                    log.warning("buffered %s record of %s: %s", rec.side, rec.request_id, result)
+
+    async def _replay_singly(
+        self, batch: list[tuple[QoERecord, RequestInfo | None]]
+    ) -> list[ReportResult | str]:
+        """Write a batch Redis refused one record at a time, dropping (and logging) the
+        records it refuses: one poison record never holds the others, nor the reconnect,
+        back."""
+        results: list[ReportResult | str] = []
+        for rec, _ in batch:
+            try:
+                results += await self.redis.add_qoe([rec])
+            except ResponseError as exc:
+                if _reply_kind(exc) != "command":
+                    raise
+                log.error(
+                    "buffered %s record of %s refused by Redis, dropped: %s",
+                    rec.side,
+                    rec.request_id,
+                    exc,
+                )
+                results.append("dropped")
+        return results
 
     async def _redis(self, name: str, *args: Any) -> tuple[bool, Any]:
         """(True, result) from Redis, or (False, None) when it is down (fail open)."""
         if self.up:
             try:
-                async with asyncio.timeout(self.timeout_s):
-                    return True, await getattr(self.redis, name)(*args)
+                return True, await getattr(self.redis, name)(*args)
             except _FAILURES as exc:
-                self._down(exc)
+                await self._failed(name, exc)
         if not self.fail_open:
             raise StoreUnavailable("the shared state store (Redis) is unreachable")
+        self.monitor.local_call()
         return False, None
 
     async def _either(self, name: str, *args: Any) -> Any:
@@ -208,8 +307,9 @@ class ResilientStore(Store):
                 continue  # the probe reconciles
             try:
                 await self._sync_keys()
-            except _FAILURES as exc:
-                self._down(exc)
+            except (*_FAILURES, StoreBusy) as exc:
+                with contextlib.suppress(StoreUnavailable, StoreCommandError):
+                    await self._failed("the key table check", exc)
 
     async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
         self._seed = (dict(keys), dict(tenants))
@@ -217,8 +317,9 @@ class ResilientStore(Store):
         if self.up:
             try:
                 await self._sync_keys()
-            except _FAILURES as exc:
-                self._down(exc)
+            except (*_FAILURES, StoreBusy) as exc:
+                with contextlib.suppress(StoreUnavailable, StoreCommandError):
+                    await self._failed("seeding the keys", exc)
 
     async def tenant_for_key(self, digest: str) -> str | None:
         ok, name = await self._redis("tenant_for_key", digest)
@@ -228,11 +329,10 @@ class ResilientStore(Store):
             # live by the mirror, unknown to Redis: revoked meanwhile, or Redis lost its
             # data; find out which before answering
             try:
-                async with asyncio.timeout(self.timeout_s):
-                    await self._sync_keys()
-                    name = await self.redis.tenant_for_key(digest)
+                await self._sync_keys()
+                name = await self.redis.tenant_for_key(digest)
             except _FAILURES as exc:
-                self._down(exc)
+                await self._failed("tenant_for_key", exc)
                 return await self._offline_tenant(digest)
         return name
 
@@ -270,10 +370,9 @@ class ResilientStore(Store):
         if not self.keys_known:
             raise StoreUnavailable("the API key table is being restored")
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return await getattr(self.redis, name)(*args)
+            return await getattr(self.redis, name)(*args)
         except _FAILURES as exc:
-            self._down(exc)
+            await self._failed(name, exc)
             raise StoreUnavailable("the shared state store (Redis) is unreachable") from exc
 
     # -- admission ------------------------------------------------------------------------
@@ -376,17 +475,32 @@ class ResilientStore(Store):
         out: list[ReportResult] = []
         for rec, res in zip(records, await self.local.add_qoe(records), strict=True):
             if res == "ok":
-                info = await self.local.request_info(rec.request_id)
-                self._buffer.append((rec, info if rec.side == "client" else None))
-                res = "buffered" if rec.side == "client" else res
+                res = self._buffered(rec, await self.local.request_info(rec.request_id))
             out.append(res)
         return out
+
+    async def add_report(self, record: QoERecord, per_minute: int) -> tuple[ReportResult, float]:
+        """As :meth:`add_qoe`, for one client report charged to its tenant's limit."""
+        ok, result = await self._redis("add_report", record, per_minute)
+        if ok:
+            return result
+        if len(self._buffer) >= (self._buffer.maxlen or 0):
+            raise StoreUnavailable("the telemetry buffer is full while Redis is unreachable")
+        res, wait = await self.local.add_report(record, per_minute)
+        if res == "ok":
+            res = self._buffered(record, await self.local.request_info(record.request_id))
+        return res, wait
+
+    def _buffered(self, rec: QoERecord, info: RequestInfo | None) -> ReportResult:
+        """Keep a record stored locally for the replay; a client's with its ownership."""
+        self._buffer.append((rec, info if rec.side == "client" else None))
+        return "buffered" if rec.side == "client" else "ok"
 
     async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
         return await self._either("qoe_records", since, tenant)
 
-    async def qoe_totals(self) -> dict[tuple[str, str, str], tuple[int, float, float]]:
-        return await self._either("qoe_totals")
+    async def qoe_window(self, window_s: float, tenant: str | None = None) -> QoEAggregates:
+        return await self._either("qoe_window", window_s, tenant)
 
     async def shared_secret(self, name: str, candidate: str) -> str:
         """From Redis only (a secret of this replica's own would not verify elsewhere)."""

@@ -1,10 +1,10 @@
 """Telemetry's answers: a report too large (413) or too frequent (429), about a request
 not the caller's (404) or already reported (409); a telemetry token that is not valid,
-or no credential at all (401)."""
+or no credential at all (401); too many reports without a credential being read (503)."""
 
 from __future__ import annotations
 
-from gateway.errors import RATE_LIMIT, GatewayError, unauthorized
+from gateway.errors import RATE_LIMIT, SERVER_ERROR, GatewayError, unauthorized
 from gateway.store.ratelimit import retry_after_header
 
 
@@ -56,4 +56,17 @@ def missing_telemetry_credentials(header: str, body_field: str) -> GatewayError:
         "A telemetry report needs the API key (Authorization: Bearer YOUR_KEY) or the "
         f"response's telemetry token (the {header} header, or '{body_field}' in the "
         "JSON body)."
+    )
+
+
+def anonymous_bodies_busy(limit: int) -> GatewayError:
+    """503 when the bodies of reports without a credential already hold ``limit`` bytes."""
+    return GatewayError(
+        503,
+        f"Too many telemetry reports without a credential are being read (at most {limit} "
+        "bytes of them at once); try again shortly, or send the report with its token in "
+        "the X-TokenPace-Telemetry-Token header.",
+        type=SERVER_ERROR,
+        code="server_busy",
+        headers={"Retry-After": "1"},
     )

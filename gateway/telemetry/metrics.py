@@ -30,8 +30,24 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   ``answer`` one of ``at_arrival`` (503, the estimated wait past the tier's bound),
   ``at_bound`` (503 once the bound passed) and ``in_stream`` (an error event after the
   200).
+- ``tokenpace_longest_freeze_seconds{tenant,tier,side}``: the longest freeze of each
+  reply on the reader's displayed timeline (:func:`qos.metrics.freezes`, 0 when it never
+  froze), and ``tokenpace_user_idle_seconds{tenant,tier,side}``: its user idle latency
+  (Wang et al. Eq. 9, :func:`qos.metrics.user_idle_latency`). ``side=gateway``: every
+  completed stream, from the times the gateway sent each token; ``side=client``: every
+  SDK report stored, from the arrivals it reports.
 - ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
-  ``telemetry.window_s`` (:mod:`gateway.telemetry.reports`), refreshed at each scrape.
+  ``telemetry.window_s`` (:mod:`gateway.telemetry.reports`), every replica's records,
+  refreshed at a scrape at most once a second; ``metric=reader`` holds what the readers
+  saw (``stat`` = a key of :meth:`qos.metrics.ReaderSummary.as_dict`).
+- ``tokenpace_store_mode{mode}``: 1 for the store's mode (``redis``; ``local`` or
+  ``closed`` while Redis is down, by ``store.fail_mode``; ``memory`` without Redis);
+  ``tokenpace_store_redis_calls_total`` (round trips), ``tokenpace_store_local_calls_total``
+  (calls served from local state), ``tokenpace_store_outages_total``,
+  ``tokenpace_store_errors_total{kind}`` (``busy``, ``command``),
+  ``tokenpace_store_pool_connections{state}`` (``in_use``, ``size``),
+  ``tokenpace_store_pool_waits_total`` (calls that waited for a connection): the shared
+  store as this process sees it (:class:`StoreMetrics`).
 
 Several workers (``tokenpace serve --workers N``) share one view through
 ``prometheus_client.multiprocess``: each process writes to ``$PROMETHEUS_MULTIPROC_DIR``
@@ -63,8 +79,10 @@ from prometheus_client.registry import Collector
 
 from gateway.backends.routing import BackendState, Router
 from gateway.context import UNKNOWN
+from gateway.store import StoreMonitor
+from gateway.store.base import StoreMode
 
-__all__ = ["UNKNOWN", "GatewayMetrics", "QoESummary", "observe_many"]
+__all__ = ["UNKNOWN", "GatewayMetrics", "QoESummary", "StoreMetrics", "observe_many"]
 
 # gateway.telemetry.reports.summarize: tenant -> tiers -> sides -> stats
 QoESummary = dict[str, Any]
@@ -105,6 +123,9 @@ _ITL_BUCKETS = (
     2.5,
 )
 _QOE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+# le="0": never froze / never idle; 2, 5 and 10: qos.metrics.FREEZE_THRESHOLDS_S
+_READER_BUCKETS = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_STORE_MODES: tuple[StoreMode, ...] = ("redis", "local", "closed", "memory")
 
 
 M = TypeVar("M", bound=MetricWrapperBase)
@@ -219,7 +240,9 @@ class _QoEWindowCollector(Collector):
         g = GaugeMetricFamily(
             "tokenpace_qoe_window",
             "QoE over telemetry.window_s, all replicas (side=gateway|client, "
-            "metric=andes|monotone|displayed_andes, stat=mean|p50|p90|p99|count)",
+            "metric=andes|monotone|displayed_andes, stat=mean|p50|p90|p99|count; "
+            "metric=reader, stat=replies|frozen_over_2s|frozen_over_5s|frozen_over_10s|"
+            "longest_freeze_s|median_freeze_s|idle_p50_s|idle_p99_s)",
             labels=["tenant", "tier", "side", "metric", "stat"],
         )
         for tenant, t in self.summary.items():
@@ -230,7 +253,88 @@ class _QoEWindowCollector(Collector):
                         for stat in _STATS:
                             if metric in s:
                                 g.add_metric([tenant, tier, side, metric, stat], s[metric][stat])
+                    for stat, value in s.get("reader", {}).items():
+                        if value is not None:
+                            g.add_metric([tenant, tier, side, "reader", stat], float(value))
         yield g
+
+
+class StoreMetrics(StoreMonitor):
+    """The shared store's series (module docstring): what the store tells its monitor."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self._mode = Gauge(
+            "tokenpace_store_mode",
+            "1 for the store's mode: redis, local (Redis down, fail open), closed (Redis "
+            "down, fail closed), memory (no Redis)",
+            ["mode"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self._calls = Counter(
+            "tokenpace_store_redis_calls",
+            "round trips to Redis (a command, a pipeline or a script)",
+            registry=r,
+        )
+        self._local = Counter(
+            "tokenpace_store_local_calls",
+            "store calls served from this process's local state while Redis was down",
+            registry=r,
+        )
+        self._outages = Counter(
+            "tokenpace_store_outages", "times Redis went from reachable to unreachable", registry=r
+        )
+        self._errors = Counter(
+            "tokenpace_store_errors",
+            "store calls refused: busy (no connection or answer in time, Redis up) or "
+            "command (an error reply)",
+            ["kind"],
+            registry=r,
+        )
+        self._waits = Counter(
+            "tokenpace_store_pool_waits",
+            "store calls that waited for a free Redis connection",
+            registry=r,
+        )
+        pool = Gauge(
+            "tokenpace_store_pool_connections",
+            "Redis connections in use by store calls, and the pool's size",
+            ["state"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self._in_use, self._size = pool.labels("in_use"), pool.labels("size")
+        self._size_now = -1
+        for kind in ("busy", "command"):
+            self._errors.labels(kind)
+        self._error = series(self._errors)
+        self._modes = {m: self._mode.labels(m) for m in _STORE_MODES}
+
+    def mode(self, mode: StoreMode) -> None:
+        for name, gauge in self._modes.items():
+            gauge.set(1.0 if name == mode else 0.0)
+
+    def redis_call(self) -> None:
+        self._calls.inc()
+
+    def pool(self, in_use: int, size: int) -> None:
+        self._in_use.set(in_use)
+        if size != self._size_now:
+            self._size_now = size
+            self._size.set(size)
+
+    def waited(self) -> None:
+        self._waits.inc()
+
+    def local_call(self) -> None:
+        self._local.inc()
+
+    def outage(self) -> None:
+        self._outages.inc()
+
+    def error(self, kind: Literal["busy", "command"]) -> None:
+        self._error(kind).inc()
 
 
 class GatewayMetrics:
@@ -319,6 +423,23 @@ class GatewayMetrics:
             multiprocess_mode="livemostrecent",
             registry=r,
         )
+        self.longest_freeze = Histogram(
+            "tokenpace_longest_freeze_seconds",
+            "the longest freeze of each reply on the reader's displayed timeline (0: none); "
+            "side=gateway from the gateway's send times, side=client from the SDKs' reports",
+            ["tenant", "tier", "side"],
+            buckets=_READER_BUCKETS,
+            registry=r,
+        )
+        self.user_idle = Histogram(
+            "tokenpace_user_idle_seconds",
+            "user idle latency of each reply (Wang et al. Eq. 9): the longest a token came "
+            "after its deadline TTFT + (i-1)/TDS; sides as tokenpace_longest_freeze_seconds",
+            ["tenant", "tier", "side"],
+            buckets=_READER_BUCKETS,
+            registry=r,
+        )
+        self.store = StoreMetrics(r)
         self.qoe_window = _QoEWindowCollector()
         r.register(self.qoe_window)
         self._backend_gauges: list[tuple[Gauge, Callable[[BackendState], float]]] = []

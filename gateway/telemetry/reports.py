@@ -1,19 +1,27 @@
 """QoE telemetry: the SDKs' reports, the gateway's own measurements, their summary.
 
 ``POST /v1/tokenpace/telemetry`` (docs/protocol.md, "SDK → gateway: QoE telemetry"):
-the report is validated strictly (:class:`TelemetryReport`, bounded in size and
-length), its request id must be one of the caller's (else 404), and the gateway
-recomputes the QoE itself from the timelines, never trusting a client's number:
-Andes QoE (Liu et al. §3.1, Eq. 1, :func:`qos.metrics.andes_qoe`) and the monotone
-variant (:func:`qos.metrics.monotone_qoe`) of the *arrivals* and of the *displayed*
-timeline (what the pacing buffer showed), against the tier the gateway served the
-request under (the ``expected`` the client sends is checked for form only).
+the report is validated strictly (:class:`TelemetryReport`, bounded in size, length,
+times and counts), its request id must be one of the caller's (else 404) and not
+reported yet (409, or 403 with a telemetry token), and only then is it charged to the
+tenant's telemetry rate limit, in the same store call that stores it: a report that is
+refused costs the tenant nothing. The gateway recomputes the QoE itself from the
+timelines, never trusting a client's number: Andes QoE (Liu et al. §3.1, Eq. 1,
+:func:`qos.metrics.andes_qoe`) and the monotone variant (:func:`qos.metrics.monotone_qoe`)
+of the *arrivals* and of the *displayed* timeline (what the pacing buffer showed), and
+what the reader saw of the arrivals (:func:`qos.metrics.freezes`, the SDKs' release
+rule, and the user idle latency of Wang et al. Eq. 9,
+:func:`qos.metrics.user_idle_latency`), against the tier the gateway served the request
+under (the ``expected`` the client sends is checked for form only). A timeline whose
+numbers give no finite QoE is a 400 naming it, before anything is written.
 
-Every completed stream the gateway relays adds a ``gateway`` record with the QoE of
-its emission times (computed in :mod:`gateway.relay.streaming`); these are batched, one store
-call per replica every :data:`FLUSH_INTERVAL_S`. ``GET /v1/tokenpace/qoe`` puts both
-sides next to each other per tenant and tier over a window; ``/metrics`` exports the
-same summary (``tokenpace_qoe_window``), refreshed at each scrape.
+Every completed stream the gateway relays adds a ``gateway`` record with the same
+measures of its emission times (computed in :mod:`gateway.relay.streaming`); these are
+batched, one store call per replica every :data:`FLUSH_INTERVAL_S`. ``GET
+/v1/tokenpace/qoe`` puts both sides next to each other per tenant and tier over a
+window; ``/metrics`` exports the same summary (``tokenpace_qoe_window``). Both read the
+store's aggregates (:mod:`gateway.store.aggregates`), never the records, and a summary
+is read at most once every :data:`SUMMARY_TTL_S` per window and tenant.
 """
 
 from __future__ import annotations
@@ -21,31 +29,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.background import stop
 from gateway.config.schema import LimitsConfig, TelemetryConfig
 from gateway.context import RequestContext, StreamOutcome
-from gateway.errors import bad_request, forbidden, validation_error
-from gateway.store import QoERecord, Store, StoreUnavailable
+from gateway.errors import GatewayError, bad_request, forbidden, validation_error
+from gateway.store import (
+    QoEAggregates,
+    QoERecord,
+    Store,
+    StoreCommandError,
+    StoreUnavailable,
+    aggregates,
+)
+from gateway.store.base import MAX_SECONDS
 from gateway.telemetry.errors import (
     duplicate_report,
     report_too_large,
     too_many_reports,
     unknown_request,
 )
-from gateway.telemetry.metrics import GatewayMetrics, QoESummary
-from qos.metrics import andes_qoe, monotone_qoe
+from gateway.telemetry.metrics import GatewayMetrics, QoESummary, series
+from qos.metrics import andes_qoe, freezes, monotone_qoe, user_idle_latency
 
 log = logging.getLogger("tokenpace.gateway.telemetry")
 
 FLUSH_INTERVAL_S = 0.25
+SUMMARY_TTL_S = 1.0  # a summary is read from the store at most this often (per window)
+MAX_TIMELINE_S = MAX_SECONDS  # a time in a report: seconds since the request, at most a day
 _PENDING_MAX = 10000
+_CACHED_MAX = 256  # summaries kept (windows and tenants asked for in the last second)
 
 
 class _Strict(BaseModel):
@@ -62,66 +81,91 @@ class SdkInfo(_Strict):
     version: str = Field(max_length=64)
 
 
+Seconds = Annotated[float, Field(ge=0, le=MAX_TIMELINE_S)]
+Tokens = Annotated[int, Field(ge=1)]
+
+
 class TelemetryReport(_Strict):
     """The SDK's report on one request (docs/protocol.md)."""
 
     request_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="the X-Request-Id")
     expected: Expected
-    arrivals: list[tuple[float, int]] = Field(
+    arrivals: list[tuple[Seconds, Tokens]] = Field(
         description="[seconds since the request was sent, tokens] per chunk received"
     )
-    displayed: list[tuple[float, int]] = Field(
+    displayed: list[tuple[Seconds, Tokens]] = Field(
         default_factory=list, description="the same for tokens shown to the user"
     )
     outcome: Literal["completed", "aborted", "error"]
     sdk: SdkInfo | None = None
 
 
-def _qoe(timeline: list[tuple[float, int]], ttft: float, tds: float) -> tuple[float, float]:
+def _invalid_timeline(name: str, why: str) -> GatewayError:
+    return bad_request(f"'{name}' {why}.", param=name, code="invalid_value")
+
+
+def _measure(
+    name: str, timeline: list[tuple[float, int]], ttft: float, tds: float
+) -> dict[str, Any]:
+    """The QoE of a timeline (0 when empty: nothing reached the user) and, for a timeline
+    that is not empty, what its reader saw; 400 naming the timeline when it is not one or
+    its numbers give no finite, in-range value."""
     if not timeline:
-        return 0.0, 0.0  # nothing reached the user
-    return andes_qoe(timeline, ttft, tds), monotone_qoe(timeline, ttft, tds)
-
-
-def _stats(values: Sequence[float]) -> dict[str, float]:
-    a = np.asarray(values, dtype=float)
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
-
-
-def _side(records: Sequence[QoERecord]) -> dict[str, Any]:
-    out: dict[str, Any] = {"count": len(records)}
-    if records:
-        out["andes"] = _stats([r.andes for r in records])
-        out["monotone"] = _stats([r.monotone for r in records])
-        shown = [r.displayed_andes for r in records if r.displayed_andes is not None]
-        if shown:
-            out["displayed_andes"] = _stats(shown)
+        return {"andes": 0.0, "monotone": 0.0}
+    try:
+        frozen = freezes(timeline, tds)
+        out: dict[str, Any] = {
+            "andes": andes_qoe(timeline, ttft, tds),
+            "monotone": monotone_qoe(timeline, ttft, tds),
+            "longest_freeze_s": frozen.longest_s,
+            "freezes": frozen.count,
+            "idle_s": user_idle_latency(timeline, ttft, tds),
+        }
+    except ValueError as exc:
+        raise _invalid_timeline(name, f"is not a timeline: {exc}") from None
+    for key, value in out.items():
+        high = 1.0 if key in ("andes", "monotone") else MAX_SECONDS
+        if key != "freezes" and not (math.isfinite(value) and 0.0 <= value <= high):
+            raise _invalid_timeline(name, f"gives {key} = {value}, not a number in [0, {high}]")
     return out
 
 
-def _pair(records: Sequence[QoERecord]) -> dict[str, Any]:
-    return {
-        "gateway": _side([r for r in records if r.side == "gateway"]),
-        "client": _side([r for r in records if r.side == "client"]),
-    }
+def _side(g: Mapping[str, float] | None) -> dict[str, Any]:
+    """One side's summary from its aggregate (gateway.store.aggregates)."""
+    if not g or g.get("n", 0.0) <= 0:
+        return {"count": 0}
+    out: dict[str, Any] = {"count": int(g["n"])}
+    hists = aggregates.histograms(g)
+    for metric in ("andes", "monotone", "displayed_andes"):
+        stats = aggregates.qoe_stats(g, metric, hists)
+        if stats is not None:
+            out[metric] = stats
+    reader = aggregates.reader_summary(g, hists)
+    if reader is not None:
+        out["reader"] = reader.as_dict()
+    return out
 
 
-def summarize(records: Sequence[QoERecord]) -> QoESummary:
+def summarize(groups: QoEAggregates) -> QoESummary:
     """``tenant -> {overall, tiers: {tier -> {gateway, client}}}``."""
-    by_tenant: dict[str, list[QoERecord]] = {}
-    for r in records:
-        by_tenant.setdefault(r.tenant, []).append(r)
+    by_tenant: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for (tenant, tier, side), g in groups.items():
+        by_tenant.setdefault(tenant, {}).setdefault(tier, {})[side] = g
     out: dict[str, Any] = {}
-    for tenant, recs in sorted(by_tenant.items()):
-        tiers: dict[str, list[QoERecord]] = {}
-        for r in recs:
-            tiers.setdefault(r.tier, []).append(r)
+    for tenant, tiers in sorted(by_tenant.items()):
+        overall = {
+            side: aggregates.combine(t[side] for t in tiers.values() if side in t)
+            for side in ("gateway", "client")
+        }
         out[tenant] = {
-            "overall": _pair(recs),
-            "tiers": {tier: _pair(rs) for tier, rs in sorted(tiers.items())},
+            "overall": _pair(overall),
+            "tiers": {tier: _pair(sides) for tier, sides in sorted(tiers.items())},
         }
     return out
+
+
+def _pair(sides: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    return {"gateway": _side(sides.get("gateway")), "client": _side(sides.get("client"))}
 
 
 class Telemetry:
@@ -136,6 +180,10 @@ class Telemetry:
         self.metrics = metrics
         self._pending: list[QoERecord] = []
         self._task: asyncio.Task[None] | None = None
+        self._freeze = series(metrics.longest_freeze)
+        self._idle = series(metrics.user_idle)
+        # (tenant or None, window) -> (when read, the read): at most one per SUMMARY_TTL_S
+        self._summaries: dict[tuple[str | None, float], tuple[float, asyncio.Future[Any]]] = {}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -154,19 +202,27 @@ class Telemetry:
         """Queue the gateway-side QoE of a finished stream (a completed one has it)."""
         if result.qoe_andes is None or result.qoe_monotone is None:
             return
-        if len(self._pending) >= _PENDING_MAX:
-            return
-        self._pending.append(
-            QoERecord(
-                ctx.request_id,
-                ctx.tenant,
-                ctx.tier.name,
-                "gateway",
-                result.qoe_andes,
-                result.qoe_monotone,
-                result.outcome,
-            )
+        record = QoERecord(
+            ctx.request_id,
+            ctx.tenant,
+            ctx.tier.name,
+            "gateway",
+            result.qoe_andes,
+            result.qoe_monotone,
+            result.outcome,
+            longest_freeze_s=result.longest_freeze_s,
+            freezes=result.freezes,
+            idle_s=result.idle_s,
         )
+        self._observe(record)
+        if len(self._pending) < _PENDING_MAX:
+            self._pending.append(record)
+
+    def _observe(self, rec: QoERecord) -> None:
+        """The reader's histograms (``tokenpace_longest_freeze_seconds``, ``_user_idle_``)."""
+        if rec.longest_freeze_s is not None and rec.idle_s is not None:
+            self._freeze(rec.tenant, rec.tier, rec.side).observe(rec.longest_freeze_s)
+            self._idle(rec.tenant, rec.tier, rec.side).observe(rec.idle_s)
 
     async def _flush(self) -> None:
         if not self._pending:
@@ -189,17 +245,15 @@ class Telemetry:
     async def report(
         self, tenant: str, body: bytes, token_request_id: str | None = None
     ) -> dict[str, Any]:
-        """Validate, check ownership, recompute, store; raise GatewayError otherwise.
+        """Validate, check ownership and reuse, recompute, then charge and store in one
+        store call; raise GatewayError otherwise.
 
         ``token_request_id``: the report came with a telemetry token for that request
         (:mod:`gateway.telemetry.tokens`); a report on another request, or a second one on
-        it (the token used again), gets 403.
+        it (the token used again), gets 403, and costs the tenant nothing.
         """
         cfg = self.cfg
         check_size(body, cfg.max_body_bytes)
-        allowed, wait = await self.store.hit(tenant, "tel", cfg.requests_per_minute)
-        if not allowed:
-            raise too_many_reports(cfg.requests_per_minute, wait)
         try:
             report = TelemetryReport.model_validate_json(body or b"null")
         except ValidationError as exc:
@@ -208,17 +262,11 @@ class Telemetry:
         for name in ("arrivals", "displayed"):
             timeline = getattr(report, name)
             if len(timeline) > cfg.max_points:
-                raise bad_request(
-                    f"'{name}' has {len(timeline)} entries; at most {cfg.max_points}.",
-                    param=name,
-                    code="invalid_value",
+                raise _invalid_timeline(
+                    name, f"has {len(timeline)} entries; at most {cfg.max_points}"
                 )
             if sum(n for _, n in timeline) > max_tokens:
-                raise bad_request(
-                    f"'{name}' counts more than {max_tokens} tokens.",
-                    param=name,
-                    code="invalid_value",
-                )
+                raise _invalid_timeline(name, f"counts more than {max_tokens} tokens")
         if token_request_id is not None and report.request_id != token_request_id:
             raise forbidden(
                 f"The telemetry token is for request {token_request_id}, not "
@@ -229,35 +277,32 @@ class Telemetry:
         info = await self.store.request_info(report.request_id)
         if info is None or info.tenant != tenant:
             raise unknown_request(report.request_id)
-        try:
-            andes, mono = _qoe(report.arrivals, info.ttft, info.tds)
-            shown_andes, shown_mono = _qoe(report.displayed, info.ttft, info.tds)
-        except ValueError as exc:
-            name = "displayed" if "displayed" in str(exc) else "arrivals"
-            raise bad_request(str(exc), param=name, code="invalid_value") from None
+        if info.reported:
+            raise _reported(report.request_id, token_request_id)
+        arrived = _measure("arrivals", report.arrivals, info.ttft, info.tds)
+        shown = _measure("displayed", report.displayed, info.ttft, info.tds)
         record = QoERecord(
             report.request_id,
             tenant,
             info.tier,
             "client",
-            andes,
-            mono,
+            arrived["andes"],
+            arrived["monotone"],
             report.outcome,
-            shown_andes if report.displayed else None,
-            shown_mono if report.displayed else None,
+            shown["andes"] if report.displayed else None,
+            shown["monotone"] if report.displayed else None,
+            longest_freeze_s=arrived.get("longest_freeze_s"),
+            freezes=arrived.get("freezes"),
+            idle_s=arrived.get("idle_s"),
         )
-        (result,) = await self.store.add_qoe([record])
+        result, wait_ms = await self.store.add_report(record, cfg.requests_per_minute)
+        if result == "limited":
+            raise too_many_reports(cfg.requests_per_minute, wait_ms)
         if result == "unknown":
             raise unknown_request(report.request_id)
-        if result == "duplicate" and token_request_id is not None:
-            raise forbidden(
-                f"The telemetry token was already used: request {report.request_id} was "
-                "already reported.",
-                "request_id",
-                "telemetry_token_used",
-            )
         if result == "duplicate":
-            raise duplicate_report(report.request_id)
+            raise _reported(report.request_id, token_request_id)
+        self._observe(record)
         return {
             "object": "tokenpace.telemetry",
             "stored": result == "ok",  # False: buffered while the shared store is down (202)
@@ -265,26 +310,61 @@ class Telemetry:
             "tier": info.tier,
             "expected": {"ttft": info.ttft, "tds": info.tds},
             "qoe": {
-                "andes": andes,
-                "monotone": mono,
+                "andes": record.andes,
+                "monotone": record.monotone,
                 "displayed_andes": record.displayed_andes,
                 "displayed_monotone": record.displayed_monotone,
+                "longest_freeze_s": record.longest_freeze_s,
+                "freezes": record.freezes,
+                "idle_s": record.idle_s,
             },
         }
 
     # -- summaries ---------------------------------------------------------------------------------
+    async def _aggregates(self, tenant: str | None, window_s: float) -> QoEAggregates:
+        """The store's aggregates of the window, read at most once per SUMMARY_TTL_S (a
+        flood of scrapes or calls costs the store one read a second); callers meanwhile
+        share that read."""
+        now = time.monotonic()
+        key = (tenant, float(window_s))
+        cached = self._summaries.get(key)
+        if cached is None or now - cached[0] >= SUMMARY_TTL_S:
+            if len(self._summaries) >= _CACHED_MAX:
+                self._summaries = {
+                    k: v for k, v in self._summaries.items() if now - v[0] < SUMMARY_TTL_S
+                }
+            read = asyncio.ensure_future(self.store.qoe_window(window_s, tenant))
+            cached = self._summaries[key] = (now, read)
+        try:
+            result: QoEAggregates = await asyncio.shield(cached[1])
+        except Exception:
+            if self._summaries.get(key) is cached:
+                del self._summaries[key]  # a failed read is not kept
+            raise
+        return result
+
     async def summary(self, tenant: str | None, window_s: float) -> dict[str, Any]:
-        records = await self.store.qoe_records(time.time() - window_s, tenant)
-        tenants = summarize(records)
+        tenants = summarize(await self._aggregates(tenant, window_s))
         if tenant is not None:
-            tenants.setdefault(tenant, {"overall": _pair([]), "tiers": {}})
+            tenants.setdefault(tenant, {"overall": _pair({}), "tiers": {}})
         return {"object": "tokenpace.qoe_summary", "window_s": window_s, "tenants": tenants}
 
     async def refresh_metrics(self) -> None:
         """Recompute the ``/metrics`` summary (kept as it was if the store fails)."""
-        with contextlib.suppress(StoreUnavailable):
-            records = await self.store.qoe_records(time.time() - self.cfg.window_s)
-            self.metrics.qoe_window.summary = summarize(records)
+        with contextlib.suppress(StoreUnavailable, StoreCommandError):
+            groups = await self._aggregates(None, self.cfg.window_s)
+            self.metrics.qoe_window.summary = summarize(groups)
+
+
+def _reported(request_id: str, token_request_id: str | None) -> GatewayError:
+    """A second report on a request: 403 with a telemetry token, else 409."""
+    if token_request_id is not None:
+        return forbidden(
+            f"The telemetry token was already used: request {request_id} was already reported.",
+            "request_id",
+            "telemetry_token_used",
+        )
+    return duplicate_report(request_id)
 
 
 def check_size(body: bytes, limit: int) -> None:

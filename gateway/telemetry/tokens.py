@@ -159,3 +159,27 @@ def split_token(headers: Mapping[str, str], body: bytes) -> TokenReport:
     if not isinstance(token, str) or not token:
         raise _invalid(f"'{BODY_FIELD}' must be the token string of the response's header.")
     return TokenReport(token, orjson.dumps(data))
+
+
+class AnonymousBodies:
+    """The bytes of report bodies being read without a credential, in this process.
+
+    A beacon cannot set headers, so a report may carry its telemetry token in its body,
+    and that body is read before anyone is known (:class:`gateway.http.gate.AccessGate`).
+    Each such body reserves its announced length (or the report limit, when chunked) for
+    as long as its request lasts; once ``telemetry.anonymous_bodies_max_bytes`` are
+    reserved, the next one is refused (503) before a byte of it is read.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.max_bytes:
+            return False
+        self.held += n
+        return True
+
+    def give_back(self, n: int) -> None:
+        self.held -= n

@@ -24,11 +24,24 @@ interface Stats {
   p99: number;
 }
 
+/** What the readers saw (qos.metrics.ReaderSummary): freezes and user idle latency. */
+interface Reader {
+  replies: number;
+  frozen_over_2s: number;
+  frozen_over_5s: number;
+  frozen_over_10s: number;
+  longest_freeze_s: number;
+  median_freeze_s: number | null;
+  idle_p50_s: number;
+  idle_p99_s: number;
+}
+
 interface Side {
   count: number;
   andes?: Stats;
   monotone?: Stats;
   displayed_andes?: Stats;
+  reader?: Reader;
 }
 
 interface Pair {
@@ -88,6 +101,14 @@ function fmt(value: number | undefined, digits = 3): string {
   return value === undefined ? "–" : value.toFixed(digits);
 }
 
+function percent(share: number | undefined): string {
+  return share === undefined ? "–" : `${(share * 100).toFixed(1)} %`;
+}
+
+function seconds(value: number | undefined): string {
+  return value === undefined ? "–" : `${value.toFixed(2)} s`;
+}
+
 function cell(row: HTMLTableRowElement, field: string, text: string): void {
   const td = row.insertCell();
   td.dataset["field"] = field;
@@ -123,6 +144,11 @@ function showQoE(summary: QoEDetails, time: number): void {
           ["client-andes", fmt(client.andes?.mean)],
           ["client-displayed-andes", fmt(client.displayed_andes?.mean)],
           ["client-andes-p50", fmt(client.andes?.p50)],
+          ["gateway-frozen-2s", percent(gateway.reader?.frozen_over_2s)],
+          ["client-frozen-2s", percent(client.reader?.frozen_over_2s)],
+          ["client-longest-freeze", seconds(client.reader?.longest_freeze_s)],
+          ["gateway-idle-p99", seconds(gateway.reader?.idle_p99_s)],
+          ["client-idle-p99", seconds(client.reader?.idle_p99_s)],
         ],
       });
     }

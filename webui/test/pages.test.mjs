@@ -494,6 +494,22 @@ describe("dashboard", () => {
     assert.ok(Number(await page.textContent(cell)) >= 1, "the client-side report is shown");
     const clientQoE = Number(await page.textContent('tr[data-key="demo/chat"] td[data-field="client-andes"]'));
     assert.ok(clientQoE > 0 && clientQoE <= 1);
+    // what the readers saw, both sides: the share of replies frozen over 2 s and idle p99
+    const field = (name) => page.textContent(`tr[data-key="demo/chat"] td[data-field="${name}"]`);
+    for (const side of ["gateway", "client"]) {
+      const frozen = await field(`${side}-frozen-2s`);
+      assert.match(frozen, /^\d+\.\d %$/, `${side} frozen share: ${frozen}`);
+      assert.ok(Number(frozen.replace(" %", "")) <= 100);
+      const idle = await field(`${side}-idle-p99`);
+      assert.match(idle, /^\d+\.\d\d s$/, `${side} idle p99: ${idle}`);
+    }
+    // the same numbers as the gateway's summary over the page's window
+    const api = await gw.get("/v1/tokenpace/qoe?window=300", gw.adminKey);
+    const reader = api.tenants.demo.tiers.chat.client.reader;
+    assert.equal(await field("client-frozen-2s"), `${(reader.frozen_over_2s * 100).toFixed(1)} %`);
+    assert.equal(await field("client-idle-p99"), `${reader.idle_p99_s.toFixed(2)} s`);
+    assert.match(await field("client-longest-freeze"), /^\d+\.\d\d s$/);
+    assert.match(await page.textContent("#reader-hint"), /Eq\. 9/);
     assert.equal(await page.textContent('tr[data-key="embedded"] td[data-field="healthy"]'), "healthy");
     assert.ok(Number(await page.textContent('tr[data-key="demo"] td[data-field="output-tokens"]')) >= 16);
     assert.equal(await page.textContent("#ready"), "ready");

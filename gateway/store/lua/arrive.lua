@@ -1,6 +1,11 @@
 -- ARGV: P, rid, tenant, weight, model, ttft_ms, prompt, expected, wp, rpm, tpm, budget,
 -- budget_period_s, max_queued, lease_ms, request ttl s, tier, ttft, tds, admissions kept,
--- their horizon (ms), slot triples...
+-- their horizon (ms), slot triples (backend, cap, candidate 1/0)...
+require_numbers(4, 4)
+if tonumber(ARGV[4]) <= 0 then error('argument 4 is not a weight') end
+require_numbers(6, 16)
+require_numbers(18, 21)
+require_numbers(23, #ARGV, 3)
 local rid, tenant, weight, model = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttft_ms, prompt, expected = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local wp, rpm, tpm = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])

@@ -1,4 +1,9 @@
 -- ARGV: P, wq, (tenant, weight, tokens, budget_period_s)*
+require_numbers(2, 2)
+for i = 3, #ARGV, 4 do
+  require_numbers(i + 1, i + 3)
+  if tonumber(ARGV[i + 1]) <= 0 then error('argument '..(i + 1)..' is not a weight') end
+end
 local wq = tonumber(ARGV[2])
 local now = now_ms()
 local idx = math.floor(now / W)

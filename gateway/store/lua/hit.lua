@@ -1,4 +1,5 @@
 -- ARGV: P, tenant, window kind ('x'..name, or 'r': the requests arrive.lua counts), limit
+require_numbers(4, 4)
 local now = now_ms()
 local idx = math.floor(now / W)
 local frac = (now - idx * W) / W

@@ -1,4 +1,5 @@
 -- ARGV: P, rid, source backend, target backend, target capacity (0: none), lease_ms
+require_numbers(5, 6)
 local rid, target, cap = ARGV[2], P..'s:'..ARGV[4], tonumber(ARGV[5])
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', target, '-inf', now)

@@ -5,6 +5,18 @@ local function now_ms()  -- with microseconds: deadlines of close arrivals must 
   return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 end
 local function fmt(x) return string.format('%.17g', x) end
+-- Every script checks its numbers before its first write: an error leaves nothing half
+-- done (Redis does not roll a script back).
+local function finite(v)
+  local x = tonumber(v)
+  if x == nil or x ~= x or x == math.huge or x == -math.huge then return nil end
+  return x
+end
+local function require_numbers(first, last, step)
+  for i = first, last, step or 1 do
+    if finite(ARGV[i]) == nil then error('argument '..i..' is not a finite number') end
+  end
+end
 local function parse(info)
   return string.match(info, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
 end

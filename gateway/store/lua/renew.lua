@@ -1,4 +1,5 @@
 -- ARGV: P, lease_ms, n_slots, (backend, rid)*n_slots, waiting rids...
+require_numbers(2, 3)
 local now = now_ms()
 local until_ms = now + tonumber(ARGV[2])
 local n = tonumber(ARGV[3])

@@ -1,4 +1,7 @@
--- ARGV: P, rid, wp, lease_ms, admissions kept, their horizon (ms), slot triples...
+-- ARGV: P, rid, wp, lease_ms, admissions kept, their horizon (ms), slot triples (backend,
+-- cap, candidate 1/0)...
+require_numbers(3, 6)
+require_numbers(8, #ARGV, 3)
 local rid, wp, lease_ms = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 expire_waiters(now)

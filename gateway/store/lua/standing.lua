@@ -1,4 +1,6 @@
 -- ARGV: P, model, admissions' horizon (ms), n, request ids (n), slot triples...
+require_numbers(3, 4)
+require_numbers(6 + tonumber(ARGV[4]), #ARGV, 3)
 local model, horizon_ms, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 expire_waiters(now)

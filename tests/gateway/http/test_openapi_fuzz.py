@@ -13,15 +13,26 @@ front of the FakeUpstream stand-in for vLLM). Checks on every response:
 
 The number of examples bounds the time (about 20 s on a 2-core machine, for some 2,000
 requests); Hypothesis runs derandomized, so a failure reproduces.
+
+QoE reports get a strategy of their own: timelines of extreme floats (subnormal, huge,
+past a day, NaN and infinities written raw into the JSON) and counts (zero, negative,
+past 64 bits), each reported on a request of its own to a gateway on Redis: each is
+stored with finite numbers or is a 400 naming the field, and the summaries stay finite.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import time
+import uuid
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_headers_conformance,
@@ -30,6 +41,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.app import create_app
+from gateway.telemetry.reports import MAX_TIMELINE_S
 from tests.support.fake_upstream import MODEL
 from tests.support.gateway import KEY, backend_entry, gateway_in_thread, make_config
 
@@ -112,3 +124,92 @@ def test_every_operation_holds_its_document(case, live) -> None:
     # the valid key (a generated one only ever meets the 401 that other tests cover)
     headers = {**(case.headers or {}), "Authorization": f"Bearer {key}"}
     case.call_and_validate(base_url=live.url, headers=headers, checks=CHECKS, timeout=10)
+
+
+# -- QoE reports: timelines of extreme numbers -------------------------------------------
+
+EXTREME_TIMES = st.one_of(
+    st.floats(min_value=0, max_value=MAX_TIMELINE_S * 2),
+    st.sampled_from(
+        [0.0, -0.0, 5e-324, 1e-300, 1e-9, MAX_TIMELINE_S, 86400.000001, 1e307, 1.7e308]
+    ),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "-1"]),  # raw JSON
+)
+EXTREME_COUNTS = st.one_of(
+    st.integers(min_value=-3, max_value=5),
+    st.integers(min_value=1, max_value=4096 * 4),  # up to the limit (max_tokens · max_n)
+    st.sampled_from([0, 4096 * 4 + 1, 2**31, 2**53 + 1, 2**63, 10**18, 10**40]),
+)
+
+
+@st.composite
+def timelines(draw: st.DrawFn) -> list[tuple[object, int]]:
+    """Entries of extreme times and counts; in time order more often than not, as real
+    timelines are (an unordered one is refused before any arithmetic)."""
+    entries = draw(st.lists(st.tuples(EXTREME_TIMES, EXTREME_COUNTS), max_size=6))
+    if draw(st.integers(0, 3)):
+        entries.sort(key=lambda e: e[0] if isinstance(e[0], float) else 0.0)
+    return entries
+
+
+TIMELINES = timelines()
+
+
+def number(x: object) -> str:
+    return x if isinstance(x, str) else repr(x)
+
+
+def timeline_json(timeline: list[tuple[object, int]]) -> str:
+    return "[" + ",".join(f"[{number(t)},{n}]" for t, n in timeline) + "]"
+
+
+@pytest.fixture(scope="module")
+def live_redis(redis_server):
+    store = {"redis_url": redis_server.url, "key_prefix": "tp-fuzz-" + uuid.uuid4().hex[:8]}
+    with gateway_in_thread(
+        lambda fake: make_config([backend_entry(fake, "up")], admin={"key": ADMIN}, store=store)
+    ) as (gw, _):
+        yield gw
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
+@given(arrivals=TIMELINES, displayed=TIMELINES, ttft=EXTREME_TIMES, tds=EXTREME_TIMES)
+def test_reports_of_extreme_timelines_are_stored_or_refused_naming_the_field(
+    live_redis, arrivals, displayed, ttft, tds
+) -> None:
+    """Every timeline of extreme floats and counts is stored with finite numbers, or is a
+    400 naming the field; the Redis store's scripts see every one that passes."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with httpx.Client(base_url=live_redis.url, headers=headers, timeout=10) as c:
+        rid = c.post("/v1/chat/completions", json=chat).headers["x-request-id"]
+        body = (
+            f'{{"request_id": "{rid}", "expected": {{"ttft": {number(ttft)}, "tds": '
+            f'{number(tds)}}}, "arrivals": {timeline_json(arrivals)}, "displayed": '
+            f'{timeline_json(displayed)}, "outcome": "completed"}}'
+        )
+        r = c.post(
+            "/v1/tokenpace/telemetry", content=body, headers={"Content-Type": "application/json"}
+        )
+    assert r.status_code in (200, 400), r.text
+    answer = json.loads(r.text, parse_constant=refuse_constant)
+    if r.status_code == 400:
+        assert answer["error"]["param"] or answer["error"]["code"] == "invalid_json", answer
+    else:
+        assert all(v is None or math.isfinite(v) for v in answer["qoe"].values()), answer
+
+
+def test_after_the_extreme_reports_every_summary_is_finite(live_redis) -> None:
+    """Whatever the reports above were, the summaries hold only finite numbers."""
+    with httpx.Client(base_url=live_redis.url, timeout=10) as c:
+        time.sleep(1.1)  # past the summaries' one-second reuse
+        qoe = c.get("/v1/tokenpace/qoe", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert qoe.status_code == 200
+        summary = json.loads(qoe.text, parse_constant=refuse_constant)
+        assert summary["tenants"]["acme"]["tiers"]["chat"]["client"]["count"] >= 1
+        scrape = c.get("/metrics").text
+        assert "NaN" not in scrape and "Inf" not in scrape.replace('le="+Inf"', "")
+
+
+def refuse_constant(name: str) -> object:
+    raise AssertionError(f"{name} in a JSON answer")

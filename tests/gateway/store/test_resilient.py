@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from gateway.config.schema import hash_key
+from gateway.store import MemoryStore, RedisStore, ResilientStore, StoreBusy, StoreMonitor
+from gateway.store.resilient import _reply_kind
 from tests.support.cluster import Log, capped_upstream, chat, cluster_config, replicas, stream_once
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
@@ -176,3 +180,75 @@ async def test_a_report_accepted_during_an_outage_is_stored_after_redis_restarts
                 await redis.aclose()
     finally:
         server.stop()
+
+
+class Recorder(StoreMonitor):
+    """What the store told its monitor."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.peak_in_use = 0
+
+    def pool(self, in_use: int, size: int) -> None:
+        self.peak_in_use = max(self.peak_in_use, in_use)
+
+    def waited(self) -> None:
+        self.events.append("waited")
+
+    def outage(self) -> None:
+        self.events.append("outage")
+
+    def error(self, kind: str) -> None:
+        self.events.append(kind)
+
+
+async def test_calls_wait_for_a_free_connection(redis_server, key_prefix) -> None:
+    """More calls than connections: they wait their turn (never MaxConnectionsError)."""
+    monitor = Recorder()
+    store = RedisStore(redis_server.url, key_prefix, max_connections=2, monitor=monitor)
+    try:
+        answers = await asyncio.gather(*(store.hit("acme", "x", 1000) for _ in range(50)))
+        assert all(ok for ok, _ in answers)
+        assert "waited" in monitor.events and "busy" not in monitor.events
+        assert monitor.peak_in_use == 2
+    finally:
+        await store.aclose()
+
+
+async def test_a_busy_pool_or_a_slow_redis_is_not_an_outage(redis_server, key_prefix) -> None:
+    """No connection free in time, or no answer in time while Redis answers a PING: that
+    call is refused (StoreBusy, 503 store_busy), and the store stays on Redis."""
+    monitor = Recorder()
+    redis = RedisStore(
+        redis_server.url, key_prefix, max_connections=1, timeout_s=0.2, monitor=monitor
+    )
+    store = ResilientStore(redis, MemoryStore(), fail_open=True, monitor=monitor)
+    await store.start()
+    try:
+        await redis._gate.acquire()  # the one connection is someone else's, for long
+        try:
+            with pytest.raises(StoreBusy, match="no free Redis connection"):
+                await store.hit("acme", "x", 10)
+        finally:
+            redis._gate.release()
+        admin = aioredis.from_url(redis_server.url)
+        await admin.client_pause(1000, all=False)  # write commands wait; PING does not
+        try:
+            with pytest.raises(StoreBusy, match="in time, but is up"):
+                await store.hit("acme", "x", 10)
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+            await admin.aclose()
+        assert store.up and "outage" not in monitor.events
+        assert monitor.events.count("busy") == 2
+        assert (await store.hit("acme", "x", 10))[0]
+    finally:
+        await store.aclose()
+
+
+def test_error_replies_that_mean_redis_cannot_serve_are_outages() -> None:
+    for reply in ("LOADING Redis is loading", "READONLY You can't write", "OOM command not"):
+        assert _reply_kind(ResponseError(reply)) == "down"
+    assert _reply_kind(ResponseError("BUSY Redis is busy running a script")) == "busy"
+    for reply in ("WRONGTYPE Operation", "ERR user_script:1: argument 4 is not a weight"):
+        assert _reply_kind(ResponseError(reply)) == "command"

@@ -7,9 +7,12 @@ compare counters: the Lua scripts must be the atomic form of that class.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from redis.exceptions import ResponseError
 
 from gateway.store import (
     Arrival,
@@ -251,25 +254,59 @@ async def test_keys(store: Store) -> None:
     assert await store.tenant_keys("basic") == ["d3", "d4"]
 
 
+def rec(
+    rid: str, tenant: str, side: str = "client", andes: float = 0.5, **reader: Any
+) -> QoERecord:
+    return QoERecord(rid, tenant, "chat", side, andes, andes, "completed", 0.9, 0.8, **reader)  # type: ignore[arg-type]
+
+
 async def test_requests_and_qoe(store: Store) -> None:
     await store.remember("r1", RequestInfo("acme", "chat", 1.0, 4.8, "m"))
     assert await store.request_info("r1") == RequestInfo("acme", "chat", 1.0, 4.8, "m")
     assert await store.request_info("nope") is None
 
-    def rec(rid: str, tenant: str, side: str = "client", andes: float = 0.5) -> QoERecord:
-        return QoERecord(rid, tenant, "chat", side, andes, andes, "completed", 0.9, 0.8)  # type: ignore[arg-type]
-
     results = await store.add_qoe(
         [rec("r1", "acme"), rec("r1", "acme"), rec("r1", "basic"), rec("r9", "acme")]
     )
     assert results == ["ok", "duplicate", "unknown", "unknown"]
-    assert await store.add_qoe([rec("r1", "acme", "gateway", 1.0)]) == ["ok"]
+    assert (await store.request_info("r1")) == RequestInfo(
+        "acme", "chat", 1.0, 4.8, "m", reported=True
+    )
+    gateway = rec("r1", "acme", "gateway", 1.0, longest_freeze_s=2.5, freezes=3, idle_s=4.0)
+    assert await store.add_qoe([gateway]) == ["ok"]
     got = await store.qoe_records(0.0, "acme")
     assert sorted((r.side, r.andes) for r in got) == [("client", 0.5), ("gateway", 1.0)]
     assert got[0].displayed_andes == 0.9 or got[1].displayed_andes == 0.9
+    assert [r for r in got if r.side == "gateway"] == [dataclasses.replace(gateway, ts=got[1].ts)]
     assert await store.qoe_records(0.0, "basic") == []
-    totals = await store.qoe_totals()
-    assert totals[("acme", "chat", "client")] == (1, 0.5, 0.5)
+    window = await store.qoe_window(60)
+    client, gw = window[("acme", "chat", "client")], window[("acme", "chat", "gateway")]
+    assert client["n"] == 1 and client["a"] == 0.5 and client["dn"] == 1 and "rn" not in client
+    assert (gw["n"], gw["rn"], gw["fz"], gw["xf"], gw["xi"], gw["f2"]) == (1, 1, 3, 2.5, 4.0, 1)
+    assert "f5" not in gw
+    assert await store.qoe_window(60, "basic") == {}
+    assert set(await store.qoe_window(60, "acme")) == set(window)
+    # a batch of several tenants' gateway records: each tenant's aggregate gets its own
+    batch = [rec(f"g{i}", ("acme", "basic", "zeta")[i % 3], "gateway") for i in range(9)]
+    assert await store.add_qoe(batch) == ["ok"] * 9
+    window = await store.qoe_window(60)
+    assert [window[(t, "chat", "gateway")]["n"] for t in ("acme", "basic", "zeta")] == [4, 3, 3]
+
+
+async def test_a_report_is_charged_only_when_it_is_stored(store: Store) -> None:
+    """Ownership and reuse first, then the tenant's telemetry limit, in one step."""
+    for rid in ("r1", "r2", "r3"):
+        await store.remember(rid, RequestInfo("acme", "chat", 1.0, 4.8, "m"))
+    assert await store.add_report(rec("r9", "acme"), 2) == ("unknown", 0.0)
+    assert await store.add_report(rec("r1", "basic"), 2) == ("unknown", 0.0)
+    assert await store.add_report(rec("r1", "acme"), 2) == ("ok", 0.0)
+    for _ in range(5):  # a token replayed: refused, never charged
+        assert await store.add_report(rec("r1", "acme"), 2) == ("duplicate", 0.0)
+    assert await store.add_report(rec("r2", "acme"), 2) == ("ok", 0.0)
+    result, wait = await store.add_report(rec("r3", "acme"), 2)
+    assert result == "limited" and 0 < wait <= WINDOW_MS * 2
+    assert (await store.request_info("r3")) == RequestInfo("acme", "chat", 1.0, 4.8, "m")
+    assert (await store.qoe_window(60))[("acme", "chat", "client")]["n"] == 2
 
 
 async def test_hit_and_merge(store: Store) -> None:
@@ -285,3 +322,76 @@ async def test_shared_secret_is_set_once(store: Store) -> None:
     second = await store.shared_secret("telemetry_token", "b" * 64)
     assert first == second == "a" * 64
     assert await store.shared_secret("other", "c" * 64) == "c" * 64
+
+
+async def test_the_qoe_script_writes_nothing_of_a_record_it_refuses(
+    redis_server, key_prefix
+) -> None:
+    """A number that is not finite never reaches Redis half written: the record is
+    'invalid' and nothing of it is stored, the others are; an aggregate that is not finite
+    is refused before any write."""
+    store = RedisStore(redis_server.url, key_prefix)
+    try:
+        await store.remember("r1", RequestInfo("acme", "chat", 1.0, 4.8, "m"))
+        good, poison = rec("r2", "acme", "gateway"), rec("r1", "acme")
+        args = store._qoe_args([poison, good])
+        args[args.index("andes") + 1] = "nan"  # the first record's andes
+        assert [x.decode() for x in await store._add_qoe(args=args)] == ["invalid", "ok"]
+        assert (await store.request_info("r1")).reported is False
+        assert [r.request_id for r in await store.qoe_records(0.0)] == ["r2"]
+        assert (await store.qoe_window(60))[("acme", "chat", "gateway")]["n"] == 1
+        args = store._qoe_args([rec("r3", "acme", "gateway")])
+        args[args.index("chat|gateway|a") + 1] = "inf"  # in the gateway records' aggregate
+        with pytest.raises(ResponseError, match="not a set of finite numbers"):
+            await store._add_qoe(args=args)
+        assert [r.request_id for r in await store.qoe_records(0.0)] == ["r2"]
+        assert (await store.qoe_window(60))[("acme", "chat", "gateway")]["n"] == 1
+    finally:
+        await store.aclose()
+
+
+async def test_readers_skip_rows_that_are_not_records(redis_server, key_prefix) -> None:
+    """Rows written by hand (or by an older gateway that let a NaN through) never spoil a
+    summary: a record that does not read is skipped, a field that is not a number too."""
+    store = RedisStore(redis_server.url, key_prefix)
+    try:
+        await store.add_qoe([rec("r1", "acme", "gateway", 0.75)])
+        p = store.p
+        bad = {"rid": "r2", "tenant": "acme", "tier": "chat", "side": "gateway"}
+        await store.redis.xadd(p + "tel", {**bad, "andes": "nan", "monotone": "1", "outcome": "x"})
+        await store.redis.xadd(p + "tel", {"rid": "r3"})
+        assert [r.request_id for r in await store.qoe_records(0.0)] == ["r1"]
+        (key,) = [k async for k in store.redis.scan_iter(match=p + "qa:10:*")]
+        await store.redis.hset(key, mapping={"chat|gateway|a": "nan", "oops": "1", "x|y|n": "2"})
+        window = await store.qoe_window(60)
+        assert list(window) == [("acme", "chat", "gateway")]  # "x|y|n": no side "y"
+        assert window[("acme", "chat", "gateway")]["n"] == 1
+        assert "a" not in window[("acme", "chat", "gateway")]  # the NaN was dropped
+    finally:
+        await store.aclose()
+
+
+async def test_every_script_checks_its_numbers_before_writing(redis_server, key_prefix) -> None:
+    store = RedisStore(redis_server.url, key_prefix)
+    try:
+        with pytest.raises(ResponseError, match="not a weight"):
+            await store.charge({"acme": (0.0, 10, 86400)})
+        with pytest.raises(ResponseError, match="not a finite number"):
+            await store.merge_counters({"acme": float("nan")})
+        assert await store.counters() == {}
+        with pytest.raises(ResponseError, match="not a finite number"):
+            await store.arrive(arrival("r1", "acme", weight=float("inf")), ONE, LEASE)
+        assert await store.request_info("r1") is None
+        # a slot's cap, in the triples after the admission horizon: checked in each script
+        bad = [Slot("b1", 1), Slot("b2", float("nan"))]  # type: ignore[arg-type]
+        with pytest.raises(ResponseError, match="argument 26 is not a finite number"):
+            await store.arrive(arrival("r2", "acme"), bad, LEASE)
+        assert await store.request_info("r2") is None
+        with pytest.raises(ResponseError, match="argument 11 is not a finite number"):
+            await store.retry("r2", bad, LEASE)
+        with pytest.raises(ResponseError, match="argument 10 is not a finite number"):
+            await store.standing("m", ["r2"], bad)
+        # the same arguments, well formed, are taken
+        assert (await store.arrive(arrival("r2", "acme"), ONE, LEASE)).status == "admitted"
+    finally:
+        await store.aclose()
