@@ -89,14 +89,17 @@ def create_app(
     *,
     backends: list[Backend] | None = None,
     tracing: Tracing | None = None,
+    request_id_prefix: str = "",
 ) -> FastAPI:
     """The gateway for ``config``.
 
     ``backends`` replaces the ones built from ``config.backends`` (to plug in-process
     engines or test doubles without a configuration entry); ``tracing`` the traces the
-    ``OTEL_*`` variables configure (:mod:`gateway.telemetry.tracing`). The app's
-    lifespan starts the shared HTTP client, the backends and the health checks; serve it
-    under an ASGI server that runs lifespan events (uvicorn does).
+    ``OTEL_*`` variables configure (:mod:`gateway.telemetry.tracing`);
+    ``request_id_prefix`` begins every request id (a worker's holder tag,
+    :mod:`gateway.runtime.holders`). The app's lifespan starts the shared HTTP client,
+    the backends and the health checks; serve it under an ASGI server that runs lifespan
+    events (uvicorn does).
     """
     own_tracing = tracing is None
     traces = Tracing.from_environment() if tracing is None else tracing
@@ -240,7 +243,7 @@ def create_app(
     build_stack = app.build_middleware_stack
 
     def outermost() -> ASGIApp:
-        return GatewayMiddleware(build_stack(), metrics, config.metrics)
+        return GatewayMiddleware(build_stack(), metrics, config.metrics, request_id_prefix)
 
     app.build_middleware_stack = outermost  # type: ignore[method-assign]
     return app

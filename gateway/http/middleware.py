@@ -43,11 +43,17 @@ class GatewayMiddleware:
     response's start alone and passes its body messages through unchanged; the server's
     ``send`` is left in the scope (:func:`server_send`) so that a streamed body can skip
     their wrappers, one call per chunk instead of one per middleware.
+
+    Request ids are 32 random hex digits, the first ones replaced by ``id_prefix`` (a
+    worker's holder tag, :mod:`gateway.runtime.holders`).
     """
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, cfg: MetricsConfig) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: GatewayMetrics, cfg: MetricsConfig, id_prefix: str = ""
+    ) -> None:
         self.app = app
         self.cfg = cfg
+        self.id_prefix = id_prefix
         self._in_flight = series(metrics.in_flight)
         self._requests = series(metrics.requests)
 
@@ -56,7 +62,7 @@ class GatewayMiddleware:
             await self.app(scope, receive, send)
             return
         received_at = time.monotonic()
-        request_id = uuid.uuid4().hex
+        request_id = self.id_prefix + uuid.uuid4().hex[len(self.id_prefix) :]
         token = request_id_var.set(request_id)
         record = RequestRecord(request_id, received_at)
         state = scope.setdefault("state", {})

@@ -8,6 +8,8 @@ each worker, so the gateway configuration travels as data (:class:`WorkerSpec`,
 :class:`WorkerProtocol`), as pickled bytes: this module imports the gateway only inside
 its functions, so that a new worker answers the supervisor's health pings quickly.
 Embedded engines run once, in the supervisor (:mod:`gateway.runtime.engine_server`).
+Each worker tags its request ids (:mod:`gateway.runtime.holders`), so that the supervisor
+releases at once the admission slots and queue places of a worker that died.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -70,6 +73,7 @@ class WorkerSpec:
     cards: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # name -> cards
     log_json: bool = False
     log_level: str = "INFO"
+    pool_id: str = ""  # with the worker's process id, its holder tag
 
 
 class WorkerProtocol:
@@ -112,12 +116,14 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
     """The app factory each worker runs: the gateway of a pickled :class:`WorkerSpec`,
     publishing its backend gauges."""
     from gateway.app import create_app
+    from gateway.runtime.holders import holder_tag
     from gateway.runtime.server import freeze_startup_objects
     from gateway.telemetry.logs import setup_logging
 
     spec: WorkerSpec = pickle.loads(pickled_spec)
     setup_logging(json_logs=spec.log_json, level=spec.log_level)
-    app = create_app(spec.config, backends=worker_backends(spec))
+    tag = holder_tag(spec.pool_id, os.getpid())
+    app = create_app(spec.config, backends=worker_backends(spec), request_id_prefix=tag)
     metrics: GatewayMetrics = app.state.gateway.metrics
     inner = app.router.lifespan_context
 
@@ -136,17 +142,23 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
 
 
 class Supervisor(Multiprocess):
-    """uvicorn's supervisor, marking every worker that exits dead for the metrics, and
-    draining on SIGTERM/SIGINT: its own copies of the listening sockets are closed at once
-    (the workers close theirs, so the port refuses new connections instead of queueing
-    them where no one accepts), every worker drains (:mod:`gateway.relay.drain`), and one
+    """uvicorn's supervisor, marking every worker that exits dead for the metrics and
+    calling ``on_exit`` with its process id (its slots released), and draining on
+    SIGTERM/SIGINT: its own copies of the listening sockets are closed at once (the
+    workers close theirs, so the port refuses new connections instead of queueing them
+    where no one accepts), every worker drains (:mod:`gateway.relay.drain`), and one
     still running ``shutdown_s`` later is killed."""
 
     def __init__(
-        self, config: uvicorn.Config, sockets: list[socket.socket], shutdown_s: float
+        self,
+        config: uvicorn.Config,
+        sockets: list[socket.socket],
+        shutdown_s: float,
+        on_exit: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(config, sockets)
         self.shutdown_s = shutdown_s
+        self.on_exit = on_exit
         self._seen: set[int] = set()
         self._reaped: set[int] = set()
         self.startup_failed = False
@@ -163,6 +175,8 @@ class Supervisor(Multiprocess):
         for pid in sorted(self._seen - alive - self._reaped):
             self._reaped.add(pid)
             mark_process_dead(pid)
+            if self.on_exit is not None:
+                self.on_exit(pid)
 
     def handle_signals(self) -> None:
         self._remember()
@@ -212,12 +226,25 @@ class WorkerPool:
         self.log_json = log_json
         self.log_level = log_level
         self.engines = [b for b in backends if isinstance(b, InProcessBackend)]
+        self.pool_id = uuid.uuid4().hex  # the workers' holder tags derive from it
+
+    def worker_exited(self, pid: int) -> None:
+        """Release what the worker ``pid`` held in the shared store (slots, queue places)
+        now, rather than when its leases lapse."""
+        from gateway.runtime.holders import holder_tag, release_holder
+
+        tag = holder_tag(self.pool_id, pid)
+        released = release_holder(self.config, tag)
+        if released:
+            log.warning(
+                "worker %s exited holding %d slot(s) or queue place(s): released", pid, released
+            )
 
     def _spec(self, server: EngineServer | None) -> WorkerSpec:
         from gateway.runtime.engine_server import served_backend_config
 
         if server is None:
-            return WorkerSpec(self.config, {}, self.log_json, self.log_level)
+            return WorkerSpec(self.config, {}, self.log_json, self.log_level, self.pool_id)
         engines = {e.name: e for e in self.engines}
         backends = [
             served_backend_config(b, server.url(b.name), engines[b.name].throughput_tps)
@@ -227,7 +254,7 @@ class WorkerPool:
         ]
         cards = {e.name: {m: e.model_card(m) for m in e.models} for e in self.engines}
         config = self.config.model_copy(update={"backends": backends})
-        return WorkerSpec(config, cards, self.log_json, self.log_level)
+        return WorkerSpec(config, cards, self.log_json, self.log_level, self.pool_id)
 
     def run(self, sockets: list[socket.socket]) -> int:
         """Serve on ``sockets`` until SIGINT/SIGTERM; the exit code."""
@@ -257,7 +284,8 @@ class WorkerPool:
                 log_level=self.log_level.lower(),
                 timeout_graceful_shutdown=grace,
             )
-            supervisor = Supervisor(config, sockets, grace + 1.0)  # a second more to exit
+            # a second more to exit
+            supervisor = Supervisor(config, sockets, grace + 1.0, self.worker_exited)
             supervisor.run()
         finally:
             if server is not None:

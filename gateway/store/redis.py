@@ -370,6 +370,13 @@ class RedisStore(Store):
     async def release(self, request_id: str, backend: str) -> None:
         await self._call(self.redis.zrem, f"{self.p}s:{backend}", request_id)
 
+    async def release_holder(self, tag: str, backends: Sequence[str]) -> int:
+        """Drop the slots on ``backends`` and the queue places of every request id that
+        begins with ``tag``, a holder known to be gone (:mod:`gateway.runtime.holders`),
+        before their leases lapse; how many were dropped."""
+        script = self.redis.register_script(_lua("release_holder", prelude=True))
+        return int(await script(args=[self.p, tag, *backends]))
+
     async def renew(
         self, slots: Iterable[tuple[str, str]], waiting: Iterable[str], lease_s: float
     ) -> None:
