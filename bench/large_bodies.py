@@ -43,7 +43,7 @@ import httpx
 from gateway_load import BENCH_KEY, ROOT, UPSTREAM, _cpu_split, _fmt, _machine, _run_loadgen, _say
 from launch import Server, free_port
 from loadgen import LoadSpec
-from results import save
+from result_files import save
 
 ATTACKER_KEY = "tp-bench-attacker-0001"
 TARGETS = ("quiet", "default", "raised")

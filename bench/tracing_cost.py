@@ -45,7 +45,7 @@ from gateway_load import (
     gateway_config,
 )
 from launch import Server, free_port
-from results import save
+from result_files import save
 
 TARGETS = ("floor", "gateway-base", "gateway", "gateway-traced")
 SINK_PATH = "/count"
