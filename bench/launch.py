@@ -6,22 +6,31 @@ optionally pinned to some CPUs from its first instruction, and waits until a URL
 answers 200 (or, for a server that does not speak HTTP, until its port accepts a
 connection). It reports the CPU seconds and RSS of its process tree, and stops with
 SIGTERM to the whole group, SIGKILL after a grace period. :func:`free_port` picks the
-loopback port a server listens on.
+loopback port a server listens on. :func:`serve_in_loop` is the other way to run one: an
+ASGI app under uvicorn in the caller's event loop (the benchmarks' gateway in front of a
+vLLM server, and the tests', which inspect the app's tasks).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
+import uvicorn
+
+from gateway.config.schema import GatewayConfig
+from gateway.runtime.server import listen, uvicorn_config
 
 
 def free_port() -> int:
@@ -29,6 +38,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class _InLoopServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # leave the caller's signal handlers alone
+        yield
+
+
+@asynccontextmanager
+async def serve_in_loop(
+    app: Any, gateway_config: GatewayConfig | None = None, *, log_level: str = "critical"
+) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn in the running event loop on a free loopback port,
+    without signal handlers; yields its base URL. With ``gateway_config``, as ``tokenpace
+    serve`` does (:func:`gateway.runtime.server.uvicorn_config`: the connection limits);
+    else plain uvicorn (stand-in upstreams)."""
+    sock = listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    opts: dict[str, Any] = {"log_level": log_level, "timeout_graceful_shutdown": 1}
+    if gateway_config is not None:
+        config = uvicorn_config(app, gateway_config, **opts)
+    else:
+        config = uvicorn.Config(app, lifespan="on", access_log=False, ws="none", **opts)
+    server = _InLoopServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("server stopped during start-up")
+            await asyncio.sleep(0.005)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sock.close()
 
 
 class Server:

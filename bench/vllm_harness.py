@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -33,8 +32,7 @@ import httpx
 import numpy as np
 import openai
 import psutil
-import uvicorn
-from launch import Server, free_port
+from launch import Server, free_port, serve_in_loop
 
 from gateway.app import create_app
 from gateway.config.loader import parse_config
@@ -231,41 +229,11 @@ def tenant_key(tenant: str) -> str:
     return f"tp-bench-tenant-{tenant}"
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:  # leave the caller's signal handlers alone
-        yield
-
-
 @asynccontextmanager
 async def serve_gateway(config: GatewayConfig) -> AsyncIterator[str]:
-    """The gateway on a free loopback port; yields its ``/v1`` base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = _Server(
-        uvicorn.Config(
-            create_app(config),
-            lifespan="on",
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=1,
-            ws="none",
-        )
-    )
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("gateway stopped during start-up")
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        sock.close()
+    """The gateway on a free loopback port, in this event loop; yields its ``/v1`` URL."""
+    async with serve_in_loop(create_app(config), config, log_level="warning") as url:
+        yield f"{url}/v1"
 
 
 @dataclass(frozen=True)
