@@ -12,7 +12,9 @@ every ``refit_every`` steps, refits:
 - prefill cost per token: the median over mixed steps of
   (step time − decode time of its decode batch) / prefilled tokens.
 
-Until ``min_samples`` decode steps are seen it returns the seed profile.
+Until ``min_samples`` decode steps are seen it returns the seed profile; the first fit
+comes as soon as they are (a seed that takes a slow engine for a fast one lets the
+policy admit readers the batch cannot pace), the next ones every ``refit_every`` steps.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class OnlineProfile:
         else:
             self._mixed.append((decode_batch, prefill_tokens, duration_s))
         self._since_fit += 1
-        if self._since_fit < self.refit_every or len(self._decode) < self.min_samples:
+        if len(self._decode) < self.min_samples:
+            return False
+        if self.refits and self._since_fit < self.refit_every:
             return False
         self._since_fit = 0
         self.profile = self._fit()

@@ -138,6 +138,17 @@ def test_unsupported_vllm_versions_are_refused_clearly(version: str) -> None:
         check_vllm_version(version)
 
 
+def test_online_profile_fits_as_soon_as_it_has_the_samples() -> None:
+    """The first fit comes at ``min_samples`` decode steps, not after ``refit_every``:
+    the seed takes any engine for a fast one until then."""
+    online = OnlineProfile(kv_capacity_tokens=4096, max_batch=4, refit_every=200, min_samples=8)
+    fitted = [online.observe(4, 0, 0.1) for _ in range(8)]
+    assert fitted == [False] * 7 + [True]
+    assert online.profile.decode_s(4) == pytest.approx(0.1)
+    assert not any(online.observe(4, 0, 0.1) for _ in range(199))  # then every 200 steps
+    assert online.observe(4, 0, 0.1)
+
+
 def test_online_profile_fits_decode_and_prefill_costs() -> None:
     online = OnlineProfile(kv_capacity_tokens=4096, max_batch=16, refit_every=50, min_samples=20)
     assert online.profile.decode_s_at == (SEED_DECODE_S,)
@@ -151,6 +162,7 @@ def test_online_profile_fits_decode_and_prefill_costs() -> None:
             refits += online.observe(batch, 0, decode)
     assert refits == online.refits > 0
     profile = online.profile
+    assert profile.batch_sizes != (1,)  # fitted, not the seed
     assert isinstance(profile, LatencyProfile)
     for b in (1, 8, 16):
         assert profile.decode_s(b) == pytest.approx(0.004 + 0.0005 * b, rel=1e-6)
