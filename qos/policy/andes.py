@@ -221,7 +221,9 @@ class Andes(Policy):
             waiting = (~table.running).nonzero()[0]
             order = waiting[np.argsort(table.col("arrival")[waiting], kind="stable")]
             tau = float(self.profile.decode_s(n))
-            return self.guard.apply(table, capacity, demand, order, now, tau, 1.0)
+            return self.guard.apply(
+                table, capacity, demand, order, now, tau, 1.0, reply_s=self.horizon_s
+            )
         self.solves += 1
         chosen = self._solve(table, capacity, demand, now)
         if self.guard is not None:
@@ -253,6 +255,7 @@ class Andes(Policy):
             self.kv_watermark,
             levels=self._levels,
             room_wait_s=self.room_wait_s(now) or 0.0,
+            reply_s=self.horizon_s,
         )
         self.preemptions += int(np.count_nonzero(running & ~run))
         return run

@@ -3,43 +3,97 @@
 A reader consumes a few tokens a second; once every tenant's readers are served at their
 pace, more tokens buy nobody anything, so holding a tenant to a share of *service*
 (VTC) only makes its users wait. What a contended engine runs short of is room for new
-replies: the KV cache every started reply holds until it ends (the reader guard,
-:mod:`qos.policy.reader`, admits a request only into room left once every started reply
-is counted). The plans split *that*:
+replies, of two kinds, each held by every started reply until it ends (the reader guard,
+:mod:`qos.policy.reader`, admits a request only into what is left of both): the KV cache,
+and the readers' rate, the tokens a second the full batch can pace readers at. The plans
+split each (``room`` C below is one of them; ``need`` what a request takes of it):
 
-- tenant f's *hold* h_f is the KV its committed replies occupy; its *want* is h_f plus
-  what its waiting requests need;
-- its *share* s_f is the weighted max-min split of the admission room C (the cache
-  under the watermark) by the tenants' wants (:func:`qos.fairness.water_fill`): weights
-  in proportion, a tenant that wants less than its share keeps only what it wants, and
-  its excess goes to the others by weight;
-- a waiting request of f is *within plan* while h_f plus its own need and the needs of
-  f's requests ahead of it stay within s_f. Requests within plan are admitted first;
-  the others only into what is left, the higher weights first.
+- tenant f's *hold* h_f is what its committed replies take; its *want* is h_f plus what
+  its waiting requests need;
+- its *guarantee* g_f = w_f / Σw · C over the tenants present (with a reply or a request
+  in the engine, or a request within the last ``PLAN_MEMORY_S``): a request of f is
+  *within its guarantee* while h_f plus its need and the needs of f's requests ahead of
+  it stay within g_f, in both resources. These are admitted first;
+- its *share* s_f is the weighted max-min split of C by the wants
+  (:func:`qos.fairness.water_fill`): a tenant that wants less than its share keeps only
+  what it wants, and its excess goes to the others by weight. A request beyond its
+  guarantee but within its share *borrows* that excess; it is admitted next, and the
+  requests beyond their shares last, the higher weights first;
+- a borrower leaves every tenant its *headroom* (:func:`headroom`): what its replies
+  will hold, at the pace it has been sending (Little's law over :class:`RecentDemand`),
+  beyond what they hold now, plus one request's worth, within its guarantee.
 
-What a plan guarantees: a tenant whose replies need at most its weighted share of the
-cache, w_f / Σw of C over the tenants with demand, is admitted ahead of every request
-beyond its plan, whatever the others send. Requests beyond plans are admitted only
-while the room its recent requests needed (:func:`headroom`, over the last
-``PLAN_MEMORY_S`` of :mod:`qos.policy.reader`), and what the running replies grow by
-within a TTFT, stay free, so its next requests find room at once. A started reply is
-never taken away (no reply freezes to make room), so the first request of a tenant
-that sent nothing for a while waits for the next replies to end. Beyond the plans the
-shortfall lands on the lower weights first. With one tenant or equal weights the rule is
-skipped and the decisions are exactly the unweighted ones.
+What a plan guarantees: a tenant whose replies need at most g_f of the cache and of the
+readers' rate is admitted ahead of every borrower, whatever the others send, and finds
+its next request's room kept free. A started reply is never taken away (no reply freezes
+to make room), so a request of a tenant that has sent nothing for ``PLAN_MEMORY_S``, or
+sends faster than before, may wait for the next replies to end. When there is room for
+everyone, every request is within its share and borrowing leaves room for all: the
+order is the unweighted one. Beyond the plans the shortfall lands on the lower weights
+first. With one tenant or equal weights the rule is skipped and the decisions are
+exactly the unweighted ones.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
 from qos.fairness import water_fill
 from qos.policy.table import RequestTable
 
+PLAN_MEMORY_S = 30.0
+"""How far back a tenant's requests tell the pace at which it sends (the headroom)."""
 
-def weighted(table: RequestTable, rows: np.ndarray) -> bool:
-    """Whether the tenants of mask ``rows`` differ in weight (else the plans do nothing)."""
-    weight = table.col("weight")[rows]
+
+class Demand(NamedTuple):
+    """What each tenant (by id) is expected to ask of one resource."""
+
+    held: np.ndarray  # what its replies will hold, at the pace it sends (Little's law)
+    unit: np.ndarray  # what one of its requests needs, on average
+
+
+class RecentDemand:
+    """Each tenant's requests of the last PLAN_MEMORY_S: their count, KV and reader rate
+    (TDS), and the tenant's weight; from them, the tenant's :class:`Demand` of each."""
+
+    def __init__(self) -> None:
+        self._requests: deque[tuple[float, int, np.ndarray]] = deque()
+        self._sums: dict[int, np.ndarray] = {}  # tenant id -> [count, KV, TDS]
+        self._weight: dict[int, float] = {}
+
+    def add(self, now: float, tenant: int, weight: float, kv: int, tds: float) -> None:
+        need = np.array([1.0, kv, tds])
+        self._requests.append((now, tenant, need))
+        self._sums[tenant] = self._sums.get(tenant, np.zeros(3)) + need
+        self._weight[tenant] = weight
+
+    def demand(self, now: float, tenants: int, reply_s: float) -> tuple[Demand, Demand, np.ndarray]:
+        """The KV and the TDS :class:`Demand` per tenant id, and the weights of the
+        tenants that sent within the memory (0 for the others). A reply holds its room
+        for ``reply_s`` (the mean time from arrival to completion, taken as at least
+        PLAN_MEMORY_S: early completions come from an engine not yet contended), so a
+        tenant's replies hold what it sent over that long."""
+        requests, sums = self._requests, self._sums
+        while requests and requests[0][0] < now - PLAN_MEMORY_S:
+            _, tenant, need = requests.popleft()
+            sums[tenant] -= need
+        total, weight = np.zeros((tenants, 3)), np.zeros(tenants)
+        for tenant, sent in sums.items():
+            if sent[0] > 0.5:  # sent within the memory
+                total[tenant], weight[tenant] = sent, self._weight[tenant]
+        scale = max(reply_s, PLAN_MEMORY_S) / PLAN_MEMORY_S
+        count = np.maximum(total[:, 0], 1.0)
+        kv, tds = (Demand(total[:, k] * scale, total[:, k] / count) for k in (1, 2))
+        return kv, tds, weight
+
+
+def weighted(table: RequestTable, rows: np.ndarray, recent_weight: np.ndarray) -> bool:
+    """Whether the tenants present differ in weight (else the plans do nothing): those of
+    mask ``rows`` and those with a ``recent_weight`` (> 0: sent within the plans' memory)."""
+    weight = np.concatenate((table.col("weight")[rows], recent_weight[recent_weight > 0]))
     return bool(weight.size) and bool(weight.max() > weight.min())
 
 
@@ -48,10 +102,11 @@ def within_plan(
     waiting: np.ndarray,
     committed: np.ndarray,
     demand: np.ndarray,
-    room: int,
+    room: float,
 ) -> np.ndarray:
     """For each row of ``waiting`` (in admission order): whether it is within its
-    tenant's plan (module doc), ``room`` the KV tokens the plans split."""
+    tenant's plan (module doc) of one resource: ``demand`` what each row needs of it,
+    ``room`` how much the plans split."""
     tenant = table.col("tenant")
     count = len(table.tenant_names)
     need = demand[waiting].astype(float)
@@ -68,39 +123,64 @@ def within_plan(
     return within
 
 
+def guarantees(
+    table: RequestTable,
+    waiting: np.ndarray,
+    committed: np.ndarray,
+    room: float,
+    recent_weight: np.ndarray,
+) -> np.ndarray:
+    """Per tenant id: its guarantee of one resource, w_f / Σw of ``room`` over the
+    tenants present (with a reply or a request in the engine, or a ``recent_weight``:
+    sent within the plans' memory), 0 for the others."""
+    tenant = table.col("tenant")
+    weight = recent_weight.copy()
+    np.maximum.at(weight, tenant[waiting], table.col("weight")[waiting])
+    np.maximum.at(weight, tenant[committed], table.col("weight")[committed])
+    guarantee: np.ndarray = room * weight / weight.sum()
+    return guarantee
+
+
+def within_guarantee(
+    table: RequestTable,
+    waiting: np.ndarray,
+    committed: np.ndarray,
+    demand: np.ndarray,
+    guarantee: np.ndarray,
+) -> np.ndarray:
+    """For each row of ``waiting`` (in admission order): whether its tenant's hold, with
+    it and its tenant's requests ahead of it, stays within the tenant's ``guarantee``."""
+    tenant = table.col("tenant")
+    hold = np.bincount(tenant[committed], weights=demand[committed], minlength=guarantee.size)
+    ahead = _cumulative_by_group(tenant[waiting], demand[waiting].astype(float))
+    within: np.ndarray = hold[tenant[waiting]] + ahead <= guarantee[tenant[waiting]] + 1e-9
+    return within
+
+
 def headroom(
     table: RequestTable,
     waiting: np.ndarray,
-    within: np.ndarray,
+    taken: np.ndarray,
     committed: np.ndarray,
-    demand: np.ndarray,
-    room: int,
-    recent: np.ndarray,
-    recent_weight: np.ndarray,
-) -> int:
-    """KV to keep free for the plans when requests beyond them are admitted: for each
-    tenant present (with a reply or a request in the engine, or ``recent`` > 0), what its
-    requests of the recent past needed (``recent``, KV tokens per tenant id), at most its
-    guarantee w_f / Σw of ``room`` less what it holds and what its waiting requests
-    within plan take. A tenant within its plan then finds room for its next requests at
-    once, rather than behind replies admitted beyond another tenant's plan, without the
-    whole guarantee lying idle while it sends nothing."""
+    need: np.ndarray,
+    guarantee: np.ndarray,
+    demand: Demand,
+) -> float:
+    """What to keep free of one resource (``need`` per row) when a tenant is admitted
+    beyond its guarantee: for each tenant, what its replies will hold beyond what they
+    hold now (``demand.held`` less its hold and what its waiting requests ``taken``
+    within their guarantees take), plus one request's worth (arrivals come unevenly),
+    within its guarantee left. A tenant within its guarantee then finds room for its
+    next request at once, rather than behind replies admitted on another tenant's
+    borrowed room, without its whole guarantee lying idle while it sends little."""
     tenant = table.col("tenant")
-    count = len(table.tenant_names)
-    weight = np.zeros(count)
-    weight[: recent_weight.size] = recent_weight[:count]
-    np.maximum.at(weight, tenant[waiting], table.col("weight")[waiting])
-    np.maximum.at(weight, tenant[committed], table.col("weight")[committed])
-    expected = np.zeros(count)
-    expected[: recent.size] = recent[:count]
-    present = expected > 0
-    present[tenant[committed]] = True
-    present[tenant[waiting]] = True
-    guarantee = room * weight / weight[present].sum()
-    hold = np.bincount(tenant[committed], weights=demand[committed], minlength=count)
-    taken = np.bincount(tenant[waiting[within]], weights=demand[waiting[within]], minlength=count)
-    keep = np.minimum(np.maximum(guarantee - hold - taken, 0.0), np.maximum(expected - taken, 0.0))
-    return int(keep[present].sum())
+    count = guarantee.size
+    hold = np.bincount(tenant[committed], weights=need[committed], minlength=count)
+    rows = waiting[taken]
+    took = np.bincount(tenant[rows], weights=need[rows], minlength=count) + hold
+    coming = np.maximum(demand.held - took, 0.0) + demand.unit
+    keep = np.minimum(np.maximum(guarantee - took, 0.0), coming)
+    return float(keep.sum())
 
 
 def by_weight(table: RequestTable, rows: np.ndarray) -> np.ndarray:

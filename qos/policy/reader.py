@@ -30,7 +30,12 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
 3. **The shortfall lands before the first token.** A request with no token yet is
    admitted only into the room left once every committed reply (started, or running)
    has its KV counted, parked ones included, and what the running ones grow by until
-   the next of them ends, so a reply that gave way can always come back; and the
+   the next of them ends, so a reply that gave way can always come back; and only
+   while the committed replies' readers, with it, ask no more tokens a second than the
+   engine decodes at its full batch, less the share of time admissions' prefills take
+   (:meth:`ReaderGuard.reader_rate`): past that, the batch cannot pace every reader
+   however the slots are shared, so on an engine of few slots and a large cache the
+   cache alone would let in readers who then freeze; and the
    prefills admitted in one iteration stay within the slack of every reply that runs in
    it and of every reply left out beyond the next iteration, so an admission never
    freezes a reader (the first prefill of an iteration always goes in: progress).
@@ -46,7 +51,7 @@ derives this and docs/benchmarks.md measures it.
 
 from __future__ import annotations
 
-from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,8 +64,9 @@ GROWTH_HORIZON_S = 2.0
 """The longest the room is kept for the running replies' growth (a cache that waits this
 long for a completion is already contended everywhere)."""
 
-PLAN_MEMORY_S = 10.0
-"""How far back a tenant's requests count towards the room kept for its plan."""
+MAX_PREFILL_SHARE = 0.5
+"""The most of the engine's time the rate room sets aside for admissions' prefills (an
+estimate above it comes from a completion rate measured over too few replies)."""
 
 
 class ReaderGuard:
@@ -86,11 +92,7 @@ class ReaderGuard:
         self.lend_after_s = lend_after_s
         self.overdue_after_ttfts = overdue_after_ttfts
         self.weights = weights  # False: tenants' weights ignored (every plan alike)
-        # the KV each tenant's requests needed over the last PLAN_MEMORY_S (plans' headroom):
-        # the requests in arrival order, and running sums per tenant id
-        self._recent: deque[tuple[float, int, int]] = deque()
-        self._recent_kv: dict[int, int] = {}
-        self._weight: dict[int, float] = {}
+        self.recent = plans.RecentDemand()  # each tenant's recent requests (plans' headroom)
         self.forced = 0  # due rows the decision had left out
         self.held = 0  # fresh admissions deferred to keep a reader's deadline
 
@@ -122,23 +124,35 @@ class ReaderGuard:
     def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
         """Remember what a tenant's new request needs (the plans' headroom)."""
         if self.weights:
+            tds, weight = float(table.col("tds")[row]), float(table.col("weight")[row])
             tenant, kv = int(table.col("tenant")[row]), int(table.demand[row])
-            self._recent.append((now, tenant, kv))
-            self._recent_kv[tenant] = self._recent_kv.get(tenant, 0) + kv
-            self._weight[tenant] = float(table.col("weight")[row])
+            self.recent.add(now, tenant, weight, kv, tds)
 
-    def _recent_needs(self, table: RequestTable, now: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per tenant id: the KV its requests of the last PLAN_MEMORY_S needed, its weight."""
-        recent, sums = self._recent, self._recent_kv
-        while recent and recent[0][0] < now - PLAN_MEMORY_S:
-            _, tenant, kv = recent.popleft()
-            sums[tenant] -= kv
-        count = len(table.tenant_names)
-        need, weight = np.zeros(count), np.zeros(count)
-        for tenant, kv in sums.items():
-            need[tenant] = kv
-            weight[tenant] = self._weight[tenant]
-        return need, weight
+    def reader_rate(
+        self,
+        table: RequestTable,
+        capacity: Capacity,
+        demand: np.ndarray,
+        committed: np.ndarray,
+        waiting: np.ndarray,
+        room_wait_s: float,
+    ) -> float:
+        """Tokens a second the engine can pace readers at (rule 3): its full batch's
+        decode rate R = B / τ(B), τ with the committed replies' mean context, times the
+        share of time left to decoding, 1 - λ·p̄ (λ = 1/``room_wait_s``, the completion
+        rate, which in steady state is the admission rate; p̄ the mean prefill of the
+        ``waiting`` rows). Readers asking more than that, Σ TDS, cannot all be paced,
+        whichever of them the slots go to (Wang et al., "Revisiting SLOs and System
+        Level Metrics in LLM Serving" §4.3: the reader feels the longest wait)."""
+        p, b = self.profile, capacity.max_batch
+        context = b * float(demand[committed].mean()) if committed.any() else 0.0
+        full = b / float(p.decode_s(b, context))
+        share = 0.0
+        if room_wait_s > 0 and waiting.size:
+            uncomputed = float((table.context - table.col("computed"))[waiting].mean())
+            prefill = p.prefill_base_s + p.prefill_per_token_s * uncomputed
+            share = min(prefill / room_wait_s, MAX_PREFILL_SHARE)
+        return full * (1.0 - share)
 
     def apply(
         self,
@@ -152,12 +166,14 @@ class ReaderGuard:
         *,
         levels: np.ndarray | None = None,
         room_wait_s: float = 0.0,
+        reply_s: float = plans.PLAN_MEMORY_S,
     ) -> np.ndarray:
         """The rows that run next under rules 1-3 (module doc). ``admissions_in_order``:
         the requests the policy would admit, in its order of preference; ``levels``:
         tenants' VTC levels (:mod:`qos.policy.fair`), which order the due replies,
         lowest level first, should more be due than the engine can run; ``room_wait_s``:
-        the expected time until a running reply ends (1/λ, λ the completion rate)."""
+        the expected time until a running reply ends (1/λ, λ the completion rate); ``reply_s``:
+        how long a reply holds its room (the mean time from arrival to completion)."""
         running = table.running
         started = table.col("output") > 0
         committed = started | running
@@ -171,7 +187,7 @@ class ReaderGuard:
         must |= running & ~started  # a prefill under way (the engine's own chunking)
         self.forced += _count(must & ~running)
         watermark = int(kv_watermark * capacity.kv_tokens)
-        batch = _Batch(table, demand, capacity.max_batch, self.profile)
+        batch = _Batch(table, demand, committed, capacity.max_batch, self.profile)
         due = _by(slack, must)
         if levels is not None:
             due = due[np.argsort(levels[due], kind="stable")]
@@ -180,9 +196,14 @@ class ReaderGuard:
         rest = committed & ~batch.keep
         fresh = admissions_in_order[~committed[admissions_in_order]]
         overdue, fresh = self.overdue(table, fresh, now)
-        lines = [(overdue, fresh, 0)]
+        waiting = np.concatenate((overdue, fresh))
+        reader_rate = self.reader_rate(table, capacity, demand, committed, waiting, room_wait_s)
+        rate = reader_rate - float(table.col("tds")[committed].sum())  # the rate room
+        lines = [_Line(overdue, fresh)]
         if self.weights:
-            lines = self._plans(table, overdue, fresh, committed, demand, watermark, now)
+            lines = self._plans(
+                table, overdue, fresh, committed, demand, watermark, reader_rate, now, reply_s
+            )
         reserved = committed
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
@@ -199,7 +220,7 @@ class ReaderGuard:
             # is in the cache, then, into what the paused ones leave free, those that
             # lost it (a reply brought back early must not push a paused one out).
             resident = running | (table.col("computed") > 0)
-            self._admit(batch, lines, min(room, watermark - batch.kv))
+            self._admit(batch, lines, min(room, watermark - batch.kv), rate)
             batch.take(_by(slack, rest & resident), capacity.kv_tokens - batch.kv)
             paused = int(demand @ (resident & ~batch.keep))
             batch.take(_by(slack, rest & ~resident), capacity.kv_tokens - batch.kv - paused)
@@ -208,8 +229,7 @@ class ReaderGuard:
             # back, then fresh requests take the room left.
             batch.take(_by(slack, rest & running), capacity.kv_tokens - batch.kv)
             batch.take(_by(slack, rest & ~running), watermark - batch.kv)
-            self._admit(batch, lines, min(room, watermark - batch.kv))
-        waiting = np.concatenate((overdue, fresh))
+            self._admit(batch, lines, min(room, watermark - batch.kv), rate)
         self.held += int(waiting.size - np.count_nonzero(batch.keep[waiting]))
         return batch.keep
 
@@ -234,38 +254,68 @@ class ReaderGuard:
         committed: np.ndarray,
         demand: np.ndarray,
         room: int,
+        reader_rate: float,
         now: float,
-    ) -> list[tuple[np.ndarray, np.ndarray, int]]:
-        """The waiting requests as lines of admission, each (overdue, others, KV the line
-        must leave free): one line, or, when tenants' weights differ, the requests within
-        their plans, then the rest, the higher weights first, leaving the present
-        tenants' plans their headroom (:mod:`qos.policy.plans`)."""
+        reply_s: float,
+    ) -> list[_Line]:
+        """The waiting requests as lines of admission (:mod:`qos.policy.plans`): one
+        line; or, when tenants' weights differ, three: the requests within their
+        tenants' guarantees; those beyond them but within plan (borrowing what another
+        tenant does not use); the rest, the higher weights first. The last two leave the
+        tenants' headroom free. Each rule holds for both resources, the cache (``room``)
+        and the readers' rate (``reader_rate``, tokens a second)."""
         waiting = np.concatenate((overdue, fresh))
         present = committed.copy()
         present[waiting] = True
-        if not waiting.size or not plans.weighted(table, present):
-            return [(overdue, fresh, 0)]
-        within = plans.within_plan(table, waiting, committed, demand, room)
-        early, late = within[: overdue.size], within[overdue.size :]
-        recent = self._recent_needs(table, now)
-        spare = plans.headroom(table, waiting, within, committed, demand, room, *recent)
-        beyond = plans.by_weight(table, overdue[~early]), plans.by_weight(table, fresh[~late])
-        return [(overdue[early], fresh[late], 0), (*beyond, spare)]
+        kv_demand, tds_demand, weight = self.recent.demand(now, len(table.tenant_names), reply_s)
+        if not waiting.size or not plans.weighted(table, present, weight):
+            return [_Line(overdue, fresh)]
+        within = np.ones(waiting.size, dtype=bool)
+        guaranteed = np.ones(waiting.size, dtype=bool)
+        resources = (
+            (demand, float(room), kv_demand),
+            (table.col("tds"), reader_rate, tds_demand),
+        )
+        guarantees = []
+        for need, total, _ in resources:
+            within &= plans.within_plan(table, waiting, committed, need, total)
+            guarantee = plans.guarantees(table, waiting, committed, total, weight)
+            guaranteed &= plans.within_guarantee(table, waiting, committed, need, guarantee)
+            guarantees.append(guarantee)
+        spare_kv, spare_tds = (
+            plans.headroom(table, waiting, guaranteed, committed, need, guarantee, expected)
+            for (need, _, expected), guarantee in zip(resources, guarantees, strict=True)
+        )
+        borrowing, beyond = within & ~guaranteed, ~within & ~guaranteed
+        n = overdue.size
+        return [
+            _Line(overdue[guaranteed[:n]], fresh[guaranteed[n:]]),
+            _Line(overdue[borrowing[:n]], fresh[borrowing[n:]], int(spare_kv), spare_tds),
+            _Line(
+                plans.by_weight(table, overdue[beyond[:n]]),
+                plans.by_weight(table, fresh[beyond[n:]]),
+                int(spare_kv),
+                spare_tds,
+            ),
+        ]
 
     @staticmethod
-    def _admit(
-        batch: _Batch, lines: list[tuple[np.ndarray, np.ndarray, int]], kv_tokens: int
-    ) -> None:
-        """Each line in turn: its overdue requests in line (the oldest first; one that
-        does not fit holds the room for itself, as FCFS would), then, if they all went
-        in, the others; the next line only once this one is all in."""
-        start = batch.kv
-        for overdue, fresh, spare in lines:
-            limit = kv_tokens - spare - (batch.kv - start)
-            if overdue.size and not batch.take_in_line(overdue, limit):
+    def _admit(batch: _Batch, lines: list[_Line], kv_tokens: int, rate: float) -> None:
+        """Each line in turn, within ``kv_tokens`` of KV and ``rate`` tokens a second of
+        new readers: its overdue requests in line (the oldest first; one that does not
+        fit holds the room for itself, as FCFS would), then, if they all went in, the
+        others; the next line only once this one is all in."""
+        kv_start, tds_start = batch.kv, batch.tds
+
+        def left(line: _Line) -> tuple[int, float]:
+            kv = kv_tokens - line.spare_kv - (batch.kv - kv_start)
+            return kv, rate - line.spare_tds - (batch.tds - tds_start)
+
+        for line in lines:
+            if line.overdue.size and not batch.take_in_line(line.overdue, *left(line)):
                 return
-            batch.take(fresh, kv_tokens - spare - (batch.kv - start))
-            if not batch.keep[fresh].all():
+            batch.take(line.fresh, *left(line))
+            if not batch.keep[line.fresh].all():
                 return
 
     def _prefill_budget(
@@ -282,38 +332,61 @@ class ReaderGuard:
         return budget
 
 
+class _Line(NamedTuple):
+    """A line of admission: its overdue requests (oldest first), its others (in the
+    policy's order), and what the line must leave free: KV tokens, readers' tokens/s."""
+
+    overdue: np.ndarray
+    fresh: np.ndarray
+    spare_kv: int = 0
+    spare_tds: float = 0.0
+
+
 class _Batch:
     """The batch being built: rows taken in turn, each within the KV given, the batch
-    limit and the prefill budget (what taken rows must (re)compute, in seconds)."""
+    limit, the prefill budget (what taken rows must (re)compute, in seconds) and, for
+    rows not yet committed, the readers' rate given (their TDS, summed)."""
 
     def __init__(
-        self, table: RequestTable, demand: np.ndarray, max_batch: int, profile: LatencyProfile
+        self,
+        table: RequestTable,
+        demand: np.ndarray,
+        committed: np.ndarray,
+        max_batch: int,
+        profile: LatencyProfile,
     ) -> None:
         self.demand = demand
+        self.asks = np.where(committed, 0.0, table.col("tds"))  # a new reader's rate
         self.uncomputed = table.context - table.col("computed")
         self.slots = max_batch
         self.profile = profile
         self.keep = np.zeros(table.n, dtype=bool)
         self.kv = 0
+        self.tds = 0.0  # new readers' rate taken
         self.budget = np.inf
         self.prefilled = False
 
-    def take_in_line(self, order: np.ndarray, kv_tokens: int) -> bool:
+    def take_in_line(self, order: np.ndarray, kv_tokens: int, tds: float = np.inf) -> bool:
         """Take the rows of ``order`` up to the first that does not fit; whether all did."""
         slots = self.slots - _count(self.keep)
         need = np.cumsum(self.demand[order])
         line = order[: min(int(np.searchsorted(need, kv_tokens, side="right")), max(slots, 0))]
         before = _count(self.keep)
-        self.take(line, kv_tokens)
+        self.take(line, kv_tokens, tds)
         return _count(self.keep) - before == order.size
 
-    def take(self, order: np.ndarray, kv_tokens: int) -> None:
-        """Take the rows of ``order`` that fit, in order, skipping the others."""
+    def take(self, order: np.ndarray, kv_tokens: int, tds: float = np.inf) -> None:
+        """Take the rows of ``order`` that fit, in order, skipping the others; new
+        readers only while their TDS, summed, stays within ``tds`` (the first that does
+        not fit stops the new ones after it)."""
         slots = self.slots - _count(self.keep)
         if not order.size or kv_tokens <= 0 or slots <= 0:
             return
         taken = pack_in_order(order, self.demand, kv_tokens, slots, self.keep.size)
         rows = order[taken[order]]
+        asks = self.asks[rows]
+        if asks.any():
+            rows = rows[(asks == 0) | (np.cumsum(asks) <= tds + 1e-9)]
         prefill = self.uncomputed[rows]
         if prefill.any():  # within the budget; the first prefill of a batch always fits
             p = self.profile
@@ -329,6 +402,7 @@ class _Batch:
                 self.prefilled = True
         self.keep[rows] = True
         self.kv += int(self.demand[rows].sum())
+        self.tds += float(self.asks[rows].sum())
 
 
 def _by(slack: np.ndarray, rows: np.ndarray) -> np.ndarray:

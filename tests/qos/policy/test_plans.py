@@ -9,7 +9,7 @@ from qos.latency import LatencyProfile
 from qos.policy import plans
 from qos.policy.andes import tokenpace_andes
 from qos.policy.table import RequestTable
-from qos.sim.engine import simulate
+from qos.sim.engine import SimResult, simulate
 from qos.sim.workload import SimRequest
 
 
@@ -40,8 +40,11 @@ def test_a_request_is_within_plan_while_its_tenant_stays_within_its_share():
         True,  # free's share 800: 601 + 101 fits, + 201 more does not
     ]
     assert plans.by_weight(table, waiting).tolist() == [ent, first, second]
-    assert plans.weighted(table, committed | np.isin(np.arange(table.n), waiting))
-    assert not plans.weighted(table, committed)  # one tenant present
+    nobody = np.zeros(0)
+    assert plans.weighted(table, committed | np.isin(np.arange(table.n), waiting), nobody)
+    assert not plans.weighted(table, committed, nobody)  # one tenant present
+    recent = np.array([0.0, 4.0])  # ent sent within the plans' memory
+    assert plans.weighted(table, committed, recent)
 
 
 # 50 tokens/s per request at B=1, 25 at B=8; 1,500 KV tokens: about 5 replies at a time.
@@ -108,3 +111,60 @@ def test_a_tenant_within_its_plan_is_served_whatever_a_flood_of_another_sends(pa
         assert ent["ent1"].actual_ttft < 1.5 and ent["ent2"].actual_ttft < 1.5
     assert sum(r.andes_qoe for r in ent.values()) > sum(r.andes_qoe for r in blind_ent.values())
     assert all(r.freezes.count == 0 for r in weighted.requests)  # nobody pays with a freeze
+
+
+# One slot at 50 tokens/s (SMALL at B=1, plenty of cache): ten readers at 5 tokens/s.
+ONE_SLOT = LatencyProfile(
+    name="one-slot",
+    source="test",
+    batch_sizes=(1,),
+    decode_s_at=(0.02,),
+    kv_capacity_tokens=20_000,
+    max_batch=1,
+    prefill_per_token_s=2e-4,
+    prefill_base_s=0.005,
+)
+
+
+def steady_beside_a_flood() -> list[SimRequest]:
+    """Weights 1 : 4. The weight-4 tenant sends a 150-token reply every 5 s (six readers
+    at a time, within its guarantee of 4/5 of the rate: eight); the weight-1 tenant one
+    every half second from the start, ten times what the slot can pace."""
+
+    def request(tenant: str, weight: float, i: int, every: float) -> SimRequest:
+        return SimRequest(
+            id=f"{tenant}{i}",
+            arrival=every * i,
+            prompt_tokens=20,
+            output_tokens=150,
+            ttft=1.0,
+            tds=5.0,
+            tenant=tenant,
+            weight=weight,
+        )
+
+    basic = [request("basic", 1.0, i, 0.5) for i in range(20, 140)]
+    return basic + [request("premium", 4.0, i, 6.0) for i in range(12)]
+
+
+def test_a_tenant_borrowing_beyond_its_guarantee_leaves_a_steady_tenant_its_room():
+    """On a slot-bound engine the readers' rate runs short, not the cache. The flooding
+    weight-1 tenant borrows what the weight-4 one does not use, but not the room its
+    recent requests need: the weight-4 tenant is served at its pace (its first request
+    may wait for a reply to end), the flood waits before its first tokens, and nobody
+    freezes. With weights ignored, the weight-4 tenant queues behind the flood."""
+    workload = steady_beside_a_flood()
+    result = simulate(
+        workload, tokenpace_andes(ONE_SLOT, fair_share_slack=500.0), ONE_SLOT, pause=True
+    )
+    blind = simulate(
+        workload, tokenpace_andes(ONE_SLOT, fair_share_slack=None), ONE_SLOT, pause=True
+    )
+
+    def qoe(run: SimResult, tenant: str) -> float:
+        rows = [r for r in run.requests if r.tenant == tenant and r.id != "premium0"]
+        return float(np.mean([r.andes_qoe for r in rows]))
+
+    assert qoe(result, "premium") >= 0.95 > qoe(blind, "premium")
+    assert qoe(result, "basic") < qoe(result, "premium")
+    assert all(r.freezes.longest_s < 0.5 for r in result.requests + blind.requests)

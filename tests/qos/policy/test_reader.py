@@ -125,6 +125,23 @@ def test_fresh_requests_get_only_the_room_every_started_reply_leaves(pauses):
     assert run[small] and not run[newcomer]  # 601 + 401 fits beside it
 
 
+@pytest.mark.parametrize("readers", [9, 10])
+def test_fresh_requests_wait_while_the_readers_ask_all_the_engine_decodes(readers):
+    """One slot decodes 50 tokens/s (SMALL at B=1): ten readers at 5 tokens/s take all of
+    it. Every reply is far ahead of its reader and the cache has room, so slots and KV
+    alone would admit the newcomer; the reader-rate room admits it beside nine readers,
+    not beside ten (the batch could not pace eleven, whoever got the slot)."""
+    now = 1.0
+    table = RequestTable()
+    replies = [started(table, f"r{i}", tokens=100, last_at=0.6, now=now) for i in range(readers)]
+    for row in replies[1:]:
+        table.pause(row, now)
+    newcomer = fresh(table, "new", arrival=0.0)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    run = policy.schedule(table, Capacity(2_000, 1, pauses=True), now)
+    assert bool(run[newcomer]) == (readers == 9)
+
+
 def test_an_admission_waits_when_its_prefill_would_freeze_a_running_reply():
     """A running reply with 0.05 s of slack cannot wait for a 0.2 s prefill: the first
     admission of an iteration always goes in, the next one waits."""
