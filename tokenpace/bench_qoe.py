@@ -117,7 +117,8 @@ def alone_qoe(
 
 
 def tenant_results(result: SimResult, weights: dict[str, float]) -> dict:
-    """Per tenant: average QoE, TTFT p90, service against its weighted fair share; and
+    """Per tenant: average QoE, TTFT p90, the share of its replies frozen over 2 s, its
+    user idle latency p99 (Wang et al. Eq. 9), service against its weighted fair share; and
     the shares of service over time (10 s bins)."""
     shares = service_shares(result.requests, weights)
     over_time = shares.share_over_time()
@@ -134,6 +135,7 @@ def tenant_results(result: SimResult, weights: dict[str, float]) -> dict:
             "frozen_over_2s": float(np.mean([r.freezes.longest_s > 2.0 for r in mine]))
             if mine
             else None,
+            "idle_p99_s": float(np.percentile([r.idle_s for r in mine], 99)) if mine else None,
             "service_share": float(shares.delivered[i] / shares.delivered.sum()),
             "fair_share": float(fair_fraction[i]),
             "service_vs_fair": shares.ratio(name),
@@ -333,6 +335,8 @@ def analyse_tiering(by_policy: dict[str, list[dict]]) -> dict:
                 "weight": t["weight"],
                 "avg_qoe": t["avg_qoe"],
                 "frozen_over_2s": t["frozen_over_2s"],
+                "ttft_p90_s": t["ttft_p90_s"],
+                "idle_p99_s": t["idle_p99_s"],
                 "alone_avg_qoe": t.get("alone_avg_qoe"),
                 "unweighted_avg_qoe": base["tenants"][name]["avg_qoe"] if base else None,
             }
@@ -396,7 +400,7 @@ def summary_table(runs: list[dict]) -> str:
         f"{'frozen>2s':>9} {'>10s':>6} {'idle p99':>8} {'goodput':>7}"
     )
     for name in names:
-        head += f" | {name + ' QoE':>9} {'alone':>5} {'TTFT p90':>8} {'frozen':>6}"
+        head += f" | {name + ' QoE':>9} {'alone':>5} {'TTFT p90':>8} {'frozen':>6} {'idle p99':>8}"
     lines = [head, "-" * len(head)]
     for run in sorted(runs, key=lambda r: (r["rate"], r["policy"])):
         seen = run["reader"]
@@ -412,7 +416,7 @@ def summary_table(runs: list[dict]) -> str:
             alone_text = f"{alone:>5.2f}" if alone is not None else f"{'-':>5}"
             line += (
                 f" | {t['avg_qoe']:>9.3f} {alone_text} {t['ttft_p90_s']:>7.1f}s "
-                f"{t['frozen_over_2s']:>6.1%}"
+                f"{t['frozen_over_2s']:>6.1%} {t['idle_p99_s']:>7.1f}s"
             )
         lines.append(line)
     return "\n".join(lines)

@@ -9,7 +9,8 @@ fast, as their plans allow). When it stops sending it reads ``/metrics``: the ou
 tokens each tenant was served so far (``tokenpace_output_tokens``), its share of the
 engine while all three were contending. It waits for the streams to end, then reads
 the gateway's own figures: ``GET /v1/tokenpace/qoe`` (admin key) for each tenant's
-average QoE, overall and in the chat tier, and ``/metrics`` for its mean TTFT
+average QoE, overall and in the chat tier, the share of its replies that froze over
+2 s and its user idle latency p99, and ``/metrics`` for its mean TTFT
 (``tokenpace_ttft_seconds``). Every few seconds it prints to stderr how many requests
 were sent and how many are still streaming. Usage::
 
@@ -181,8 +182,10 @@ async def drive(
 
 
 def report(url: str, outcomes: dict, contended: dict) -> str:
-    """Per tenant: requests, QoE (gateway side, overall and chat), mean TTFT, p90 client
-    TTFT, and its share of the output tokens served while all were sending."""
+    """Per tenant: requests, QoE (gateway side, overall and chat), the share of its replies
+    that froze over 2 s and its user idle latency p99 (what the reader waited longest,
+    beside the average), mean TTFT, p90 client TTFT, and its share of the output tokens
+    served while all were sending."""
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     qoe = httpx.get(f"{url}/v1/tokenpace/qoe", headers=headers, timeout=10).json()["tenants"]
     final = scrape(url)
@@ -193,13 +196,15 @@ def report(url: str, outcomes: dict, contended: dict) -> str:
     }
     lines = [
         f"{'tenant':<11} {'weight':>6} {'sent':>5} {'ok':>4} {'avg QoE':>8} {'chat QoE':>9} "
-        f"{'mean TTFT':>10} {'p90 TTFT':>9} {'token share':>12}"
+        f"{'frozen>2s':>9} {'idle p99':>9} {'mean TTFT':>10} {'p90 TTFT':>9} {'token share':>12}"
     ]
     for name, results in outcomes.items():
         ok = [ttft for status, ttft in results if status == "ok"]
         p90 = sorted(ok)[int(0.9 * (len(ok) - 1))] if ok else float("nan")
         mine = qoe.get(name, {})
-        overall = (mine.get("overall", {}).get("gateway", {}).get("andes") or {}).get("mean")
+        gateway_side = mine.get("overall", {}).get("gateway", {})
+        overall = (gateway_side.get("andes") or {}).get("mean")
+        reader = gateway_side.get("reader") or {}
         chat = mine.get("tiers", {}).get("chat", {}).get("gateway", {}).get("andes") or {}
         row = final.get(name, {"ttft_sum": 0.0, "ttft_count": 0.0})
         mean_ttft = row["ttft_sum"] / max(row["ttft_count"], 1.0)
@@ -207,6 +212,8 @@ def report(url: str, outcomes: dict, contended: dict) -> str:
         lines.append(
             f"{name:<11} {weights[name]:>6g} {len(results):>5} {len(ok):>4} "
             f"{overall or float('nan'):>8.3f} {chat.get('mean', float('nan')):>9.3f} "
+            f"{100 * reader.get('frozen_over_2s', float('nan')):>8.1f}% "
+            f"{reader.get('idle_p99_s', float('nan')):>8.1f}s "
             f"{mean_ttft:>9.2f}s {p90:>8.2f}s {share:>12.2f}"
         )
     errors = {n: sorted({s for s, _ in r if s != "ok"}) for n, r in outcomes.items()}

@@ -151,7 +151,11 @@ def test_bench_qoe_with_tenants_writes_per_tenant_results_and_a_summary(tmp_path
     assert set(run["tenants"]) == {"a", "b", "share_over_time"}
     assert run["tenants"]["b"]["weight"] == 4.0 and 0 < run["tenants"]["a"]["avg_qoe"] <= 1
     assert (out / "service_share.png").stat().st_size > 0
-    assert "4.0" in report["analysis"]["tiering"]
+    tiering = report["analysis"]["tiering"]["4.0"]["tenants"]
+    for name in ("a", "b"):  # the reader's tails beside each plan's average
+        assert tiering[name]["idle_p99_s"] == run["tenants"][name]["idle_p99_s"] >= 0
+        assert tiering[name]["ttft_p90_s"] == run["tenants"][name]["ttft_p90_s"] >= 0
+    assert "idle p99" in printed
 
 
 @pytest.mark.parametrize(
