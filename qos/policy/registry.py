@@ -28,7 +28,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "andes-tp": tokenpace_andes,
     "andes-monotone": lambda profile, **kw: Andes(profile, **{"qoe": "monotone", **kw}),
     "andes-tp-unweighted": lambda profile, **kw: tokenpace_andes(
-        profile, **{"fair_share_slack": None, **kw}
+        profile, **{**kw, "fair_share_slack": None}  # weights ignored, whatever the options
     ),
     "andes-tp-unguarded": lambda profile, **kw: tokenpace_andes(
         profile, **{"reader_guard": False, **kw}

@@ -79,6 +79,15 @@ def test_fair_share_slack_reaches_the_shipped_policy() -> None:
         PluginConfig.from_env({"TOKENPACE_FAIR_SHARE_SLACK": "-1"})
 
 
+def test_the_unweighted_policy_ignores_weights_whatever_the_slack() -> None:
+    """The reference the plans are measured against stays unweighted when the slack is
+    set for the whole deployment (as the benchmarks set it for both servers)."""
+    env = {"TOKENPACE_POLICY": "andes-tp-unweighted", "TOKENPACE_FAIR_SHARE_SLACK": "256"}
+    policy = PluginConfig.from_env(env).build_policy(get_profile("llama-3.1-8b-h100"))
+    assert isinstance(policy, Andes) and policy.shares is None
+    assert policy.guard is not None and not policy.guard.weights
+
+
 def test_andes_options_apply_to_the_named_policy() -> None:
     env = {
         "TOKENPACE_POLICY": "andes-tp-unweighted",
