@@ -5,24 +5,24 @@ Shared with ``tests/qos/vllm/test_tiering_e2e.py``. One vLLM OpenAI server per p
 CPU build, ``.models/small-llama`` with dummy weights, started from ``.venv-vllm`` with
 this checkout's ``qos`` first on its path), four sequence slots (``--max-num-seqs 4``).
 The tokenpace gateway in front of it has two tenants, ``basic`` (weight 1) and
-``premium`` (weight 4), and tags every request with its tenant and weight. Both send the
-same demand: ``per_tenant`` requests each, interleaved, one every ``SPACING_S`` (so the
-policy decides who starts, not the race of a burst), 320 tokens, at a tier **scaled to
-the engine's measured speed**: a first gateway streams four 96-token replies at once to
-measure s, the tokens/s of one request in a full batch; the measured gateway's tier asks
-for ``tds_per_speed`` × s tokens/s after a first token within ``TTFT_TOKENS`` / TDS
-seconds. At the default 0.4, sixteen streams ask for about 1.6 times the full batch's
-decode speed (overload: the replies that run ahead of their readers give up their slots,
-so the engine carries somewhat more readers than that ratio says, and 1.14 times was
-still served in full); at 0.2, 0.8 times.
+``premium`` (weight 4), and tags every request with its tenant and weight. The tier is
+**scaled to the engine's measured speed**: a first gateway streams four 96-token
+replies at once to measure s, the tokens/s of one request in a full batch; the measured
+gateway's tier asks for ``tds_per_speed`` × s tokens/s after a first token within
+``TTFT_TOKENS`` / TDS seconds. Both tenants send the same demand, steadily: ``REQUESTS``
+160-token requests, alternating, evenly spaced so that ``READERS`` replies read at
+their pace at any time (one every 160 / TDS / 16 s, for about 40 s: long enough for the
+plans to learn each tenant's pace). At the default 0.4, the sixteen readers ask for 1.6
+times the full batch's decode speed (overload); at 0.286, 1.14 times; at 0.2, 0.8
+times.
 
 The slack is 256 service units (``TOKENPACE_FAIR_SHARE_SLACK``): the shipped 8,192 is
 ~5 s of a GPU engine's output and would outlast a whole run.
 
     .venv/bin/python bench/vllm_plans.py --loads 0.2,0.286,0.4
 
-prints each tenant's client-measured average QoE, first-token wait and longest freeze
-per policy and load (a few minutes per run).
+prints each tenant's client-measured average QoE, first-token wait, longest freeze and
+user idle latency (p50 and p99) per policy and load (a few minutes per run).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from vllm_harness import (
     Job,
     JobResult,
@@ -47,23 +48,25 @@ from vllm_harness import (
 
 ROOT = Path(__file__).resolve().parents[1]
 
-OVERLOAD_TDS_PER_SPEED = 0.4  # 16 streams at this TDS ask 1.6 x the engine's 4 s
+OVERLOAD_TDS_PER_SPEED = 0.4  # READERS readers at this TDS ask 1.6 x the engine's 4 s
 TTFT_TOKENS = 15.0  # the expected TTFT, in tokens' worth of the tier's TDS
 CALIBRATION_TOKENS = 96
 TENANTS = {"basic": 1.0, "premium": 4.0}
-TOKENS = 320
-PER_TENANT = 8
+TOKENS = 160
+REQUESTS = 64
+READERS = 16  # replies read at once, at the arrival pace, were each served at its TDS
 SLOTS = 4  # --max-num-seqs
-SPACING_S = 0.25  # between arrivals: each one meets a scheduling decision, not a burst
 POLICIES = ("andes-tp", "andes-tp-unweighted")
 
 
-def workload(per_tenant: int = PER_TENANT) -> list[Job]:
+def workload(tds: float, requests: int = REQUESTS) -> list[Job]:
+    """The tenants' requests in turn, one every TOKENS / ``tds`` / READERS seconds."""
+    spacing = TOKENS / tds / READERS
     jobs = []
-    for i in range(per_tenant):
-        for tenant in TENANTS:
-            prompt = f"{tenant} question {i}: how fast do users read?"
-            jobs.append(Job(SPACING_S * len(jobs), "chat", prompt, TOKENS, tenant_key(tenant)))
+    for i in range(requests):
+        tenant = list(TENANTS)[i % len(TENANTS)]
+        prompt = f"{tenant} question {i}: how fast do users read?"
+        jobs.append(Job(spacing * i, "chat", prompt, TOKENS, tenant_key(tenant)))
     return jobs
 
 
@@ -105,7 +108,7 @@ async def drive(
     """The tier's TDS (scaled to the engine's speed) and every reply of the workload."""
     tds = tds_per_speed * await full_batch_speed(server)
     async with serve_gateway(gateway_config([server], tiers(tds), TENANTS)) as url:
-        return tds, await run_jobs(url, server.name, workload())
+        return tds, await run_jobs(url, server.name, workload(tds))
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class TenantOutcome:
     avg_qoe: float
     mean_ttft_s: float
     longest_freeze_s: float
+    idle_p50_s: float  # user idle latency (Wang et al. Eq. 9) over the tenant's replies
+    idle_p99_s: float  # its tail
 
 
 def by_tenant(results: list[JobResult]) -> dict[str, TenantOutcome]:
@@ -123,6 +128,8 @@ def by_tenant(results: list[JobResult]) -> dict[str, TenantOutcome]:
             statistics.mean(r.qoe for r in rs),
             statistics.mean(r.ttft for r in rs),
             max(r.longest_freeze_s for r in rs),
+            statistics.median(r.idle_s for r in rs),
+            float(np.percentile([r.idle_s for r in rs], 99)),
         )
     return out
 
@@ -146,20 +153,25 @@ def main() -> None:
     p.add_argument("--model", default=str(ROOT / ".models" / "small-llama"))
     p.add_argument("--loads", default=f"0.2,{OVERLOAD_TDS_PER_SPEED}", help="TDS per speed")
     p.add_argument("--workdir", default=str(ROOT / "results" / "vllm_plans"))
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
     args = p.parse_args()
     print(
         "| TDS / full-batch speed | policy | tier TDS | "
-        + " | ".join(f"{t} (w {w:g}): QoE, mean TTFT, longest freeze" for t, w in TENANTS.items())
+        + " | ".join(
+            f"{t} (w {w:g}): QoE, mean TTFT, longest freeze, idle p50 / p99"
+            for t, w in TENANTS.items()
+        )
         + " |"
     )
     print("| --- | --- | --- | --- | --- |")
     for load in (float(x) for x in args.loads.split(",")):
-        for policy in POLICIES:
+        for policy in args.policies.split(","):
             workdir = Path(args.workdir) / f"{policy}-{load:g}"
             workdir.mkdir(parents=True, exist_ok=True)
             got = run_one(args, policy, load, workdir)
             cells = [
-                f"{o.avg_qoe:.2f}, {o.mean_ttft_s:.1f} s, {o.longest_freeze_s:.1f} s"
+                f"{o.avg_qoe:.2f}, {o.mean_ttft_s:.1f} s, {o.longest_freeze_s:.1f} s, "
+                f"{o.idle_p50_s:.1f} / {o.idle_p99_s:.1f} s"
                 for o in got["tenants"].values()
             ]
             print(f"| {load:g} | {policy} | {got['tds']:.1f} | " + " | ".join(cells) + " |")

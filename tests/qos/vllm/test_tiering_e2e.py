@@ -1,15 +1,16 @@
 """End to end on a real vLLM engine: tenant weights act inside the plugin's policy.
 
 The scenario of ``bench/vllm_plans.py`` under overload: two tenants, ``basic`` (weight 1)
-and ``premium`` (weight 4), the same demand each (eight 320-token requests, interleaved),
-four sequence slots, the tier scaled to the engine's measured speed so that the sixteen
-streams ask for about 1.6 times what its full batch decodes; the plugin runs its default
-policy, ``andes-tp``. Checked: every request gets all its tokens, the plugin decided, and
-the premium tenant's client-measured average QoE is clearly higher (at least 1.2 times
-the basic tenant's; seen: 1.00 against 0.66, 0.80 against 0.61). Here the engine's batch
-slots, not its cache, run short, so the plans' split of the room for new replies does not
-bind: the weights act where service itself is short, on which due reply runs first
-(docs/architecture.md, "Price plans"). About 1.5 minutes, start-up included.
+and ``premium`` (weight 4), the same steady demand (64 requests of 160 tokens,
+alternating), four sequence slots, the tier scaled to the engine's measured speed so that
+the sixteen readers at a time ask for 1.6 times what its full batch decodes; the plugin
+runs its default policy, ``andes-tp``. Here the slots, not the cache, run short: the
+plans split the readers' rate (docs/architecture.md, "Price plans"): premium asks 0.8
+of the full batch's rate, its guarantee before the prefills' share, and basic absorbs
+the shortfall. Checked: every request gets all its tokens, the plugin decided, the
+premium tenant's client-measured average QoE is at least 0.8 and twice the basic
+tenant's (seen: 0.95 against 0.16, 1.00 against 0.18), and no reply froze for over 2 s
+at the client. About 2 minutes, start-up included.
 """
 
 from __future__ import annotations
@@ -42,4 +43,5 @@ def test_the_heavier_tenant_gets_clearly_better_qoe(tmp_path: Path) -> None:
     tenants = by_tenant(results)
     report = f"tier {tds:.1f} tokens/s, {tenants}, plugin stats {stats}"
     print(report)
-    assert tenants["premium"].avg_qoe >= 1.2 * tenants["basic"].avg_qoe, report
+    assert tenants["premium"].avg_qoe >= max(0.8, 2 * tenants["basic"].avg_qoe), report
+    assert max(o.longest_freeze_s for o in tenants.values()) <= 2.0, report
