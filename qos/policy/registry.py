@@ -28,7 +28,8 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "andes-tp": tokenpace_andes,
     "andes-monotone": lambda profile, **kw: Andes(profile, **{"qoe": "monotone", **kw}),
     "andes-tp-unweighted": lambda profile, **kw: tokenpace_andes(
-        profile, **{**kw, "fair_share_slack": None}  # weights ignored, whatever the options
+        profile,
+        **{**kw, "fair_share_slack": None},  # weights ignored, whatever the options
     ),
     "andes-tp-unguarded": lambda profile, **kw: tokenpace_andes(
         profile, **{"reader_guard": False, **kw}
