@@ -109,18 +109,13 @@ def within_plan(
     ``room`` how much the plans split."""
     tenant = table.col("tenant")
     count = len(table.tenant_names)
-    need = demand[waiting].astype(float)
     hold = np.bincount(tenant[committed], weights=demand[committed], minlength=count)
-    want = hold + np.bincount(tenant[waiting], weights=need, minlength=count)
-    weight = np.ones(count)
-    np.maximum.at(weight, tenant[waiting], table.col("weight")[waiting])
-    np.maximum.at(weight, tenant[committed], table.col("weight")[committed])
+    want = hold + np.bincount(tenant[waiting], weights=demand[waiting], minlength=count)
+    weight = _weights(table, waiting, committed, np.ones(count))
     active = (want > 0).nonzero()[0]
     share = np.zeros(count)
     share[active] = water_fill(want[active].tolist(), weight[active].tolist(), float(room))
-    ahead = _cumulative_by_group(tenant[waiting], need)
-    within: np.ndarray = hold[tenant[waiting]] + ahead <= share[tenant[waiting]] + 1e-9
-    return within
+    return within_limit(table, waiting, committed, demand, share)
 
 
 def guarantees(
@@ -133,27 +128,25 @@ def guarantees(
     """Per tenant id: its guarantee of one resource, w_f / Σw of ``room`` over the
     tenants present (with a reply or a request in the engine, or a ``recent_weight``:
     sent within the plans' memory), 0 for the others."""
-    tenant = table.col("tenant")
-    weight = recent_weight.copy()
-    np.maximum.at(weight, tenant[waiting], table.col("weight")[waiting])
-    np.maximum.at(weight, tenant[committed], table.col("weight")[committed])
+    weight = _weights(table, waiting, committed, recent_weight)
     guarantee: np.ndarray = room * weight / weight.sum()
     return guarantee
 
 
-def within_guarantee(
+def within_limit(
     table: RequestTable,
     waiting: np.ndarray,
     committed: np.ndarray,
     demand: np.ndarray,
-    guarantee: np.ndarray,
+    limit: np.ndarray,
 ) -> np.ndarray:
     """For each row of ``waiting`` (in admission order): whether its tenant's hold, with
-    it and its tenant's requests ahead of it, stays within the tenant's ``guarantee``."""
+    it and its tenant's requests ahead of it, stays within the tenant's ``limit`` (per
+    tenant id: its share, or its guarantee)."""
     tenant = table.col("tenant")
-    hold = np.bincount(tenant[committed], weights=demand[committed], minlength=guarantee.size)
+    hold = np.bincount(tenant[committed], weights=demand[committed], minlength=limit.size)
     ahead = _cumulative_by_group(tenant[waiting], demand[waiting].astype(float))
-    within: np.ndarray = hold[tenant[waiting]] + ahead <= guarantee[tenant[waiting]] + 1e-9
+    within: np.ndarray = hold[tenant[waiting]] + ahead <= limit[tenant[waiting]] + 1e-9
     return within
 
 
@@ -187,6 +180,17 @@ def by_weight(table: RequestTable, rows: np.ndarray) -> np.ndarray:
     """``rows`` with the higher weights first, each weight's rows in their given order."""
     ordered: np.ndarray = rows[np.argsort(-table.col("weight")[rows], kind="stable")]
     return ordered
+
+
+def _weights(
+    table: RequestTable, waiting: np.ndarray, committed: np.ndarray, base: np.ndarray
+) -> np.ndarray:
+    """Per tenant id: the largest of ``base`` and the weights its rows of ``waiting`` and
+    ``committed`` carry."""
+    tenant, weight = table.col("tenant"), base.copy()
+    np.maximum.at(weight, tenant[waiting], table.col("weight")[waiting])
+    np.maximum.at(weight, tenant[committed], table.col("weight")[committed])
+    return weight
 
 
 def _cumulative_by_group(group: np.ndarray, value: np.ndarray) -> np.ndarray:

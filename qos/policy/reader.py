@@ -280,7 +280,7 @@ class ReaderGuard:
         for need, total, _ in resources:
             within &= plans.within_plan(table, waiting, committed, need, total)
             guarantee = plans.guarantees(table, waiting, committed, total, weight)
-            guaranteed &= plans.within_guarantee(table, waiting, committed, need, guarantee)
+            guaranteed &= plans.within_limit(table, waiting, committed, need, guarantee)
             guarantees.append(guarantee)
         spare_kv, spare_tds = (
             plans.headroom(table, waiting, guaranteed, committed, need, guarantee, expected)
