@@ -155,6 +155,9 @@ def main() -> None:
     p.add_argument("--workdir", default=str(ROOT / "results" / "vllm_plans"))
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
     args = p.parse_args()
+    unknown = set(args.policies.split(",")) - set(POLICIES)
+    if unknown:
+        p.error(f"--policies: unknown {', '.join(sorted(unknown))}; use {', '.join(POLICIES)}")
     print(
         "| TDS / full-batch speed | policy | tier TDS | "
         + " | ".join(
