@@ -38,7 +38,8 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    cache alone would let in readers who then freeze; and the
    prefills admitted in one iteration stay within the slack of every reply that runs in
    it and of every reply left out beyond the next iteration, so an admission never
-   freezes a reader (the first prefill of an iteration always goes in: progress).
+   freezes a reader (the first prefill of an iteration always goes in, and an engine
+   with nothing committed admits the first request that fits the cache: progress).
    Among fresh requests, the policy's order, except that requests overdue (waiting
    more than ``overdue_after_ttfts`` times their TTFT) go first, oldest first: under
    sustained overload someone must wait, and the longest wait is what users feel.
@@ -230,6 +231,8 @@ class ReaderGuard:
             batch.take(_by(slack, rest & running), capacity.kv_tokens - batch.kv)
             batch.take(_by(slack, rest & ~running), watermark - batch.kv)
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
+        if not committed.any() and not batch.keep.any():
+            _admit_first(batch, lines, watermark)
         self.held += int(waiting.size - np.count_nonzero(batch.keep[waiting]))
         return batch.keep
 
@@ -403,6 +406,16 @@ class _Batch:
         self.keep[rows] = True
         self.kv += int(self.demand[rows].sum())
         self.tds += float(self.asks[rows].sum())
+
+
+def _admit_first(batch: _Batch, lines: list[_Line], kv_tokens: int) -> None:
+    """An idle engine admits the first request, in the lines' order, that fits
+    ``kv_tokens``, whatever the plans keep free and however fast its reader: what is kept
+    is for tenants that may send, and with nothing running nobody else's reader can be
+    slowed, so leaving the engine idle would serve nobody (progress)."""
+    order = np.concatenate([np.concatenate((line.overdue, line.fresh)) for line in lines])
+    fits = order[batch.demand[order] <= kv_tokens]
+    batch.take(fits[:1], kv_tokens)
 
 
 def _by(slack: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -236,3 +236,20 @@ def test_no_reply_freezes_beyond_the_bound_on_random_workloads(spec, pauses, wei
     bound = freeze_bound(SMALL, workload)
     worst = max(freezes(r.times, r.tds).longest_s for r in result.requests)
     assert worst <= bound + 1e-9, (worst, bound)
+
+
+def test_an_idle_engine_admits_a_request_the_plans_would_keep_waiting():
+    """A weight-1 request beyond its guarantee, behind the room the plans keep for the
+    weight-4 and weight-2 tenants that just sent: once their replies end it runs on the
+    empty engine rather than waiting for their memory to lapse (the simulator raises on
+    an engine left idle with a request waiting)."""
+    sent = [("ent", 4.0, 87), ("ent", 4.0, 124), ("ent", 4.0, 135), ("pro", 2.0, 199)]
+    sent += [("ent", 4.0, 252), ("ent", 4.0, 254), ("free", 1.0, 272)]
+    workload = [
+        SimRequest(f"{tenant}{i}", 0.0, prompt, 1, ttft=1.0, tds=3.3, tenant=tenant, weight=w)
+        for i, (tenant, w, prompt) in enumerate(sent)
+    ]
+    policy = tokenpace_andes(SMALL, fair_share_slack=500.0)
+    result = simulate(workload, policy, SMALL, pause=False)
+    last = max(r.times[-1] for r in result.requests)
+    assert last < 1.0
