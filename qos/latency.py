@@ -86,6 +86,7 @@ class LatencyProfile:
     _xs: np.ndarray = field(init=False, repr=False, compare=False)
     _ys: np.ndarray = field(init=False, repr=False, compare=False)
     _tail_slope: float = field(init=False, repr=False, compare=False)
+    _by_batch: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         xs = np.asarray(self.batch_sizes, dtype=float)
@@ -129,6 +130,9 @@ class LatencyProfile:
         object.__setattr__(self, "_ys", ys)
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if xs.size > 1 else 0.0
         object.__setattr__(self, "_tail_slope", float(slope))
+        object.__setattr__(self, "_by_batch", ())
+        by_batch = self.decode_s(np.arange(2 * self.max_batch + 1))
+        object.__setattr__(self, "_by_batch", tuple(by_batch.tolist()))
 
     @overload
     def decode_s(self, batch_size: float, context_tokens: float = 0) -> float: ...
@@ -145,8 +149,16 @@ class LatencyProfile:
 
         Linear between table points, flat below the first, extended along the last
         segment's slope beyond the last; plus ``per_context_token_s`` per token of
-        total context in the batch. A batch of 0 takes 0 s.
+        total context in the batch. A batch of 0 takes 0 s. A single whole batch size
+        up to twice ``max_batch`` is read from a table of these same values (what a
+        scheduler asks at every decision, without numpy's per-call cost).
         """
+        if (
+            type(batch_size) is int
+            and 0 < batch_size < len(self._by_batch)
+            and isinstance(context_tokens, int | float)
+        ):
+            return self._by_batch[batch_size] + self.per_context_token_s * context_tokens
         b = np.asarray(batch_size, dtype=float)
         if np.any(b < 0):
             raise ValueError(f"batch_size: must be >= 0, got {batch_size}")

@@ -70,24 +70,35 @@ class RecentDemand:
         self._sums[tenant] = self._sums.get(tenant, np.zeros(3)) + need
         self._weight[tenant] = weight
 
-    def demand(self, now: float, tenants: int, reply_s: float) -> tuple[Demand, Demand, np.ndarray]:
-        """The KV and the TDS :class:`Demand` per tenant id, and the weights of the
-        tenants that sent within the memory (0 for the others). A reply holds its room
-        for ``reply_s`` (the mean time from arrival to completion, taken as at least
-        PLAN_MEMORY_S: early completions come from an engine not yet contended), so a
-        tenant's replies hold what it sent over that long."""
+    def weights(self, now: float, tenants: int) -> np.ndarray:
+        """Per tenant id: its weight if it sent within the memory before ``now``, else 0
+        (requests older than that are forgotten)."""
         requests, sums = self._requests, self._sums
         while requests and requests[0][0] < now - PLAN_MEMORY_S:
             _, tenant, need = requests.popleft()
             sums[tenant] -= need
-        total, weight = np.zeros((tenants, 3)), np.zeros(tenants)
-        for tenant, sent in sums.items():
-            if sent[0] > 0.5:  # sent within the memory
-                total[tenant], weight[tenant] = sent, self._weight[tenant]
+        weight = np.zeros(tenants)
+        for tenant in self._senders():
+            weight[tenant] = self._weight[tenant]
+        return weight
+
+    def demand(self, tenants: int, reply_s: float) -> tuple[Demand, Demand]:
+        """The KV and the TDS :class:`Demand` per tenant id, over the requests that
+        :meth:`weights` last kept. A reply holds its room for ``reply_s`` (the mean time
+        from arrival to completion, taken as at least PLAN_MEMORY_S: early completions
+        come from an engine not yet contended), so a tenant's replies hold what it sent
+        over that long."""
+        total = np.zeros((tenants, 3))
+        for tenant in self._senders():
+            total[tenant] = self._sums[tenant]
         scale = max(reply_s, PLAN_MEMORY_S) / PLAN_MEMORY_S
         count = np.maximum(total[:, 0], 1.0)
         kv, tds = (Demand(total[:, k] * scale, total[:, k] / count) for k in (1, 2))
-        return kv, tds, weight
+        return kv, tds
+
+    def _senders(self) -> list[int]:
+        """The tenants with a request within the memory."""
+        return [tenant for tenant, sent in self._sums.items() if sent[0] > 0.5]
 
 
 def weighted(table: RequestTable, rows: np.ndarray, recent_weight: np.ndarray) -> bool:

@@ -270,9 +270,11 @@ class ReaderGuard:
         waiting = np.concatenate((overdue, fresh))
         present = committed.copy()
         present[waiting] = True
-        kv_demand, tds_demand, weight = self.recent.demand(now, len(table.tenant_names), reply_s)
+        tenants = len(table.tenant_names)
+        weight = self.recent.weights(now, tenants)
         if not waiting.size or not plans.weighted(table, present, weight):
             return [_Line(overdue, fresh)]
+        kv_demand, tds_demand = self.recent.demand(tenants, reply_s)
         within = np.ones(waiting.size, dtype=bool)
         guaranteed = np.ones(waiting.size, dtype=bool)
         resources = (

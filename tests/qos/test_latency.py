@@ -60,6 +60,16 @@ def test_vectorised_matches_scalar():
     np.testing.assert_allclose(p.tokens_per_s(bs[1:]), [p.tokens_per_s(int(b)) for b in bs[1:]])
 
 
+def test_a_whole_batch_size_reads_the_same_latency_as_the_vector_path():
+    p = _toy(per_context_token_s=2e-6)
+    sizes = np.arange(0, 2 * p.max_batch + 3)
+    contexts = np.array([0, 1, 777, 12_345.5])
+    for context in contexts:
+        vec = p.decode_s(sizes, context)
+        one = [p.decode_s(int(b), float(context)) for b in sizes]
+        assert one == vec.tolist()  # exactly, not approximately
+
+
 def test_prefill_iteration_and_preemption():
     p = _toy(prefill_base_s=0.005, swap_per_token_s=1e-5)
     assert p.prefill_s(0) == 0.0
