@@ -161,6 +161,17 @@ def within_limit(
     return within
 
 
+def beyond_guarantee(
+    table: RequestTable, committed: np.ndarray, need: np.ndarray, guarantee: np.ndarray
+) -> np.ndarray:
+    """Per row: whether its tenant's committed replies hold more of one resource
+    (``need`` per row) than the tenant's ``guarantee``: its replies run on borrowed room."""
+    tenant = table.col("tenant")
+    hold = np.bincount(tenant[committed], weights=need[committed], minlength=guarantee.size)
+    beyond: np.ndarray = hold[tenant] > guarantee[tenant] + 1e-9
+    return beyond
+
+
 def headroom(
     table: RequestTable,
     waiting: np.ndarray,

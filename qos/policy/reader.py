@@ -52,6 +52,7 @@ derives this and docs/benchmarks.md measures it.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import NamedTuple
 
 import numpy as np
@@ -94,6 +95,7 @@ class ReaderGuard:
         self.overdue_after_ttfts = overdue_after_ttfts
         self.weights = weights  # False: tenants' weights ignored (every plan alike)
         self.recent = plans.RecentDemand()  # each tenant's recent requests (plans' headroom)
+        self.reply_tokens: deque[int] = deque(maxlen=256)  # recent replies' lengths
         self.forced = 0  # due rows the decision had left out
         self.held = 0  # fresh admissions deferred to keep a reader's deadline
 
@@ -128,6 +130,10 @@ class ReaderGuard:
             tds, weight = float(table.col("tds")[row]), float(table.col("weight")[row])
             tenant, kv = int(table.col("tenant")[row]), int(table.demand[row])
             self.recent.add(now, tenant, weight, kv, tds)
+
+    def on_finish(self, table: RequestTable, row: int) -> None:
+        """Remember how long a finished reply grew (the growth borrowers keep free)."""
+        self.reply_tokens.append(int(table.col("output")[row]))
 
     def reader_rate(
         self,
@@ -291,6 +297,9 @@ class ReaderGuard:
             plans.headroom(table, waiting, guaranteed, committed, need, guarantee, expected)
             for (need, _, expected), guarantee in zip(resources, guarantees, strict=True)
         )
+        if overdue.size:  # sustained overload: borrowed replies must not grow into it
+            borrowed = committed & plans.beyond_guarantee(table, committed, demand, guarantees[0])
+            spare_kv += self._growth_left(table, borrowed)
         borrowing, beyond = within & ~guaranteed, ~within & ~guaranteed
         n = overdue.size
         return [
@@ -303,6 +312,14 @@ class ReaderGuard:
                 spare_tds,
             ),
         ]
+
+    def _growth_left(self, table: RequestTable, rows: np.ndarray) -> float:
+        """KV tokens the replies of mask ``rows`` will still grow by, each to the mean
+        length of the recent replies."""
+        if not self.reply_tokens:
+            return 0.0
+        mean = sum(self.reply_tokens) / len(self.reply_tokens)
+        return float(np.maximum(mean - table.col("output")[rows], 0.0).sum())
 
     @staticmethod
     def _admit(batch: _Batch, lines: list[_Line], kv_tokens: int, rate: float) -> None:
