@@ -21,7 +21,11 @@ split each (``room`` C below is one of them; ``need`` what a request takes of it
   requests beyond their shares last, the higher weights first;
 - a borrower leaves every tenant its *headroom* (:func:`headroom`): what its replies
   will hold, at the pace it has been sending (Little's law over :class:`RecentDemand`),
-  beyond what they hold now, plus one request's worth, within its guarantee.
+  beyond what they hold now, plus one request's worth, within its guarantee. Under
+  sustained overload (requests overdue, :class:`~qos.policy.reader.ReaderGuard`) it
+  also leaves free the KV the replies on borrowed room (:func:`beyond_guarantee`) will
+  still grow by, each to the mean length of recent replies: they grow a token an
+  iteration, and would otherwise fill the headroom they were admitted beside.
 
 What a plan guarantees: a tenant whose replies need at most g_f of the cache and of the
 readers' rate is admitted ahead of every borrower, whatever the others send, and finds

@@ -253,3 +253,42 @@ def test_an_idle_engine_admits_a_request_the_plans_would_keep_waiting():
     result = simulate(workload, policy, SMALL, pause=False)
     last = max(r.times[-1] for r in result.requests)
     assert last < 1.0
+
+
+@pytest.mark.parametrize("overloaded", [False, True])
+def test_under_sustained_overload_a_borrower_keeps_free_what_borrowed_replies_will_grow_by(
+    overloaded,
+):
+    """Weights 1 : 4 on 2,000 KV tokens, recent replies 500 tokens long. The weight-1
+    tenant's two replies hold 822, beyond its guarantee, ten tokens in. The weight-4
+    tenant's request goes in (within its guarantee) and its next one has room kept. A
+    second weight-1 request borrows: it goes in while no request is overdue; while the
+    weight-4 one has waited 20 TTFTs (sustained overload) it waits, since the borrowed
+    replies will grow by 980 more and would fill the room kept for the weight-4 tenant."""
+    now = 100.0
+    table = RequestTable()
+    policy = tokenpace_andes(SMALL, fair_share_slack=500.0)
+
+    def arrive(key: str, tenant: str, weight: float, prompt: int, at: float) -> int:
+        row = table.add(
+            key, arrival=at, prompt_tokens=prompt, ttft=1.0, tds=5.0, tenant=tenant, weight=weight
+        )
+        policy.on_arrival(table, row, at)
+        return row
+
+    for i in range(4):  # finished replies of 500 tokens
+        done = arrive(f"done{i}", "free", 1.0, 50, 10.0)
+        table.admit(done)
+        table.record_tokens(done, 20.0, 500)
+        policy.on_finish(table, done, 40.0)
+        table.remove(f"done{i}")
+    for key in ("free-a", "free-b"):
+        row = arrive(key, "free", 1.0, 400, 90.0)
+        table.admit(row)
+        for k in range(10):
+            table.record_tokens(row, 99.0 + 0.01 * k)
+    ent = arrive("ent", "ent", 4.0, 100, now - (20.0 if overloaded else 0.1))
+    borrower = arrive("free-c", "free", 1.0, 300, now - 0.1)
+    run = policy.schedule(table, Capacity(2_000, 8, pauses=True), now)
+    assert run[ent]
+    assert run[borrower] == (not overloaded)
