@@ -122,10 +122,8 @@ def within_plan(
     """For each row of ``waiting`` (in admission order): whether it is within its
     tenant's plan (module doc) of one resource: ``demand`` what each row needs of it,
     ``room`` how much the plans split."""
-    tenant = table.col("tenant")
     count = len(table.tenant_names)
-    hold = np.bincount(tenant[committed], weights=demand[committed], minlength=count)
-    want = hold + np.bincount(tenant[waiting], weights=demand[waiting], minlength=count)
+    want = _per_tenant(table, committed, demand, count) + _per_tenant(table, waiting, demand, count)
     weight = _weights(table, waiting, committed, np.ones(count))
     active = (want > 0).nonzero()[0]
     share = np.zeros(count)
@@ -159,7 +157,7 @@ def within_limit(
     it and its tenant's requests ahead of it, stays within the tenant's ``limit`` (per
     tenant id: its share, or its guarantee)."""
     tenant = table.col("tenant")
-    hold = np.bincount(tenant[committed], weights=demand[committed], minlength=limit.size)
+    hold = _per_tenant(table, committed, demand, limit.size)
     ahead = _cumulative_by_group(tenant[waiting], demand[waiting].astype(float))
     within: np.ndarray = hold[tenant[waiting]] + ahead <= limit[tenant[waiting]] + 1e-9
     return within
@@ -171,7 +169,7 @@ def beyond_guarantee(
     """Per row: whether its tenant's committed replies hold more of one resource
     (``need`` per row) than the tenant's ``guarantee``: its replies run on borrowed room."""
     tenant = table.col("tenant")
-    hold = np.bincount(tenant[committed], weights=need[committed], minlength=guarantee.size)
+    hold = _per_tenant(table, committed, need, guarantee.size)
     beyond: np.ndarray = hold[tenant] > guarantee[tenant] + 1e-9
     return beyond
 
@@ -192,11 +190,10 @@ def headroom(
     within its guarantee left. A tenant within its guarantee then finds room for its
     next request at once, rather than behind replies admitted on another tenant's
     borrowed room, without its whole guarantee lying idle while it sends little."""
-    tenant = table.col("tenant")
     count = guarantee.size
-    hold = np.bincount(tenant[committed], weights=need[committed], minlength=count)
-    rows = waiting[taken]
-    took = np.bincount(tenant[rows], weights=need[rows], minlength=count) + hold
+    took = _per_tenant(table, waiting[taken], need, count) + _per_tenant(
+        table, committed, need, count
+    )
     coming = np.maximum(demand.held - took, 0.0) + demand.unit
     keep = np.minimum(np.maximum(guarantee - took, 0.0), coming)
     return float(keep.sum())
@@ -206,6 +203,14 @@ def by_weight(table: RequestTable, rows: np.ndarray) -> np.ndarray:
     """``rows`` with the higher weights first, each weight's rows in their given order."""
     ordered: np.ndarray = rows[np.argsort(-table.col("weight")[rows], kind="stable")]
     return ordered
+
+
+def _per_tenant(table: RequestTable, rows: np.ndarray, need: np.ndarray, count: int) -> np.ndarray:
+    """Per tenant id (``count`` of them): the ``need`` of its rows among ``rows`` (a
+    mask or indices), summed."""
+    tenant = table.col("tenant")
+    total: np.ndarray = np.bincount(tenant[rows], weights=need[rows], minlength=count)
+    return total
 
 
 def _weights(
