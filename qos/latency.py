@@ -130,8 +130,7 @@ class LatencyProfile:
         object.__setattr__(self, "_ys", ys)
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if xs.size > 1 else 0.0
         object.__setattr__(self, "_tail_slope", float(slope))
-        object.__setattr__(self, "_by_batch", ())
-        by_batch = self.decode_s(np.arange(2 * self.max_batch + 1))
+        by_batch = self._batch_latency(np.arange(2 * self.max_batch + 1, dtype=float))
         object.__setattr__(self, "_by_batch", tuple(by_batch.tolist()))
 
     @overload
@@ -162,11 +161,20 @@ class LatencyProfile:
         b = np.asarray(batch_size, dtype=float)
         if np.any(b < 0):
             raise ValueError(f"batch_size: must be >= 0, got {batch_size}")
-        lat = np.interp(b, self._xs, self._ys)
-        lat = np.where(b > self._xs[-1], self._ys[-1] + self._tail_slope * (b - self._xs[-1]), lat)
-        lat = lat + self.per_context_token_s * np.asarray(context_tokens, dtype=float)
+        lat = self._batch_latency(b) + self.per_context_token_s * np.asarray(
+            context_tokens, dtype=float
+        )
         lat = np.where(b > 0, lat, 0.0)
         return float(lat) if lat.ndim == 0 else lat
+
+    def _batch_latency(self, b: np.ndarray) -> np.ndarray:
+        """The table's latency at batch sizes ``b`` (no context term): linear between
+        points, flat below the first, along the last segment's slope beyond the last."""
+        lat = np.interp(b, self._xs, self._ys)
+        extended: np.ndarray = np.where(
+            b > self._xs[-1], self._ys[-1] + self._tail_slope * (b - self._xs[-1]), lat
+        )
+        return extended
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """Seconds that prefilling ``prompt_tokens`` tokens adds to an iteration (0 for none)."""
