@@ -171,6 +171,21 @@ def test_overdue_requests_go_first_oldest_first():
     assert overdue.size == 0 and others.tolist() == policy_order.tolist()
 
 
+def test_under_a_long_queue_a_request_is_overdue_only_past_twice_fcfs_wait():
+    """With 4 requests waiting and a reply ending every 10 s, FCFS would make a request
+    arriving now wait 40 s: within twice that the policy's order stands, past it the
+    oldest go first."""
+    guard = ReaderGuard(SMALL, overdue_after_ttfts=10.0)
+    table = RequestTable()
+    for key, arrival in (("young", 95.0), ("waited-50", 50.0), ("waited-81", 19.0), ("mid", 99.0)):
+        fresh(table, key, arrival=arrival)
+    policy_order = np.array([0, 3, 1, 2])
+    overdue, others = guard.overdue(table, policy_order, 100.0, room_wait_s=10.0)
+    assert overdue.tolist() == [2] and others.tolist() == [0, 3, 1]
+    overdue, _ = guard.overdue(table, policy_order, 100.0, room_wait_s=0.1)  # short queue
+    assert overdue.tolist() == [2, 1]
+
+
 def test_an_overdue_request_that_does_not_fit_holds_the_room_for_itself():
     """Overdue requests are admitted in line: smaller, fresher ones do not slip past an
     old long prompt and starve it."""
