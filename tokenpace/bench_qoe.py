@@ -70,6 +70,8 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     if cfg.get("overdue_after_ttfts") is not None:
         overdue = cfg["overdue_after_ttfts"]
         options["overdue_after_ttfts"] = None if overdue == "off" else float(overdue)
+    if cfg.get("overdue_after_fcfs_waits") is not None:
+        options["overdue_after_fcfs_waits"] = cfg["overdue_after_fcfs_waits"]
     result = simulate(
         workload,
         make_policy(policy_name, profile, **options),
@@ -565,6 +567,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="andes-tp: waiting requests past this many TTFTs go first, oldest first "
         "('off': the solver's order only; default: the policy's, 10)",
     )
+    parser.add_argument(
+        "--overdue-after-fcfs-waits",
+        type=float,
+        default=None,
+        help="andes-tp: ... and past this many times what FCFS would make a new request "
+        "wait (0: the TTFTs alone; default: the policy's, 2)",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="results/qoe")
 
@@ -582,6 +591,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
     if not rates or min(rates) <= 0:
         raise SystemExit("--rates: every rate must be > 0")
+    if args.overdue_after_fcfs_waits is not None and not args.overdue_after_fcfs_waits >= 0:
+        raise SystemExit(
+            f"--overdue-after-fcfs-waits: must be >= 0, got {args.overdue_after_fcfs_waits}"
+        )
     cfg = {
         "profile": args.profile,
         "kv_capacity_tokens": args.kv_tokens,
@@ -597,6 +610,7 @@ def run(args: argparse.Namespace) -> int:
         "preemption": args.preemption,
         "lend_after_s": args.lend_after_s,
         "overdue_after_ttfts": args.overdue_after_ttfts,
+        "overdue_after_fcfs_waits": args.overdue_after_fcfs_waits,
     }
     try:
         if args.tier_mix:

@@ -60,7 +60,7 @@ from qos.latency import LatencyProfile
 from qos.policy.base import Policy, pack_in_order
 from qos.policy.fair import TenantShares, pack_by_level
 from qos.policy.forecast import Forecast, QoEKind
-from qos.policy.reader import ReaderGuard
+from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 
 Objective = Literal["average", "max-min", "perfect"]
@@ -92,6 +92,7 @@ class Andes(Policy):
         wait_for_room: bool = False,
         reader_guard: bool = False,
         overdue_after_ttfts: float | None = 10.0,
+        overdue_after_fcfs_waits: float = OVERDUE_AFTER_FCFS_WAITS,
         lend_after_s: float | None = None,
     ) -> None:
         if objective not in ("average", "max-min", "perfect"):
@@ -123,6 +124,7 @@ class Andes(Policy):
             ReaderGuard(
                 profile,
                 overdue_after_ttfts=overdue_after_ttfts,
+                overdue_after_fcfs_waits=overdue_after_fcfs_waits,
                 lend_after_s=lend_after_s,
                 weights=fair_share_slack is not None,
             )

@@ -89,6 +89,7 @@ class ReaderGuard:
         *,
         margin_s: float | None = None,
         overdue_after_ttfts: float | None = 10.0,
+        overdue_after_fcfs_waits: float = OVERDUE_AFTER_FCFS_WAITS,
         lend_after_s: float | None = None,
         weights: bool = True,
     ) -> None:
@@ -96,12 +97,16 @@ class ReaderGuard:
             raise ValueError(f"margin_s: must be > 0 seconds, got {margin_s}")
         if overdue_after_ttfts is not None and not overdue_after_ttfts > 0:
             raise ValueError(f"overdue_after_ttfts: must be > 0 (TTFTs), got {overdue_after_ttfts}")
+        if not overdue_after_fcfs_waits >= 0:
+            waits = overdue_after_fcfs_waits
+            raise ValueError(f"overdue_after_fcfs_waits: must be >= 0 (FCFS waits), got {waits}")
         if lend_after_s is not None and not lend_after_s > 0:
             raise ValueError(f"lend_after_s: must be > 0 seconds, got {lend_after_s}")
         self.profile = profile
         self.fixed_margin = margin_s
         self.lend_after_s = lend_after_s
         self.overdue_after_ttfts = overdue_after_ttfts
+        self.overdue_after_fcfs_waits = overdue_after_fcfs_waits
         self.weights = weights  # False: tenants' weights ignored (every plan alike)
         self.recent = plans.RecentDemand()  # each tenant's recent requests (plans' headroom)
         self.reply_tokens: deque[int] = deque(maxlen=256)  # recent replies' lengths
@@ -257,7 +262,7 @@ class ReaderGuard:
         """``rows`` (all the requests waiting, in the policy's order) split into the
         overdue ones, oldest first, and the others, in the policy's order. A request is
         overdue once it has waited ``overdue_after_ttfts`` times its TTFT and
-        OVERDUE_AFTER_FCFS_WAITS times FCFS's wait now: the requests waiting times
+        ``overdue_after_fcfs_waits`` times FCFS's wait now: the requests waiting times
         ``room_wait_s``, the expected time until a running reply ends and admits one."""
         if self.overdue_after_ttfts is None or not rows.size:
             return rows[:0], rows
@@ -265,7 +270,7 @@ class ReaderGuard:
         fcfs_wait_s = rows.size * room_wait_s
         bound = np.maximum(
             self.overdue_after_ttfts * table.col("ttft")[rows],
-            OVERDUE_AFTER_FCFS_WAITS * fcfs_wait_s,
+            self.overdue_after_fcfs_waits * fcfs_wait_s,
         )
         late = now - arrival > bound
         oldest = rows[late][np.argsort(arrival[late], kind="stable")]

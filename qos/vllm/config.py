@@ -21,8 +21,9 @@ its settings from the engine's environment (defaults in brackets):
   units over weight) a tenant may run ahead before the weights act
   (:mod:`qos.policy.fair`; ``andes-tp``'s default 8,192 suits a GPU engine's output
   rate, a small engine needs less). ``TOKENPACE_OVERDUE_AFTER_TTFTS``: a waiting request
-  that has waited this many times its TTFT is overdue and admitted in line, oldest
-  first (:mod:`qos.policy.reader`; ``andes-tp``'s default 10), or ``off``.
+  that has waited this many times its TTFT (and, under sustained overload, twice what
+  FCFS would make a new request wait) is overdue and admitted in line, oldest first
+  (:mod:`qos.policy.reader`; ``andes-tp``'s default 10), or ``off``.
 - ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.05];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is

@@ -184,6 +184,9 @@ def test_under_a_long_queue_a_request_is_overdue_only_past_twice_fcfs_wait():
     assert overdue.tolist() == [2] and others.tolist() == [0, 3, 1]
     overdue, _ = guard.overdue(table, policy_order, 100.0, room_wait_s=0.1)  # short queue
     assert overdue.tolist() == [2, 1]
+    ttfts_only = ReaderGuard(SMALL, overdue_after_ttfts=10.0, overdue_after_fcfs_waits=0.0)
+    overdue, _ = ttfts_only.overdue(table, policy_order, 100.0, room_wait_s=10.0)
+    assert overdue.tolist() == [2, 1]
 
 
 def test_an_overdue_request_that_does_not_fit_holds_the_room_for_itself():
@@ -205,6 +208,8 @@ def test_bad_options_are_refused_naming_the_option():
         ReaderGuard(SMALL, margin_s=0.0)
     with pytest.raises(ValueError, match="overdue_after_ttfts"):
         ReaderGuard(SMALL, overdue_after_ttfts=-1.0)
+    with pytest.raises(ValueError, match="overdue_after_fcfs_waits"):
+        ReaderGuard(SMALL, overdue_after_fcfs_waits=-0.5)
     with pytest.raises(ValueError, match="lend_after_s"):
         ReaderGuard(SMALL, lend_after_s=0.0)
 
