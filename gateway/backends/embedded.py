@@ -88,7 +88,7 @@ class EmbeddedOptions(BaseModel):
     overdue_after_ttfts: float | None = Field(
         None,
         gt=0,
-        description="the reader guard's overdue bound, in TTFTs; default the policy's (10)",
+        description="the reader guard's least overdue wait, in TTFTs; default the policy's (10)",
     )
     kv_tokens: int | None = Field(None, ge=1, description="KV cache M; default the profile's")
     max_batch: int | None = Field(None, ge=1, description="batch limit; default the profile's")

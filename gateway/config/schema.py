@@ -34,7 +34,7 @@ CUSTOM_TIER = "custom"
 BACKEND_KINDS = ("embedded", "http")  # gateway.backends.kinds builds each
 OVERLOAD_AFTER_TTFTS = 10.0
 """A request that waits this many TTFTs for an engine is overloaded (unless its tier says
-otherwise): the multiple after which the engines' reader guard admits a waiting request
+otherwise): the least wait after which the engines' reader guard admits a waiting request
 as overdue (``qos.policy.reader.ReaderGuard``'s ``overdue_after_ttfts``)."""
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
