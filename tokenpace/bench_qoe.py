@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -591,10 +592,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
     if not rates or min(rates) <= 0:
         raise SystemExit("--rates: every rate must be > 0")
-    if args.overdue_after_fcfs_waits is not None and not args.overdue_after_fcfs_waits >= 0:
-        raise SystemExit(
-            f"--overdue-after-fcfs-waits: must be >= 0, got {args.overdue_after_fcfs_waits}"
-        )
+    waits = args.overdue_after_fcfs_waits
+    if waits is not None and not 0 <= waits < math.inf:
+        raise SystemExit(f"--overdue-after-fcfs-waits: must be a finite number >= 0, got {waits}")
     cfg = {
         "profile": args.profile,
         "kv_capacity_tokens": args.kv_tokens,

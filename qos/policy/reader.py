@@ -53,6 +53,7 @@ derives this and docs/benchmarks.md measures it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import NamedTuple
 
@@ -97,9 +98,9 @@ class ReaderGuard:
             raise ValueError(f"margin_s: must be > 0 seconds, got {margin_s}")
         if overdue_after_ttfts is not None and not overdue_after_ttfts > 0:
             raise ValueError(f"overdue_after_ttfts: must be > 0 (TTFTs), got {overdue_after_ttfts}")
-        if not overdue_after_fcfs_waits >= 0:
+        if not 0 <= overdue_after_fcfs_waits < math.inf:
             waits = overdue_after_fcfs_waits
-            raise ValueError(f"overdue_after_fcfs_waits: must be >= 0 (FCFS waits), got {waits}")
+            raise ValueError(f"overdue_after_fcfs_waits: must be finite, >= 0, got {waits}")
         if lend_after_s is not None and not lend_after_s > 0:
             raise ValueError(f"lend_after_s: must be > 0 seconds, got {lend_after_s}")
         self.profile = profile

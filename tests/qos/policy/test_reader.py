@@ -210,6 +210,8 @@ def test_bad_options_are_refused_naming_the_option():
         ReaderGuard(SMALL, overdue_after_ttfts=-1.0)
     with pytest.raises(ValueError, match="overdue_after_fcfs_waits"):
         ReaderGuard(SMALL, overdue_after_fcfs_waits=-0.5)
+    with pytest.raises(ValueError, match="overdue_after_fcfs_waits"):
+        ReaderGuard(SMALL, overdue_after_fcfs_waits=float("inf"))
     with pytest.raises(ValueError, match="lend_after_s"):
         ReaderGuard(SMALL, lend_after_s=0.0)
 
