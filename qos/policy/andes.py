@@ -229,9 +229,11 @@ class Andes(Policy):
                 table, capacity, demand, order, now, tau, 1.0, reply_s=self.horizon_s
             )
         self.solves += 1
-        chosen = self._solve(table, capacity, demand, now)
         if self.guard is not None:
+            self._solve(table, capacity, demand, now, batch=False)
             return self._guarded(table, capacity, demand, now)
+        chosen = self._solve(table, capacity, demand, now)
+        assert chosen is not None
         if self.wait_for_room and self.preemption_budget > 0:  # else the cap keeps them all
             chosen = self._preempting_only_for_claims(table, capacity, demand, chosen)
         return self._cap_preemptions(table, capacity, demand, chosen)
@@ -335,8 +337,17 @@ class Andes(Policy):
         return self._decode[: b_max + 1]
 
     def _solve(
-        self, table: RequestTable, capacity: Capacity, demand: np.ndarray, now: float
-    ) -> np.ndarray:
+        self,
+        table: RequestTable,
+        capacity: Capacity,
+        demand: np.ndarray,
+        now: float,
+        *,
+        batch: bool = True,
+    ) -> np.ndarray | None:
+        """Eq. 4 by greedy packing at each candidate batch size: the best batch, its
+        order and priorities (Eq. 5). ``batch=False`` (the reader guard, which reads the
+        priorities only): with a single candidate size nothing is packed, None returned."""
         forecast = self.forecast(table, now)
         # Pack to the watermark: the headroom absorbs the batch's growth until the next
         # solve instead of forcing the engine to preempt.
@@ -365,6 +376,9 @@ class Andes(Policy):
             if self.preemption_cost:
                 gain = gain - self.stall_charge(forecast, gain, running)
             priority = gain / size
+            if not batch and len(sizes) == 1:
+                self._order, self._priority = None, priority
+                return None
             order: np.ndarray | None
             if self.solver is not None:
                 order = self.packing_order(table, priority)

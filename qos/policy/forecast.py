@@ -111,7 +111,7 @@ class _Scorer:
         self.expected = expected
         positive = expected > 0
         if kind == "andes":
-            self.inv = np.divide(1.0, expected, out=np.zeros(expected.shape), where=positive)
+            self.inv = 1.0 / np.where(positive, expected, np.inf)  # 0 where E = 0
             self.floor = 1.0 - positive  # lifts E = 0 rows to 1
             self.one = np.ones(expected.shape)
         else:

@@ -167,12 +167,14 @@ class ReaderGuard:
         whichever of them the slots go to (Wang et al., "Revisiting SLOs and System
         Level Metrics in LLM Serving" §4.3: the reader feels the longest wait)."""
         p, b = self.profile, capacity.max_batch
-        context = b * float(demand[committed].mean()) if committed.any() else 0.0
+        replies = _count(committed)
+        context = b * float(demand @ committed) / replies if replies else 0.0
         full = b / float(p.decode_s(b, context))
         share = 0.0
         if room_wait_s > 0 and waiting.size:
-            uncomputed = float((table.context - table.col("computed"))[waiting].mean())
-            prefill = p.prefill_base_s + p.prefill_per_token_s * uncomputed
+            uncomputed = table.context[waiting] - table.col("computed")[waiting]
+            prefill_tokens = float(uncomputed.sum()) / waiting.size
+            prefill = p.prefill_base_s + p.prefill_per_token_s * prefill_tokens
             share = min(prefill / room_wait_s, MAX_PREFILL_SHARE)
         return full * (1.0 - share)
 
@@ -405,6 +407,7 @@ class _Batch:
         self.slots = max_batch
         self.profile = profile
         self.keep = np.zeros(table.n, dtype=bool)
+        self.taken = 0  # rows in keep
         self.kv = 0
         self.tds = 0.0  # new readers' rate taken
         self.budget = np.inf
@@ -412,18 +415,18 @@ class _Batch:
 
     def take_in_line(self, order: np.ndarray, kv_tokens: int, tds: float = np.inf) -> bool:
         """Take the rows of ``order`` up to the first that does not fit; whether all did."""
-        slots = self.slots - _count(self.keep)
+        slots = self.slots - self.taken
         need = np.cumsum(self.demand[order])
         line = order[: min(int(np.searchsorted(need, kv_tokens, side="right")), max(slots, 0))]
-        before = _count(self.keep)
+        before = self.taken
         self.take(line, kv_tokens, tds)
-        return _count(self.keep) - before == order.size
+        return self.taken - before == order.size
 
     def take(self, order: np.ndarray, kv_tokens: int, tds: float = np.inf) -> None:
         """Take the rows of ``order`` that fit, in order, skipping the others; new
         readers only while their TDS, summed, stays within ``tds`` (the first that does
         not fit stops the new ones after it)."""
-        slots = self.slots - _count(self.keep)
+        slots = self.slots - self.taken
         if not order.size or kv_tokens <= 0 or slots <= 0:
             return
         taken = pack_in_order(order, self.demand, kv_tokens, slots, self.keep.size)
@@ -445,6 +448,7 @@ class _Batch:
                 self.budget -= p.prefill_per_token_s * float(spent.sum()) + p.prefill_base_s
                 self.prefilled = True
         self.keep[rows] = True
+        self.taken += rows.size
         self.kv += int(self.demand[rows].sum())
         self.tds += float(self.asks[rows].sum())
 
