@@ -88,6 +88,7 @@ FIGURES = (
     ("schedule_ms_per_step", "schedule ms/step", "{:.3f}"),
     ("step_ms", "step ms", "{:.2f}"),
     ("schedule_share", "schedule share", "{:.1%}"),
+    ("schedule_cpu_share", "schedule CPU share", "{:.1%}"),
 )
 
 

@@ -357,4 +357,7 @@ def summarize(results: Sequence[JobResult], stats: dict[str, Any]) -> dict[str, 
         "policy_ms_per_step": 1e3 * stats.get("policy_s", 0.0) / steps,
         "step_ms": 1e3 * step_s / steps,
         "schedule_share": stats.get("schedule_s", 0.0) / step_s if step_s else 0.0,
+        # the engine thread's own CPU time in schedule(): without what the API server,
+        # sharing the engine's CPU here (not on a GPU server), ran in the meantime
+        "schedule_cpu_share": stats.get("schedule_cpu_s", 0.0) / step_s if step_s else 0.0,
     }

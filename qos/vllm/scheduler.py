@@ -95,7 +95,9 @@ class TimedScheduler(Scheduler):
     Counters live in :attr:`stats`; with ``TOKENPACE_STATS_FILE`` set they are written
     there as JSON about once a second, whenever the engine falls idle, and at shutdown.
     A step's time is schedule() + model execution + update_from_output(), so idle waits
-    between requests never count.
+    between requests never count. Time inside schedule() is counted twice: wall-clock
+    (``schedule_s``), and the engine thread's own CPU time (``schedule_cpu_s``), which
+    leaves out what other processes sharing its CPU ran meanwhile.
     """
 
     running: list[Request]  # vLLM's running queue (declared: the scheduler reorders it)
@@ -108,6 +110,7 @@ class TimedScheduler(Scheduler):
             "vllm_policy": self.scheduler_config.policy,
             "steps": 0,  # steps that scheduled at least one token
             "schedule_s": 0.0,  # time inside schedule(), policy included
+            "schedule_cpu_s": 0.0,  # the engine thread's CPU time inside schedule()
             "model_s": 0.0,  # from the end of schedule() to update_from_output()
             "max_model_s": 0.0,  # the longest such step
             "update_s": 0.0,  # time inside update_from_output()
@@ -118,13 +121,14 @@ class TimedScheduler(Scheduler):
         self._last_write = 0.0
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         output = self._schedule_step(throttle_prefills)
-        self._schedule_end = time.perf_counter()
+        self._schedule_end, cpu_end = time.perf_counter(), time.thread_time()
         if output.total_num_scheduled_tokens > 0:
             stats = self.stats
             stats["steps"] += 1
             stats["schedule_s"] += self._schedule_end - start
+            stats["schedule_cpu_s"] += cpu_end - cpu_start
             stats["preemptions"] += len(output.preempted_req_ids or ())
             stats["scheduled_tokens"] += output.total_num_scheduled_tokens
         return output
@@ -213,6 +217,7 @@ class AndesScheduler(TimedScheduler):
         self.stats.update(
             policy=self.qos_policy.name,
             policy_s=0.0,
+            policy_cpu_s=0.0,
             decisions=0,
             policy_preemptions=0,
             pauses=0,
@@ -321,9 +326,10 @@ class AndesScheduler(TimedScheduler):
     def _decide(self, now: float) -> int:
         """Ask the policy; preempt the running requests it dropped (how many it preempted)."""
         table = self.table
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         run = self.qos_policy.schedule(table, self.capacity, now)
         self.stats["policy_s"] += time.perf_counter() - start
+        self.stats["policy_cpu_s"] += time.thread_time() - cpu_start
         self.stats["decisions"] += 1
         self._decided_at, self._dirty = now, False
         rows = np.flatnonzero(run).tolist()

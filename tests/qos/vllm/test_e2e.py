@@ -115,6 +115,9 @@ def test_plugin_beats_stock_fcfs_through_the_gateway(tmp_path: Path) -> None:
     assert plugin["scheduler"] == "AndesScheduler" and plugin["policy"] == "andes"
     assert plugin["decisions"] > 0 and plugin["pauses"] > 0, plugin
     assert stats["fcfs"]["scheduler"] == "TimedScheduler"
+    for timed in stats.values():  # the engine thread's CPU time is within the wall-clock
+        assert 0 < timed["schedule_cpu_s"] <= timed["schedule_s"] + 0.01, timed
+    assert 0 < plugin["policy_cpu_s"] <= plugin["policy_s"] + 0.01, plugin
 
     qoe = {mode: sum(r.qoe for r in runs) / len(runs) for mode, runs in results.items()}
     chat_ttft = {
