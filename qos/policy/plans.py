@@ -23,9 +23,10 @@ split each (``room`` C below is one of them; ``need`` what a request takes of it
   will hold, at the pace it has been sending (Little's law over :class:`RecentDemand`),
   beyond what they hold now, plus one request's worth, within its guarantee. Under
   sustained overload (requests overdue, :class:`~qos.policy.reader.ReaderGuard`) it
-  also leaves free the KV the replies on borrowed room (:func:`beyond_guarantee`) will
-  still grow by, each to the mean length of recent replies: they grow a token an
-  iteration, and would otherwise fill the headroom they were admitted beside.
+  also leaves free the most KV the replies on borrowed room (:func:`beyond_guarantee`)
+  will hold beyond what they hold now (:func:`peak_growth`), each growing to the mean
+  length of recent replies and then ending: they grow a token an iteration, and would
+  otherwise fill the headroom they were admitted beside.
 
 What a plan guarantees: a tenant whose replies need at most g_f of the cache and of the
 readers' rate is admitted ahead of every borrower, whatever the others send, and finds
@@ -197,6 +198,23 @@ def headroom(
     coming = np.maximum(demand.held - took, 0.0) + demand.unit
     keep = np.minimum(np.maximum(guarantee - took, 0.0), coming)
     return float(keep.sum())
+
+
+def peak_growth(context: np.ndarray, left: np.ndarray) -> float:
+    """The most KV tokens a set of replies will hold beyond what they hold now, when
+    each grows a token an iteration for ``left`` more tokens and then ends, freeing its
+    ``context`` (prompt and tokens so far) and what it grew.
+
+    With the replies by ``left`` ascending, r_1 ≤ … ≤ r_m: just before the k-th ends,
+    the m - k + 1 still running have each grown by r_k and the k - 1 ended have freed
+    their context, so the set holds (m - k + 1)·r_k - Σ_{j<k} context_j more; the peak
+    is the largest of these (0 if none is positive). Σ left, every reply growing and
+    none ending, bounds it from above.
+    """
+    order = np.argsort(left, kind="stable")
+    r, freed = left[order], np.cumsum(context[order]) - context[order]
+    rise = (r.size - np.arange(r.size)) * r - freed
+    return max(float(rise.max()), 0.0) if rise.size else 0.0
 
 
 def by_weight(table: RequestTable, rows: np.ndarray) -> np.ndarray:

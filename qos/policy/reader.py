@@ -338,12 +338,15 @@ class ReaderGuard:
         ]
 
     def _growth_left(self, table: RequestTable, rows: np.ndarray) -> float:
-        """KV tokens the replies of mask ``rows`` will still grow by, each to the mean
-        length of the recent replies."""
+        """The most KV tokens the replies of mask ``rows`` will hold beyond what they
+        hold now (:func:`~qos.policy.plans.peak_growth`), each growing to the mean length
+        of the recent replies and ending there; one already past it holds what it has."""
         if not self.reply_tokens:
             return 0.0
         mean = sum(self.reply_tokens) / len(self.reply_tokens)
-        return float(np.maximum(mean - table.col("output")[rows], 0.0).sum())
+        left = mean - table.col("output")[rows]
+        growing = left > 0
+        return plans.peak_growth(table.context[rows][growing], left[growing])
 
     @staticmethod
     def _admit(batch: _Batch, lines: list[_Line], kv_tokens: int, rate: float) -> None:
