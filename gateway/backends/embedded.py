@@ -90,6 +90,12 @@ class EmbeddedOptions(BaseModel):
         gt=0,
         description="the reader guard's least overdue wait, in TTFTs; default the policy's (10)",
     )
+    overdue_after_fcfs_waits: float | None = Field(
+        None,
+        ge=0,
+        description="... and, in multiples of FCFS's wait now, under sustained overload; "
+        "0: the TTFTs alone; default the policy's (2)",
+    )
     kv_tokens: int | None = Field(None, ge=1, description="KV cache M; default the profile's")
     max_batch: int | None = Field(None, ge=1, description="batch limit; default the profile's")
     block_size: int = Field(16, ge=1, description="KV block size in tokens")
@@ -230,6 +236,7 @@ class EmbeddedEngine(InProcessBackend):
         self.profile = profile
         chosen = {"fair_share_slack": opts.fair_share_slack}
         chosen["overdue_after_ttfts"] = opts.overdue_after_ttfts
+        chosen["overdue_after_fcfs_waits"] = opts.overdue_after_fcfs_waits
         options = {k: v for k, v in chosen.items() if v is not None}
         self.engine = Engine(
             make_policy(opts.policy, profile, **options),

@@ -21,9 +21,10 @@ its settings from the engine's environment (defaults in brackets):
   units over weight) a tenant may run ahead before the weights act
   (:mod:`qos.policy.fair`; ``andes-tp``'s default 8,192 suits a GPU engine's output
   rate, a small engine needs less). ``TOKENPACE_OVERDUE_AFTER_TTFTS``: a waiting request
-  that has waited this many times its TTFT (and, under sustained overload, twice what
-  FCFS would make a new request wait) is overdue and admitted in line, oldest first
-  (:mod:`qos.policy.reader`; ``andes-tp``'s default 10), or ``off``.
+  that has waited this many times its TTFT (and, under sustained overload,
+  ``TOKENPACE_OVERDUE_AFTER_FCFS_WAITS`` times what FCFS would make a new request wait;
+  ``andes-tp``'s default 2, 0 for the TTFT bound alone) is overdue and admitted in line,
+  oldest first (:mod:`qos.policy.reader`; ``andes-tp``'s default 10), or ``off``.
 - ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.05];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is
@@ -79,6 +80,7 @@ class PluginConfig:
     horizon_s: float | None = None
     fair_share_slack: float | None = None
     overdue_after_ttfts: float | None = None  # None: the policy's default; inf: off
+    overdue_after_fcfs_waits: float | None = None  # None: the policy's default
     decision_interval_s: float = 0.05
     pause: bool = True
     defaults: RequestTags = field(default_factory=RequestTags)
@@ -150,6 +152,14 @@ class PluginConfig:
                 raise ValueError(
                     f"TOKENPACE_OVERDUE_AFTER_TTFTS: must be > 0 (TTFTs) or off, got {raw!r}"
                 )
+        waits = None
+        if env.get("TOKENPACE_OVERDUE_AFTER_FCFS_WAITS"):
+            waits = _number(env, "TOKENPACE_OVERDUE_AFTER_FCFS_WAITS", 0.0)
+            if waits < 0:
+                raise ValueError(
+                    f"TOKENPACE_OVERDUE_AFTER_FCFS_WAITS: must be >= 0 (0: the TTFT bound "
+                    f"alone), got {waits}"
+                )
         interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
         if interval < 0:
             raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
@@ -166,6 +176,7 @@ class PluginConfig:
             horizon_s=horizon,
             fair_share_slack=slack,
             overdue_after_ttfts=overdue,
+            overdue_after_fcfs_waits=waits,
             decision_interval_s=interval,
             pause=_FLAGS[pause],
             defaults=defaults,
@@ -182,6 +193,7 @@ class PluginConfig:
             "preemption_cap": self.preemption_cap,
             "preemption_cost": self.preemption_cost,
             "fair_share_slack": self.fair_share_slack,
+            "overdue_after_fcfs_waits": self.overdue_after_fcfs_waits,
         }
         chosen: dict[str, str | float | None] = {k: v for k, v in options.items() if v is not None}
         if self.overdue_after_ttfts is not None:

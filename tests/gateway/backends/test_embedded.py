@@ -354,12 +354,21 @@ async def test_shutdown_ends_live_streams_and_the_engine_task():
     assert not [t for t in asyncio.all_tasks() if t.get_name() == "tokenpace-embedded-embedded"]
 
 
+async def test_overdue_options_reach_the_reader_guard():
+    guard = EmbeddedEngine().engine.policy.guard
+    assert (guard.overdue_after_ttfts, guard.overdue_after_fcfs_waits) == (10.0, 2.0)
+    options = {"overdue_after_ttfts": 30, "overdue_after_fcfs_waits": 0}
+    guard = EmbeddedEngine(**options).engine.policy.guard
+    assert (guard.overdue_after_ttfts, guard.overdue_after_fcfs_waits) == (30.0, 0.0)
+
+
 async def test_bad_options_name_the_key(tmp_path: Path):
     entry = {"name": "sim", "kind": "embedded", "models": [DEMO_MODEL]}
     for options, where in (
         ({"profile": "gpt-9"}, "backends[sim].options.profile: unknown latency profile"),
         ({"polcy": "andes"}, "backends[sim].options.polcy: unknown key"),
         ({"kv_tokens": 8}, "backends[sim].options: kv_tokens"),
+        ({"overdue_after_fcfs_waits": -1}, "backends[sim].options.overdue_after_fcfs_waits"),
     ):
         with pytest.raises(ConfigError) as err:
             build_backends(make_config([{**entry, "options": options}]))

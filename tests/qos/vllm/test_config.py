@@ -110,6 +110,9 @@ def test_overdue_bound_reaches_the_reader_guard() -> None:
     assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_ttfts == 30.0
     env = {"TOKENPACE_OVERDUE_AFTER_TTFTS": "off"}
     assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_ttfts is None
+    assert guard.overdue_after_fcfs_waits == 2.0
+    env = {"TOKENPACE_OVERDUE_AFTER_FCFS_WAITS": "0"}
+    assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_fcfs_waits == 0
 
 
 @pytest.mark.parametrize(
@@ -118,6 +121,8 @@ def test_overdue_bound_reaches_the_reader_guard() -> None:
         ({"TOKENPACE_POLICY": "lifo"}, "TOKENPACE_POLICY"),
         ({"TOKENPACE_OVERDUE_AFTER_TTFTS": "0"}, "TOKENPACE_OVERDUE_AFTER_TTFTS"),
         ({"TOKENPACE_OVERDUE_AFTER_TTFTS": "soon"}, "TOKENPACE_OVERDUE_AFTER_TTFTS"),
+        ({"TOKENPACE_OVERDUE_AFTER_FCFS_WAITS": "-1"}, "TOKENPACE_OVERDUE_AFTER_FCFS_WAITS"),
+        ({"TOKENPACE_OVERDUE_AFTER_FCFS_WAITS": "inf"}, "TOKENPACE_OVERDUE_AFTER_FCFS_WAITS"),
         ({"TOKENPACE_OBJECTIVE": "best"}, "TOKENPACE_OBJECTIVE"),
         ({"TOKENPACE_PROFILE": "a100"}, "TOKENPACE_PROFILE"),
         ({"TOKENPACE_KV_WATERMARK": "1.5"}, "TOKENPACE_KV_WATERMARK"),
