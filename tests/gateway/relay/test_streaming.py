@@ -57,6 +57,10 @@ async def test_failover_before_first_byte(mode):
             [backend_entry(bad, "bad"), backend_entry(good, "good")], timeouts=timeouts
         )
         async with gateway(config) as gw:
+            # both up, as their /health says: a start-up check that a loaded machine slowed
+            # past its 0.5 s timeout must not decide which one is tried first
+            for state in gw.state.router.states:
+                state.healthy = True
             resp, lines = await stream_chat(gw)
             assert resp.status_code == 200
             events = data_events(lines)
