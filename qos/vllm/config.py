@@ -123,25 +123,14 @@ class PluginConfig:
             watermark = _number(env, "TOKENPACE_KV_WATERMARK", 0.0)
             if not 0 < watermark <= 1:
                 raise ValueError(f"TOKENPACE_KV_WATERMARK: must be in (0, 1], got {watermark}")
-        cap = cost = None
-        if env.get("TOKENPACE_PREEMPTION_CAP"):
-            cap = _number(env, "TOKENPACE_PREEMPTION_CAP", 0.0)
-            if cap < 0:
-                raise ValueError(f"TOKENPACE_PREEMPTION_CAP: must be >= 0, got {cap}")
-        if env.get("TOKENPACE_PREEMPTION_COST"):
-            cost = _number(env, "TOKENPACE_PREEMPTION_COST", 0.0)
-            if cost < 0:
-                raise ValueError(f"TOKENPACE_PREEMPTION_COST: must be >= 0, got {cost}")
+        cap = _optional_non_negative(env, "TOKENPACE_PREEMPTION_CAP")
+        cost = _optional_non_negative(env, "TOKENPACE_PREEMPTION_COST")
         horizon = None
         if env.get("TOKENPACE_HORIZON_S"):
             horizon = _number(env, "TOKENPACE_HORIZON_S", 0.0)
             if horizon <= 0:
                 raise ValueError(f"TOKENPACE_HORIZON_S: must be > 0 seconds, got {horizon}")
-        slack = None
-        if env.get("TOKENPACE_FAIR_SHARE_SLACK"):
-            slack = _number(env, "TOKENPACE_FAIR_SHARE_SLACK", 0.0)
-            if slack < 0:
-                raise ValueError(f"TOKENPACE_FAIR_SHARE_SLACK: must be >= 0, got {slack}")
+        slack = _optional_non_negative(env, "TOKENPACE_FAIR_SHARE_SLACK")
         overdue = None
         raw = env.get("TOKENPACE_OVERDUE_AFTER_TTFTS", "").strip().lower()
         if raw == "off":
@@ -152,14 +141,9 @@ class PluginConfig:
                 raise ValueError(
                     f"TOKENPACE_OVERDUE_AFTER_TTFTS: must be > 0 (TTFTs) or off, got {raw!r}"
                 )
-        waits = None
-        if env.get("TOKENPACE_OVERDUE_AFTER_FCFS_WAITS"):
-            waits = _number(env, "TOKENPACE_OVERDUE_AFTER_FCFS_WAITS", 0.0)
-            if waits < 0:
-                raise ValueError(
-                    f"TOKENPACE_OVERDUE_AFTER_FCFS_WAITS: must be >= 0 (0: the TTFT bound "
-                    f"alone), got {waits}"
-                )
+        waits = _optional_non_negative(
+            env, "TOKENPACE_OVERDUE_AFTER_FCFS_WAITS", " (0: the TTFT bound alone)"
+        )
         interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
         if interval < 0:
             raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
@@ -200,6 +184,16 @@ class PluginConfig:
             off = math.isinf(self.overdue_after_ttfts)
             chosen["overdue_after_ttfts"] = None if off else self.overdue_after_ttfts
         return make_policy(self.policy, profile, **chosen)
+
+
+def _optional_non_negative(env: Mapping[str, str], name: str, hint: str = "") -> float | None:
+    """The number in ``name``, None when unset; a ValueError naming it when negative."""
+    if not env.get(name):
+        return None
+    value = _number(env, name, 0.0)
+    if value < 0:
+        raise ValueError(f"{name}: must be >= 0{hint}, got {value}")
+    return value
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:
