@@ -25,10 +25,14 @@ its settings from the engine's environment (defaults in brackets):
   ``TOKENPACE_OVERDUE_AFTER_FCFS_WAITS`` times what FCFS would make a new request wait;
   ``andes-tp``'s default 2, 0 for the TTFT bound alone) is overdue and admitted in line,
   oldest first (:mod:`qos.policy.reader`; ``andes-tp``'s default 10), or ``off``.
-- ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.05];
+- ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.1];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is
-  preempted and only the requests it chose may be admitted.
+  preempted and only the requests it chose may be admitted. The reader guard's margin
+  includes it (:meth:`qos.policy.reader.ReaderGuard.margin_s`), so a longer interval
+  costs no freeze, only earlier resumptions; 0.1 s is under half a chat reader's token
+  (1/4.8 s) and keeps the decisions' cost within 5 % of a CPU engine's step
+  (docs/benchmarks.md).
 - ``TOKENPACE_PAUSE``: ``1`` (default) or ``0``. With 1, a running request the policy
   drops is *paused*: it keeps its KV blocks and simply is not scheduled, and resumes
   where it stopped, as long as the cache has room for the requests the policy runs (the
@@ -81,7 +85,7 @@ class PluginConfig:
     fair_share_slack: float | None = None
     overdue_after_ttfts: float | None = None  # None: the policy's default; inf: off
     overdue_after_fcfs_waits: float | None = None  # None: the policy's default
-    decision_interval_s: float = 0.05
+    decision_interval_s: float = 0.1
     pause: bool = True
     defaults: RequestTags = field(default_factory=RequestTags)
     stats_file: str | None = None

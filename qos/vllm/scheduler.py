@@ -14,7 +14,7 @@ those mechanisms get to work on. Each iteration:
    :mod:`qos.vllm.config`) returns the mask of rows to run, on a
    :class:`~qos.policy.table.Capacity` of the engine's real KV blocks and
    ``max_num_seqs``. At most one decision per ``TOKENPACE_DECISION_INTERVAL_S``
-   (0.05 s), sooner when a request arrives or leaves or vLLM preempted on its own; in
+   (0.1 s), sooner when a request arrives or leaves or vLLM preempted on its own; in
    between the last decision stands.
 3. **Pause or preempt.** Running requests outside the mask stop being scheduled. With
    ``TOKENPACE_PAUSE`` on (the default) they are *paused*: they keep their KV blocks
