@@ -26,13 +26,18 @@ split each (``room`` C below is one of them; ``need`` what a request takes of it
   also leaves free the most KV the replies on borrowed room (:func:`beyond_guarantee`)
   will hold beyond what they hold now (:func:`peak_growth`), each growing to the mean
   length of recent replies and then ending: they grow a token an iteration, and would
-  otherwise fill the headroom they were admitted beside.
+  otherwise fill the headroom they were admitted beside;
+- where pausing keeps the KV, a request within its guarantee that has waited half its
+  TTFT takes the KV of borrowed replies back (:func:`reclaimable`): paused ones whose
+  readers have enough to read to wait for a recompute, never below their tenant's own
+  guarantee. The engine drops that KV and recomputes them when their readers need them.
 
 What a plan guarantees: a tenant whose replies need at most g_f of the cache and of the
 readers' rate is admitted ahead of every borrower, whatever the others send, and finds
-its next request's room kept free. A started reply is never taken away (no reply freezes
-to make room), so a request of a tenant that has sent nothing for ``PLAN_MEMORY_S``, or
-sends faster than before, may wait for the next replies to end. When there is room for
+its next request's room kept free, or takes it back from the borrowers' paused replies.
+No reply freezes to make room, so a request of a tenant that has sent nothing for
+``PLAN_MEMORY_S``, or sends faster than before, may still wait for the next replies to
+end where the borrowers' readers have little left to read. When there is room for
 everyone, every request is within its share and borrowing leaves room for all: the
 order is the unweighted one. Beyond the plans the shortfall lands on the lower weights
 first. With one tenant or equal weights the rule is skipped and the decisions are
@@ -173,6 +178,23 @@ def beyond_guarantee(
     hold = _per_tenant(table, committed, need, guarantee.size)
     beyond: np.ndarray = hold[tenant] > guarantee[tenant] + 1e-9
     return beyond
+
+
+def reclaimable(
+    table: RequestTable,
+    committed: np.ndarray,
+    lenders: np.ndarray,
+    need: np.ndarray,
+    guarantee: np.ndarray,
+) -> float:
+    """How much of one resource (``need`` per row) a request within its guarantee may
+    take back from the replies of mask ``lenders`` (on borrowed room, able to give it
+    back): per tenant, what its lenders hold, at most what its ``committed`` replies
+    hold beyond its guarantee, so no tenant is taken below its own guarantee."""
+    count = guarantee.size
+    beyond = _per_tenant(table, committed, need, count) - guarantee
+    lent = np.minimum(_per_tenant(table, lenders, need, count), np.maximum(beyond, 0.0))
+    return float(lent.sum())
 
 
 def headroom(

@@ -30,7 +30,10 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
 3. **The shortfall lands before the first token.** A request with no token yet is
    admitted only into the room left once every committed reply (started, or running)
    has its KV counted, parked ones included, and what the running ones grow by until
-   the next of them ends, so a reply that gave way can always come back; and only
+   the next of them ends, so a reply that gave way can always come back (one
+   exception, under price plans: a request within its plan's guarantee may take back
+   the KV of paused replies on borrowed room whose readers can wait for a recompute,
+   :mod:`qos.policy.plans`; they come back when due, as rule 1 says); and only
    while the committed replies' readers, with it, ask no more tokens a second than the
    engine decodes at its full batch, less the share of time admissions' prefills take
    (:meth:`ReaderGuard.reader_rate`): past that, the batch cannot pace every reader
@@ -75,6 +78,17 @@ each admitted as a running reply ends): before that, the policy's order may serv
 requests still within reach of their TTFT first without their idle latency exceeding
 FCFS's. The largest multiple measured (0.5, 1, 2, 4) that keeps user idle latency p99
 within FCFS's at every overloaded rate on both shipped profiles (docs/benchmarks.md)."""
+
+RECLAIM_AFTER_TTFTS = 0.5
+"""A request within its plan's guarantee takes back the KV of borrowed replies
+(:meth:`ReaderGuard._plans`) only once it has waited this many TTFTs: admitted then,
+its first token still comes within its TTFT (a prefill takes a fraction of one), and
+until then a running reply often ends and frees room for it, where every reclaim costs
+the lender a recompute (0.5 and 1 measured: docs/benchmarks.md, "Price plans")."""
+
+RECLAIM_SLACK_S = 1.0
+"""How much slack a borrowed reply must keep beyond its recompute and the margin to
+give its KV back: one that would be due within it is not worth the recompute."""
 
 MAX_PREFILL_SHARE = 0.5
 """The most of the engine's time the rate room sets aside for admissions' prefills (an
@@ -225,8 +239,23 @@ class ReaderGuard:
         rate = reader_rate - float(table.col("tds")[committed].sum())  # the rate room
         lines = [_Line(overdue, fresh)]
         if self.weights:
+            # replies that can give their KV back: paused with it kept, and with their
+            # recompute, the margin and RECLAIM_SLACK_S of slack to spare
+            p = self.profile
+            recompute = p.prefill_base_s + p.prefill_per_token_s * table.context
+            spare = slack - recompute > margin + RECLAIM_SLACK_S
+            lenders = started & ~must & (table.col("computed") > 0) & spare & capacity.pauses
             lines = self._plans(
-                table, overdue, fresh, committed, demand, watermark, reader_rate, now, reply_s
+                table,
+                overdue,
+                fresh,
+                committed,
+                demand,
+                watermark,
+                reader_rate,
+                now,
+                reply_s,
+                lenders,
             )
         reserved = committed
         if self.lend_after_s is not None:  # replies due later than that lend their KV
@@ -290,13 +319,18 @@ class ReaderGuard:
         reader_rate: float,
         now: float,
         reply_s: float,
+        lenders: np.ndarray,
     ) -> list[_Line]:
         """The waiting requests as lines of admission (:mod:`qos.policy.plans`): one
         line; or, when tenants' weights differ, three: the requests within their
         tenants' guarantees; those beyond them but within plan (borrowing what another
         tenant does not use); the rest, the higher weights first. The last two leave the
         tenants' headroom free. Each rule holds for both resources, the cache (``room``)
-        and the readers' rate (``reader_rate``, tokens a second)."""
+        and the readers' rate (``reader_rate``, tokens a second). Once a request within
+        its guarantee has waited RECLAIM_AFTER_TTFTS, the first line may also take the
+        KV of the replies of mask ``lenders`` that run on borrowed room
+        (:func:`~qos.policy.plans.reclaimable`): the engine drops it and they are
+        recomputed when due."""
         waiting = np.concatenate((overdue, fresh))
         present = committed.copy()
         present[waiting] = True
@@ -321,13 +355,18 @@ class ReaderGuard:
             plans.headroom(table, waiting, guaranteed, committed, need, guarantee, expected)
             for (need, _, expected), guarantee in zip(resources, guarantees, strict=True)
         )
+        borrowed = committed & plans.beyond_guarantee(table, committed, demand, guarantees[0])
         if overdue.size:  # sustained overload: borrowed replies must not grow into it
-            borrowed = committed & plans.beyond_guarantee(table, committed, demand, guarantees[0])
             spare_kv += self._growth_left(table, borrowed)
+        first = waiting[guaranteed]
+        waited = now - table.col("arrival")[first] >= RECLAIM_AFTER_TTFTS * table.col("ttft")[first]
+        reclaim = 0.0
+        if waited.any():
+            reclaim = plans.reclaimable(table, committed, lenders & borrowed, demand, guarantees[0])
         borrowing, beyond = within & ~guaranteed, ~within & ~guaranteed
         n = overdue.size
         return [
-            _Line(overdue[guaranteed[:n]], fresh[guaranteed[n:]]),
+            _Line(overdue[guaranteed[:n]], fresh[guaranteed[n:]], reclaim_kv=int(reclaim)),
             _Line(overdue[borrowing[:n]], fresh[borrowing[n:]], int(spare_kv), spare_tds),
             _Line(
                 plans.by_weight(table, overdue[beyond[:n]]),
@@ -357,7 +396,7 @@ class ReaderGuard:
         kv_start, tds_start = batch.kv, batch.tds
 
         def left(line: _Line) -> tuple[int, float]:
-            kv = kv_tokens - line.spare_kv - (batch.kv - kv_start)
+            kv = kv_tokens + line.reclaim_kv - line.spare_kv - (batch.kv - kv_start)
             return kv, rate - line.spare_tds - (batch.tds - tds_start)
 
         for line in lines:
@@ -383,12 +422,14 @@ class ReaderGuard:
 
 class _Line(NamedTuple):
     """A line of admission: its overdue requests (oldest first), its others (in the
-    policy's order), and what the line must leave free: KV tokens, readers' tokens/s."""
+    policy's order), what the line must leave free (KV tokens, readers' tokens/s) and
+    the KV it may take back from borrowed replies beyond the room left."""
 
     overdue: np.ndarray
     fresh: np.ndarray
     spare_kv: int = 0
     spare_tds: float = 0.0
+    reclaim_kv: int = 0
 
 
 class _Batch:

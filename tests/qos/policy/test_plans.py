@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from qos.latency import LatencyProfile
 from qos.policy import plans
 from qos.policy.andes import tokenpace_andes
-from qos.policy.table import RequestTable
+from qos.policy.table import Capacity, RequestTable
 from qos.sim.engine import SimResult, simulate
 from qos.sim.workload import SimRequest
 
@@ -127,14 +127,75 @@ def test_a_tenant_within_its_plan_is_served_whatever_a_flood_of_another_sends(pa
     blind = simulate(workload, tokenpace_andes(SMALL, fair_share_slack=None), SMALL, pause=pause)
     ent = {r.id: r for r in weighted.requests if r.tenant == "ent"}
     blind_ent = {r.id: r for r in blind.requests if r.tenant == "ent"}
-    # its first request after a quiet spell waits for the next replies to end (no room
-    # was kept for a tenant that sent nothing), less than without plans; the ones after
-    # it find the room its plan keeps, and are served within about a TTFT
+    # its first request after a quiet spell finds no room kept (its tenant sent
+    # nothing) and waits, less than without plans; where pausing keeps the KV (as the
+    # plugin runs it) it takes back borrowed KV after half its TTFT, and the ones
+    # after it find the room its plan keeps: each is served within about a TTFT
     assert ent["ent0"].actual_ttft < blind_ent["ent0"].actual_ttft
-    if pause:  # as the plugin runs it; without pausing, the replies' growth eats the room
-        assert ent["ent1"].actual_ttft < 1.5 and ent["ent2"].actual_ttft < 1.5
+    if pause:  # without pausing, the replies' growth eats the room
+        assert all(r.actual_ttft < 1.5 for r in ent.values())
     assert sum(r.andes_qoe for r in ent.values()) > sum(r.andes_qoe for r in blind_ent.values())
     assert all(r.freezes.count == 0 for r in weighted.requests)  # nobody pays with a freeze
+
+
+def borrowed_cache(*, waited: float, unread: int) -> tuple[bool, list[int]]:
+    """Weights 1 : 4 on SMALL's 1,500 KV tokens. The weight-1 tenant's three paused
+    replies hold 1,353, far beyond its guarantee (300), ``unread`` tokens ahead of their
+    readers each; a weight-4 request of 301, within its guarantee, arrived ``waited``
+    seconds ago (its TTFT is 1 s) and finds no room. Whether it runs now, and which rows
+    keep running or paused."""
+    now, table = 100.0, RequestTable()
+    policy = tokenpace_andes(SMALL, fair_share_slack=500.0)
+    paused = []
+    for i in range(3):
+        row = add(table, f"free{i}", "free", 1.0, 400)
+        policy.on_arrival(table, row, now - 10.0)
+        table.admit(row)
+        # 50 tokens, shown at 5 tokens/s from (unread - 50) / 5 s before now: the last of
+        # them, the unread-th from now, is shown (unread - 1) / 5 s from now
+        table.record_tokens(row, now + (unread - 50) / 5.0, 50)
+        table.pause(row, now - 0.5)
+        paused.append(row)
+    ent = table.add(
+        "ent", arrival=now - waited, prompt_tokens=300, ttft=1.0, tds=5.0, tenant="ent", weight=4.0
+    )
+    policy.on_arrival(table, ent, now - waited)
+    run = policy.schedule(table, Capacity(1_500, 8, pauses=True), now)
+    return bool(run[ent]), [int(r) for r in np.flatnonzero(run) if r != ent]
+
+
+@pytest.mark.parametrize(
+    ("waited", "unread", "takes_back"),
+    [(0.6, 50, True), (0.3, 50, False), (0.6, 4, False)],
+)
+def test_a_request_within_its_guarantee_takes_back_borrowed_kv_after_half_its_ttft(
+    waited, unread, takes_back
+):
+    """It runs once it has waited half its TTFT and the borrowed replies' readers have
+    10 s to read: one of them gives its slot and its KV (the engine drops it; it is
+    recomputed when due). It waits before that (a reply may end first; a reclaim costs
+    a recompute), and while their readers have under a second left, less than a
+    recompute, the margin and RECLAIM_SLACK_S."""
+    runs, others = borrowed_cache(waited=waited, unread=unread)
+    assert runs == takes_back
+    assert len(others) == (2 if takes_back else 3)
+
+
+def test_a_reclaim_never_takes_a_tenant_below_its_guarantee():
+    """Free holds 1,353 against a guarantee of 300: of its lenders' KV, at most the 1,053
+    beyond its guarantee is given back; a tenant within its guarantee gives nothing."""
+    table = RequestTable()
+    rows = []
+    for i, (tenant, weight) in enumerate([("free", 1.0)] * 3 + [("ent", 4.0)]):
+        row = add(table, f"r{i}", tenant, weight, 450)
+        table.admit(row)
+        rows.append(row)
+    committed = table.running.copy()
+    guarantee = np.array([300.0, 1_200.0])  # per tenant id: free, ent
+    lenders = committed.copy()
+    assert plans.reclaimable(table, committed, lenders, table.demand, guarantee) == 1_053.0
+    lenders[rows[:2]] = False  # one free reply of 451 can give back
+    assert plans.reclaimable(table, committed, lenders, table.demand, guarantee) == 451.0
 
 
 # One slot at 50 tokens/s (SMALL at B=1, plenty of cache): ten readers at 5 tokens/s.
