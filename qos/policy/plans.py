@@ -28,13 +28,14 @@ split each (``room`` C below is one of them; ``need`` what a request takes of it
   length of recent replies and then ending: they grow a token an iteration, and would
   otherwise fill the headroom they were admitted beside;
 - where pausing keeps the KV, a request within its guarantee that has waited half its
-  TTFT takes the KV of borrowed replies back (:func:`reclaimable`): paused ones whose
-  readers have enough to read to wait for a recompute, never below their tenant's own
-  guarantee. The engine drops that KV and recomputes them when their readers need them.
+  TTFT takes the KV of borrowed replies back (:func:`reclaimable`): those whose readers
+  have enough to read to wait for a recompute, never below their tenant's own
+  guarantee. They are paused, the engine drops their KV, and they are recomputed when
+  their readers need them.
 
 What a plan guarantees: a tenant whose replies need at most g_f of the cache and of the
 readers' rate is admitted ahead of every borrower, whatever the others send, and finds
-its next request's room kept free, or takes it back from the borrowers' paused replies.
+its next request's room kept free, or takes it back from the borrowers' replies.
 No reply freezes to make room, so a request of a tenant that has sent nothing for
 ``PLAN_MEMORY_S``, or sends faster than before, may still wait for the next replies to
 end where the borrowers' readers have little left to read. When there is room for

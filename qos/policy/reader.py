@@ -32,7 +32,7 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    has its KV counted, parked ones included, and what the running ones grow by until
    the next of them ends, so a reply that gave way can always come back (one
    exception, under price plans: a request within its plan's guarantee may take back
-   the KV of paused replies on borrowed room whose readers can wait for a recompute,
+   the KV of replies on borrowed room whose readers can wait for a recompute,
    :mod:`qos.policy.plans`; they come back when due, as rule 1 says); and only
    while the committed replies' readers, with it, ask no more tokens a second than the
    engine decodes at its full batch, less the share of time admissions' prefills take
@@ -239,8 +239,9 @@ class ReaderGuard:
         rate = reader_rate - float(table.col("tds")[committed].sum())  # the rate room
         lines = [_Line(overdue, fresh)]
         if self.weights:
-            # replies that can give their KV back: paused with it kept, and with their
-            # recompute, the margin and RECLAIM_SLACK_S of slack to spare
+            # replies that can give their KV back: started, with it in the cache (running,
+            # or paused with it kept), and their recompute, the margin and RECLAIM_SLACK_S
+            # of slack to spare
             p = self.profile
             recompute = p.prefill_base_s + p.prefill_per_token_s * table.context
             spare = slack - recompute > margin + RECLAIM_SLACK_S
