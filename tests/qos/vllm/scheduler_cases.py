@@ -421,3 +421,28 @@ def test_between_decisions_only_chosen_requests_are_admitted(vllm_config, monkey
         assert scheduled(out) <= chosen, step
     for rid, req in reqs.items():
         assert list(req.output_token_ids) == [11] * req.max_tokens, rid
+
+
+def test_a_request_within_its_plan_takes_back_a_borrowers_kv(vllm_config, monkeypatch):
+    """Price plans on vLLM's scheduler: a weight-1 tenant's four long replies fill the
+    cache, far beyond its guarantee, each far ahead of its slow reader. A weight-4
+    request arrives: within its guarantee, it waits half its TTFT, then takes back the
+    KV of a borrowed reply (preempted the vLLM way, recomputed later) rather than wait
+    for one to end; no borrowed reply freezes at its reader's pace, and all finish."""
+    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch)
+    first_token, times = first_tokens_and_times(scheduler, clock)
+    free = dict(tp_ttft=30.0, tp_tds=2.0, tp_tenant="free", tp_weight=1.0)
+    arrivals = [(0, request(f"free{i}", 40, 120, clock[0], **free)) for i in range(4)]
+    ent = dict(tp_ttft=1.0, tp_tds=4.8, tp_tenant="ent", tp_weight=4.0)
+    arrivals.append((30, request("ent", 24, 24, clock[0], **ent)))
+    _, reqs = run_workload(scheduler, clock, arrivals)
+    arrived = 1000.0 + 30 * STEP_S
+    last_free = max(times[f"free{i}"][-1] for i in range(4))
+    assert 0.5 <= first_token["ent"] - arrived <= 1.0, first_token["ent"] - arrived
+    assert first_token["ent"] < last_free - 1.0  # no borrowed reply had to end first
+    assert scheduler.stats["policy_preemptions"] > 0
+    for i in range(4):
+        shown = [t - 1000.0 for t in times[f"free{i}"]]
+        assert freezes(shown, 2.0).longest_s < 0.5, i
+    for rid, req in reqs.items():
+        assert list(req.output_token_ids) == [11] * req.max_tokens, rid
