@@ -84,7 +84,7 @@ RECLAIM_AFTER_TTFTS = 0.5
 (:meth:`ReaderGuard._plans`) only once it has waited this many TTFTs: admitted then,
 its first token still comes within its TTFT (a prefill takes a fraction of one), and
 until then a running reply often ends and frees room for it, where every reclaim costs
-the lender a recompute (0.5 and 1 measured: docs/benchmarks.md, "Price plans")."""
+the lender a recompute (0, 0.5 and 1 measured: docs/benchmarks.md, "Price plans")."""
 
 RECLAIM_SLACK_S = 1.0
 """How much slack a borrowed reply must keep beyond its recompute and the margin to
