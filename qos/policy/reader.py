@@ -217,10 +217,10 @@ class ReaderGuard:
         committed = started | running
         margin = self.margin_s(tau, capacity)
         slack = self.slack(table, now, tau)
+        p = self.profile
+        recompute = p.prefill_base_s + p.prefill_per_token_s * table.context  # KV lost
         must = started & (slack <= margin)
         if not capacity.pauses:  # a running reply left out would be recomputed first
-            p = self.profile
-            recompute = p.prefill_base_s + p.prefill_per_token_s * table.context
             must |= running & started & (slack - recompute <= margin)
         must |= running & ~started  # a prefill under way (the engine's own chunking)
         self.forced += _count(must & ~running)
@@ -239,13 +239,11 @@ class ReaderGuard:
         rate = reader_rate - float(table.col("tds")[committed].sum())  # the rate room
         lines = [_Line(overdue, fresh)]
         if self.weights:
-            # replies that can give their KV back: started, with it in the cache (running,
-            # or paused with it kept), and their recompute, the margin and RECLAIM_SLACK_S
-            # of slack to spare
-            p = self.profile
-            recompute = p.prefill_base_s + p.prefill_per_token_s * table.context
+            # replies that can give their KV back where pausing keeps it: started, with it
+            # in the cache, and their recompute, the margin and RECLAIM_SLACK_S of slack to
+            # spare (so none is due)
             spare = slack - recompute > margin + RECLAIM_SLACK_S
-            lenders = started & ~must & (table.col("computed") > 0) & spare & capacity.pauses
+            lenders = started & (table.col("computed") > 0) & spare & capacity.pauses
             lines = self._plans(
                 table,
                 overdue,

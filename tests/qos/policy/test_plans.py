@@ -146,7 +146,6 @@ def borrowed_cache(*, waited: float, unread: int) -> tuple[bool, list[int]]:
     keep running or paused."""
     now, table = 100.0, RequestTable()
     policy = tokenpace_andes(SMALL, fair_share_slack=500.0)
-    paused = []
     for i in range(3):
         row = add(table, f"free{i}", "free", 1.0, 400)
         policy.on_arrival(table, row, now - 10.0)
@@ -155,7 +154,6 @@ def borrowed_cache(*, waited: float, unread: int) -> tuple[bool, list[int]]:
         # them, the unread-th from now, is shown (unread - 1) / 5 s from now
         table.record_tokens(row, now + (unread - 50) / 5.0, 50)
         table.pause(row, now - 0.5)
-        paused.append(row)
     ent = table.add(
         "ent", arrival=now - waited, prompt_tokens=300, ttft=1.0, tds=5.0, tenant="ent", weight=4.0
     )
