@@ -149,9 +149,10 @@ def tenant_results(result: SimResult, weights: dict[str, float]) -> dict:
 
 
 def bench_profile(cfg: dict) -> LatencyProfile:
-    """The named profile, with the KV size and batch limit the run overrides (if any)."""
+    """The named profile, with the KV size, batch limit and swap cost the run overrides."""
     profile = get_profile(cfg["profile"])
-    overrides = {k: cfg[k] for k in ("kv_capacity_tokens", "max_batch") if cfg.get(k) is not None}
+    names = ("kv_capacity_tokens", "max_batch", "swap_per_token_s")
+    overrides = {k: cfg[k] for k in names if cfg.get(k) is not None}
     if not overrides:
         return profile
     suffix = ",".join(f"{k}={v}" for k, v in overrides.items())
@@ -524,6 +525,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-batch", type=int, default=None, help="override the profile's batch limit"
     )
+    parser.add_argument(
+        "--swap-s-per-token",
+        type=float,
+        default=None,
+        help="override the profile's swap cost: seconds per token, each way "
+        "(bench/kv_swap_cost.py measures it on a GPU)",
+    )
     parser.add_argument("--workload", choices=WORKLOADS, default="chat")
     parser.add_argument(
         "--tier-mix",
@@ -599,6 +607,7 @@ def run(args: argparse.Namespace) -> int:
         "profile": args.profile,
         "kv_capacity_tokens": args.kv_tokens,
         "max_batch": args.max_batch,
+        "swap_per_token_s": args.swap_s_per_token,
         "workload": args.workload,
         "arrivals": args.arrivals,
         "cv": args.cv,
@@ -625,7 +634,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         profile = bench_profile(cfg)
     except ValueError as exc:
-        raise SystemExit(f"--profile/--kv-tokens/--max-batch: {exc}") from None
+        raise SystemExit(f"--profile/--kv-tokens/--max-batch/--swap-s-per-token: {exc}") from None
     table_rate = args.table_rate if args.table_rate is not None else rates[len(rates) // 2]
     jobs = [(p, r, cfg) for r in reversed(rates) for p in policies]  # slowest first
     out_dir = Path(args.out)
