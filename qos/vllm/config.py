@@ -25,6 +25,14 @@ its settings from the engine's environment (defaults in brackets):
   ``TOKENPACE_OVERDUE_AFTER_FCFS_WAITS`` times what FCFS would make a new request wait;
   ``andes-tp``'s default 2, 0 for the TTFT bound alone) is overdue and admitted in line,
   oldest first (:mod:`qos.policy.reader`; ``andes-tp``'s default 10), or ``off``.
+- ``TOKENPACE_LEND_AFTER_S``: paused replies whose readers need nothing from them for
+  longer than this many seconds lend their KV to waiting requests: they are preempted
+  and brought back before their readers run dry (:mod:`qos.policy.reader`) [off]. Only
+  where vLLM offloads KV to host memory (``--kv-offloading-size``), so that a lender
+  comes back by a copy, not a recompute: without it every loan costs a prefill and
+  lending loses throughput. 30 s froze no reply over 2 s in the simulated sweeps; 10 s
+  over-commits the cache under sustained overload and freezes replies
+  (docs/benchmarks.md, "Lending paused replies' KV to host memory").
 - ``TOKENPACE_DECISION_INTERVAL_S``: least time between two policy decisions [0.1];
   a request arriving or leaving, or vLLM preempting on its own, forces a decision at the
   next step; 0 decides every step. In between, the last decision stands: nothing is
@@ -85,6 +93,7 @@ class PluginConfig:
     fair_share_slack: float | None = None
     overdue_after_ttfts: float | None = None  # None: the policy's default; inf: off
     overdue_after_fcfs_waits: float | None = None  # None: the policy's default
+    lend_after_s: float | None = None  # None: no lending
     decision_interval_s: float = 0.1
     pause: bool = True
     defaults: RequestTags = field(default_factory=RequestTags)
@@ -148,6 +157,11 @@ class PluginConfig:
         waits = _optional_non_negative(
             env, "TOKENPACE_OVERDUE_AFTER_FCFS_WAITS", " (0: the TTFT bound alone)"
         )
+        lend = None
+        if env.get("TOKENPACE_LEND_AFTER_S"):
+            lend = _number(env, "TOKENPACE_LEND_AFTER_S", 0.0)
+            if lend <= 0:
+                raise ValueError(f"TOKENPACE_LEND_AFTER_S: must be > 0 seconds, got {lend}")
         interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
         if interval < 0:
             raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
@@ -165,6 +179,7 @@ class PluginConfig:
             fair_share_slack=slack,
             overdue_after_ttfts=overdue,
             overdue_after_fcfs_waits=waits,
+            lend_after_s=lend,
             decision_interval_s=interval,
             pause=_FLAGS[pause],
             defaults=defaults,
@@ -182,6 +197,7 @@ class PluginConfig:
             "preemption_cost": self.preemption_cost,
             "fair_share_slack": self.fair_share_slack,
             "overdue_after_fcfs_waits": self.overdue_after_fcfs_waits,
+            "lend_after_s": self.lend_after_s,
         }
         chosen: dict[str, str | float | None] = {k: v for k, v in options.items() if v is not None}
         if self.overdue_after_ttfts is not None:

@@ -446,3 +446,23 @@ def test_a_request_within_its_plan_takes_back_a_borrowers_kv(vllm_config, monkey
         assert freezes(shown, 2.0).longest_s < 0.5, i
     for rid, req in reqs.items():
         assert list(req.output_token_ids) == [11] * req.max_tokens, rid
+
+
+def test_replies_far_ahead_of_their_readers_lend_their_kv(vllm_config, monkeypatch):
+    """With ``TOKENPACE_LEND_AFTER_S``, the full cache of the test above is lent: the four
+    relaxed replies, tens of seconds ahead of their readers, give their KV to the burst
+    (preempted the vLLM way; with KV offloading they come back by a copy) and come back
+    before their readers run dry, so the burst starts within its TTFT and nothing
+    freezes."""
+    monkeypatch.setenv("TOKENPACE_LEND_AFTER_S", "10")  # the replies are further ahead
+    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch)
+    first_token, times = first_tokens_and_times(scheduler, clock)
+    _, reqs = run_workload(scheduler, clock, contended_workload(clock[0]))
+    burst = 1000.0 + 30 * STEP_S
+    for i in range(4):
+        assert first_token[f"chat{i}"] - (burst + i * STEP_S) <= 0.5, i
+        relaxed = [t - 1000.0 for t in times[f"long{i}"]]
+        assert freezes(relaxed, 2.0).count == 0, i
+    assert scheduler.stats["policy_preemptions"] > 0
+    for rid, req in reqs.items():
+        assert list(req.output_token_ids) == [11] * req.max_tokens, rid

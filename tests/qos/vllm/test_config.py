@@ -115,6 +115,13 @@ def test_overdue_bound_reaches_the_reader_guard() -> None:
     assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_fcfs_waits == 0
 
 
+def test_lending_is_off_unless_asked_for() -> None:
+    profile = get_profile("llama-3.1-8b-h100")
+    assert PluginConfig.from_env({}).build_policy(profile).guard.lend_after_s is None
+    env = {"TOKENPACE_LEND_AFTER_S": "10"}
+    assert PluginConfig.from_env(env).build_policy(profile).guard.lend_after_s == 10.0
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -130,6 +137,8 @@ def test_overdue_bound_reaches_the_reader_guard() -> None:
         ({"TOKENPACE_PREEMPTION_CAP": "-1"}, "TOKENPACE_PREEMPTION_CAP"),
         ({"TOKENPACE_PREEMPTION_COST": "-1"}, "TOKENPACE_PREEMPTION_COST"),
         ({"TOKENPACE_HORIZON_S": "0"}, "TOKENPACE_HORIZON_S"),
+        ({"TOKENPACE_LEND_AFTER_S": "0"}, "TOKENPACE_LEND_AFTER_S"),
+        ({"TOKENPACE_LEND_AFTER_S": "later"}, "TOKENPACE_LEND_AFTER_S"),
         ({"TOKENPACE_PAUSE": "maybe"}, "TOKENPACE_PAUSE"),
         ({"TOKENPACE_DECISION_INTERVAL_S": "-0.1"}, "TOKENPACE_DECISION_INTERVAL_S"),
         ({"TOKENPACE_DEFAULT_TDS": "0"}, "TOKENPACE_DEFAULT"),
