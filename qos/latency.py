@@ -37,8 +37,8 @@ Two profiles ship in :data:`PROFILES`:
       output, §6.1) and a loaded iteration ~0.15 s, so 0.15 / 500 = 3e-4 s
       (an effective ~7.5 GB/s host link, plausible for vLLM 0.2.7's block-wise
       copies). A current stack moves the same KV far faster: each GPU's shard
-      (589,824 bytes a token) took 1.2e-5–1.4e-5 s/token each way over an H200's PCIe
-      Gen5 link in bulk (``bench/kv_swap_cost.py``); an A100's Gen4 link has half
+      (589,824 bytes a token) took 1.2e-5–1.4e-5 s/token each way over an H100's or
+      H200's PCIe Gen5 link in bulk (``bench/kv_swap_cost.py``); an A100's Gen4 link has half
       that bandwidth. ``tokenpace bench qoe --swap-s-per-token`` overrides the cost.
 
     With these numbers a rough FCFS simulation of 3000 ShareGPT-like requests
@@ -52,13 +52,13 @@ Two profiles ship in :data:`PROFILES`:
     80 GB × 0.9 − 16 GB weights = 56 GB over 2 × 32 layers × 8 KV heads × 128 dim
     × 2 bytes = 131,072 bytes per token (427,246, rounded down). Prefill
     4e-5 s/token: 2 × 8e9 FLOP at 40 % of 989 TFLOPS (measured 2.8e-5 for 16 prompts
-    of 512 tokens and 5.6e-5 for one, ``bench/kv_swap_cost.py`` on an H200, same
-    compute). Base 0.002 s (a single GPU: scheduling and launches only). Swap 3.5e-6
-    s/token each way, measured by ``bench/kv_swap_cost.py`` on an H200's PCIe Gen5 x16
-    link (the H100 SXM's): one 512-token context's paged blocks gathered and copied in
-    bulk, 37 GB/s (2.6e-6 at 49 GB/s for 16 contexts at once). vLLM's KV offloading
-    submits all of a transfer's block copies in one driver call; one
-    ``cudaMemcpyAsync`` per block and layer costs 1.3e-5–1.4e-5.
+    of 512 tokens and 5.1e-5 for one, ``bench/kv_swap_cost.py`` on an H100). Base
+    0.002 s (a single GPU: scheduling and launches only). Swap 3.7e-6 s/token each
+    way, measured by ``bench/kv_swap_cost.py`` on an H100 80GB HBM3 (PCIe Gen5 x16 to
+    the host): one 512-token context's paged blocks gathered and copied in bulk, 35
+    GB/s (2.7e-6 at 48 GB/s for 16 contexts at once; an H200 3.5e-6 and 2.6e-6).
+    vLLM's KV offloading submits all of a transfer's block copies in one driver call;
+    one ``cudaMemcpyAsync`` per block and layer costs 1.3e-5–2.2e-5.
 
 Both profiles fold context length into batch size (``per_context_token_s = 0``),
 as Andes does.
@@ -363,7 +363,7 @@ PROFILES: dict[str, LatencyProfile] = {
             max_batch=256,
             prefill_per_token_s=4e-5,  # 2*8e9 / (0.4 * 989e12)
             prefill_base_s=0.002,
-            swap_per_token_s=3.5e-6,  # measured: 131,072 bytes a token at 37 GB/s
+            swap_per_token_s=3.7e-6,  # measured: 131,072 bytes a token at 35 GB/s
         ),
     )
 }
