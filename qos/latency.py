@@ -37,9 +37,10 @@ Two profiles ship in :data:`PROFILES`:
       output, §6.1) and a loaded iteration ~0.15 s, so 0.15 / 500 = 3e-4 s
       (an effective ~7.5 GB/s host link, plausible for vLLM 0.2.7's block-wise
       copies). A current stack moves the same KV far faster: each GPU's shard
-      (589,824 bytes a token) took 1.2e-5–1.4e-5 s/token each way over an H100's or
-      H200's PCIe Gen5 link in bulk (``bench/kv_swap_cost.py``); an A100's Gen4 link has half
-      that bandwidth. ``tokenpace bench qoe --swap-s-per-token`` overrides the cost.
+      (589,824 bytes a token) took 1.2e-5–1.4e-5 s/token each way over an H100's
+      or H200's PCIe Gen5 link in bulk (``bench/kv_swap_cost.py``); an A100's Gen4
+      link has half that bandwidth. ``tokenpace bench qoe --swap-s-per-token``
+      overrides the cost.
 
     With these numbers a rough FCFS simulation of 3000 ShareGPT-like requests
     (lognormal lengths, mean prompt 163, mean output 332 tokens) saturates at
