@@ -138,11 +138,7 @@ class PluginConfig:
                 raise ValueError(f"TOKENPACE_KV_WATERMARK: must be in (0, 1], got {watermark}")
         cap = _optional_non_negative(env, "TOKENPACE_PREEMPTION_CAP")
         cost = _optional_non_negative(env, "TOKENPACE_PREEMPTION_COST")
-        horizon = None
-        if env.get("TOKENPACE_HORIZON_S"):
-            horizon = _number(env, "TOKENPACE_HORIZON_S", 0.0)
-            if horizon <= 0:
-                raise ValueError(f"TOKENPACE_HORIZON_S: must be > 0 seconds, got {horizon}")
+        horizon = _optional_seconds(env, "TOKENPACE_HORIZON_S")
         slack = _optional_non_negative(env, "TOKENPACE_FAIR_SHARE_SLACK")
         overdue = None
         raw = env.get("TOKENPACE_OVERDUE_AFTER_TTFTS", "").strip().lower()
@@ -157,11 +153,7 @@ class PluginConfig:
         waits = _optional_non_negative(
             env, "TOKENPACE_OVERDUE_AFTER_FCFS_WAITS", " (0: the TTFT bound alone)"
         )
-        lend = None
-        if env.get("TOKENPACE_LEND_AFTER_S"):
-            lend = _number(env, "TOKENPACE_LEND_AFTER_S", 0.0)
-            if lend <= 0:
-                raise ValueError(f"TOKENPACE_LEND_AFTER_S: must be > 0 seconds, got {lend}")
+        lend = _optional_seconds(env, "TOKENPACE_LEND_AFTER_S")
         interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
         if interval < 0:
             raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
@@ -204,6 +196,16 @@ class PluginConfig:
             off = math.isinf(self.overdue_after_ttfts)
             chosen["overdue_after_ttfts"] = None if off else self.overdue_after_ttfts
         return make_policy(self.policy, profile, **chosen)
+
+
+def _optional_seconds(env: Mapping[str, str], name: str) -> float | None:
+    """The duration in ``name``, None when unset; a ValueError naming it unless > 0."""
+    if not env.get(name):
+        return None
+    value = _number(env, name, 0.0)
+    if value <= 0:
+        raise ValueError(f"{name}: must be > 0 seconds, got {value}")
+    return value
 
 
 def _optional_non_negative(env: Mapping[str, str], name: str, hint: str = "") -> float | None:
