@@ -65,8 +65,14 @@ SHAPES = (
 )
 
 
-def timed(fn: Callable[[], object], repeats: int) -> list[float]:
-    """Seconds per call of ``fn``, ``repeats`` times after one warm-up, by CUDA events."""
+def blocks_for(tokens: int) -> int:
+    """KV blocks that hold ``tokens`` tokens."""
+    return -(-tokens // BLOCK_SIZE)
+
+
+def timed(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds per call of ``fn`` over ``repeats`` calls after one warm-up, by CUDA
+    events."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -77,24 +83,20 @@ def timed(fn: Callable[[], object], repeats: int) -> list[float]:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return times
-
-
-def summary(times: list[float]) -> dict[str, float]:
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+    return statistics.median(times)
 
 
 def host_link(mib: int, repeats: int) -> dict[str, Any]:
     """GB/s of one contiguous copy each way between GPU and pinned host memory."""
     gpu = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
     host = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
-    out = summary(timed(lambda: host.copy_(gpu, non_blocking=True), repeats))
-    back = summary(timed(lambda: gpu.copy_(host, non_blocking=True), repeats))
+    out = timed(lambda: host.copy_(gpu, non_blocking=True), repeats)
+    back = timed(lambda: gpu.copy_(host, non_blocking=True), repeats)
     size = float(mib << 20)
     return {
         "bytes": size,
-        "gpu_to_host_GBps": size / out["median_s"] / 1e9,
-        "host_to_gpu_GBps": size / back["median_s"] / 1e9,
+        "gpu_to_host_GBps": size / out / 1e9,
+        "host_to_gpu_GBps": size / back / 1e9,
     }
 
 
@@ -150,12 +152,11 @@ def swap_costs(
     shape: KvShape, contexts: list[tuple[int, int]], cache_bytes: float, repeats: int
 ) -> list[dict[str, Any]]:
     """Seconds to swap ``n`` contexts of ``tokens`` tokens out and in, per method."""
-    most = max(n * -(-tokens // BLOCK_SIZE) for n, tokens in contexts)
+    most = max(n * blocks_for(tokens) for n, tokens in contexts)
     cache = PagedCache(shape, cache_bytes, most)
     rows = []
     for n, tokens in contexts:
-        count = n * -(-tokens // BLOCK_SIZE)
-        ids = torch.randperm(cache.blocks, device="cuda")[:count]
+        ids = torch.randperm(cache.blocks, device="cuda")[: n * blocks_for(tokens)]
         gpu_views, host_views = cache.block_views(ids.tolist())
         moved = n * tokens
         row: dict[str, Any] = {"profile": shape.profile, "contexts": n, "tokens_each": tokens}
@@ -167,8 +168,7 @@ def swap_costs(
             "gathered": (partial(cache.out_gathered, ids), partial(cache.in_gathered, ids)),
         }
         for method, (out, back) in methods.items():
-            out_s = summary(timed(out, repeats))["median_s"]
-            in_s = summary(timed(back, repeats))["median_s"]
+            out_s, in_s = timed(out, repeats), timed(back, repeats)
             row[method] = {
                 "out_s": out_s,
                 "in_s": in_s,
@@ -190,7 +190,7 @@ def overlap(shape: KvShape, tokens: int, passes: int, repeats: int) -> dict[str,
     """
     weights = [torch.randn(4096, 14336, dtype=torch.bfloat16, device="cuda") for _ in range(32)]
     x = torch.randn(128, 4096, dtype=torch.bfloat16, device="cuda")
-    blocks = -(-tokens // BLOCK_SIZE)
+    blocks = blocks_for(tokens)
     cache = PagedCache(shape, 0.0, blocks)
     ids = torch.arange(blocks, device="cuda")
     side = torch.cuda.Stream()
@@ -208,17 +208,17 @@ def overlap(shape: KvShape, tokens: int, passes: int, repeats: int) -> dict[str,
         decode()
         torch.cuda.current_stream().wait_stream(side)
 
-    alone = summary(timed(decode, repeats))["median_s"]
-    swap_alone = summary(timed(lambda: (cache.out_gathered(ids), cache.in_gathered(ids)), repeats))
-    both = summary(timed(decode_with_swap, repeats))["median_s"]
+    alone = timed(decode, repeats)
+    swap_alone = timed(lambda: (cache.out_gathered(ids), cache.in_gathered(ids)), repeats)
+    both = timed(decode_with_swap, repeats)
     return {
         "profile": shape.profile,
         "swap_tokens": tokens,
         "decode_alone_s": alone,
-        "swap_alone_s": swap_alone["median_s"],
+        "swap_alone_s": swap_alone,
         "together_s": both,
         "decode_slowdown": both / alone - 1,
-        "swap_hidden_share": 1 - (both - alone) / swap_alone["median_s"],
+        "swap_hidden_share": 1 - (both - alone) / swap_alone,
     }
 
 
@@ -247,14 +247,14 @@ def recompute(contexts: list[tuple[int, int]], repeats: int) -> list[dict[str, A
             ids = torch.randint(0, config.vocab_size, (n, tokens), device="cuda")
             # the decoder stack alone: serving runs the head on the last token only
             prefill = partial(model.model, input_ids=ids, use_cache=False)
-            seconds = summary(timed(prefill, repeats))
+            seconds = timed(prefill, repeats)
             rows.append(
                 {
                     "profile": "llama-3.1-8b-h100",
                     "contexts": n,
                     "tokens_each": tokens,
-                    "prefill_s": seconds["median_s"],
-                    "per_token_s": seconds["median_s"] / (n * tokens),
+                    "prefill_s": seconds,
+                    "per_token_s": seconds / (n * tokens),
                 }
             )
     return rows
