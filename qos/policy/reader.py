@@ -36,7 +36,8 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    :mod:`qos.policy.plans`; they come back when due, as rule 1 says); and only
    while the committed replies' readers, with it, ask no more tokens a second than the
    engine decodes at its full batch, less the share of time admissions' prefills take
-   (:meth:`ReaderGuard.reader_rate`): past that, the batch cannot pace every reader
+   and, where replies lend their KV, the loans' swaps (:meth:`ReaderGuard.reader_rate`,
+   :meth:`ReaderGuard.loan_share`): past that, the batch cannot pace every reader
    however the slots are shared, so on an engine of few slots and a large cache the
    cache alone would let in readers who then freeze; and the
    prefills admitted in one iteration stay within the slack of every reply that runs in
@@ -89,6 +90,13 @@ the lender a recompute (0, 0.5 and 1 measured: docs/benchmarks.md, "Price plans"
 RECLAIM_SLACK_S = 1.0
 """How much slack a borrowed reply must keep beyond its recompute and the margin to
 give its KV back: one that would be due within it is not worth the recompute."""
+
+RETURN_AT = 0.5
+"""A reply that lent its KV comes back, where the cache has room, once its slack falls to
+this share of ``lend_after_s``, so that lenders lent together do not all come back at
+once when due. Of 0.25, 0.5 and 0.75 (docs/benchmarks.md, "Lending paused replies' KV
+to host memory"), 0.25 still let a burst of returns stall a reply 1.6 s, and 0.75
+shortened the loans so much that the trace's stall-free rate fell by a third."""
 
 MAX_PREFILL_SHARE = 0.5
 """The most of the engine's time the rate room sets aside for admissions' prefills (an
@@ -172,14 +180,16 @@ class ReaderGuard:
         committed: np.ndarray,
         waiting: np.ndarray,
         room_wait_s: float,
+        loan_share: float = 0.0,
     ) -> float:
         """Tokens a second the engine can pace readers at (rule 3): its full batch's
         decode rate R = B / τ(B), τ with the committed replies' mean context, times the
-        share of time left to decoding, 1 - λ·p̄ (λ = 1/``room_wait_s``, the completion
-        rate, which in steady state is the admission rate; p̄ the mean prefill of the
-        ``waiting`` rows). Readers asking more than that, Σ TDS, cannot all be paced,
-        whichever of them the slots go to (Wang et al., "Revisiting SLOs and System
-        Level Metrics in LLM Serving" §4.3: the reader feels the longest wait)."""
+        share of time left to decoding, 1 - λ·p̄ - ``loan_share`` (λ = 1/``room_wait_s``,
+        the completion rate, which in steady state is the admission rate; p̄ the mean
+        prefill of the ``waiting`` rows; ``loan_share``: :meth:`loan_share`). Readers
+        asking more than that, Σ TDS, cannot all be paced, whichever of them the slots
+        go to (Wang et al., "Revisiting SLOs and System Level Metrics in LLM Serving"
+        §4.3: the reader feels the longest wait)."""
         p, b = self.profile, capacity.max_batch
         replies = _count(committed)
         context = b * float(demand @ committed) / replies if replies else 0.0
@@ -190,7 +200,24 @@ class ReaderGuard:
             prefill_tokens = float(uncomputed.sum()) / waiting.size
             prefill = p.prefill_base_s + p.prefill_per_token_s * prefill_tokens
             share = min(prefill / room_wait_s, MAX_PREFILL_SHARE)
-        return full * (1.0 - share)
+        return full * max(1.0 - share - loan_share, 0.0)
+
+    def loan_share(self, kv_committed: float, kv_watermark: float, margin: float) -> float:
+        """The share of the engine's time the loans take (rule 3), where replies lend
+        their KV: what the committed replies hold beyond the cache, ``kv_committed`` -
+        ``kv_watermark`` tokens, is on loan at any time; a loan lasts about
+        ``lend_after_s`` · (1 - RETURN_AT) - ``margin`` (a reply lends once its slack
+        passes ``lend_after_s`` and comes back from RETURN_AT of it, within the next
+        decision) and moves its KV out and back, 2·c a token (c: the profile's swap
+        cost; where it has none, the loan is recomputed, p a token)."""
+        lent = kv_committed - kv_watermark
+        if self.lend_after_s is None or lent <= 0:
+            return 0.0
+        p = self.profile
+        swap = p.swap_per_token_s
+        per_token = 2.0 * swap if swap is not None else p.prefill_per_token_s
+        loan_s = self.lend_after_s * (1.0 - RETURN_AT) - margin
+        return lent * per_token / max(loan_s, margin)
 
     def apply(
         self,
@@ -224,7 +251,6 @@ class ReaderGuard:
             must |= running & started & (slack - recompute <= margin)
         must |= running & ~started  # a prefill under way (the engine's own chunking)
         self.forced += _count(must & ~running)
-        watermark = int(kv_watermark * capacity.kv_tokens)
         batch = _Batch(table, demand, committed, capacity.max_batch, self.profile)
         due = _by(slack, must)
         if levels is not None:
@@ -235,7 +261,11 @@ class ReaderGuard:
         fresh = admissions_in_order[~committed[admissions_in_order]]
         overdue, fresh = self.overdue(table, fresh, now, room_wait_s)
         waiting = np.concatenate((overdue, fresh))
-        reader_rate = self.reader_rate(table, capacity, demand, committed, waiting, room_wait_s)
+        watermark = int(kv_watermark * capacity.kv_tokens)
+        loans = self.loan_share(float(demand @ committed), watermark, margin)
+        reader_rate = self.reader_rate(
+            table, capacity, demand, committed, waiting, room_wait_s, loans
+        )
         rate = reader_rate - float(table.col("tds")[committed].sum())  # the rate room
         lines = [_Line(overdue, fresh)]
         if self.weights:
@@ -273,6 +303,13 @@ class ReaderGuard:
             # lost it (a reply brought back early must not push a paused one out).
             resident = running | (table.col("computed") > 0)
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
+            if self.lend_after_s is not None:
+                # lenders halfway due come back into the KV of paused replies that would
+                # lend theirs, within the prefill budget: spread over the iterations, not
+                # all at once when due (rule 1), as lenders lent together would be
+                staying = int(demand @ (rest & resident & (slack <= self.lend_after_s)))
+                back = rest & ~resident & (slack <= self.lend_after_s * RETURN_AT)
+                batch.take(_by(slack, back), capacity.kv_tokens - batch.kv - staying)
             batch.take(_by(slack, rest & resident), capacity.kv_tokens - batch.kv)
             paused = int(demand @ (resident & ~batch.keep))
             batch.take(_by(slack, rest & ~resident), capacity.kv_tokens - batch.kv - paused)

@@ -8,6 +8,8 @@ documented bound, one iteration with the longest single (re)compute prefill.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -140,6 +142,56 @@ def test_fresh_requests_wait_while_the_readers_ask_all_the_engine_decodes(reader
     policy = tokenpace_andes(SMALL, fair_share_slack=None)
     run = policy.schedule(table, Capacity(2_000, 1, pauses=True), now)
     assert bool(run[newcomer]) == (readers == 9)
+
+
+@pytest.mark.parametrize("swap_s_per_token", [1e-4, 1e-2])
+def test_the_loans_swaps_count_against_the_readers_rate(swap_s_per_token):
+    """Twenty replies far ahead of their readers (100 tokens each, read until about 20 s)
+    lend their KV after 10 s of slack: the cache to its watermark (1,800 tokens) holds 14
+    of them, so 620 tokens are out on loan, moved out and back every ~5 s (lent at 10 s
+    of slack, back from 5 s). At SMALL's 1e-4 s a token that is 2.5 % of the engine's
+    time and the newcomer goes in; at 1e-2 s it is more than all of it, and the
+    newcomer waits (there is room in the cache and readers' rate to spare otherwise: 20
+    readers ask 100 of the 200 tokens/s the batch decodes)."""
+    now = 1.0
+    profile = dataclasses.replace(SMALL, swap_per_token_s=swap_s_per_token)
+    table = RequestTable()
+    replies = [started(table, f"r{i}", tokens=100, last_at=0.6, now=now) for i in range(20)]
+    for row in replies:
+        table.pause(row, now)
+    newcomer = fresh(table, "new", arrival=0.0)
+    policy = tokenpace_andes(profile, fair_share_slack=None, lend_after_s=10.0)
+    run = policy.schedule(table, Capacity(2_000, 8, pauses=True), now)
+    assert policy.guard is not None
+    margin = policy.guard.margin_s(TAU, Capacity(2_000, 8))
+    share = policy.guard.loan_share(20 * 121, 1_800, margin)
+    assert share == pytest.approx(620 * 2 * swap_s_per_token / (5.0 - 0.09))
+    assert bool(run[newcomer]) == (swap_s_per_token == 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "lend_after_s", "back"), [(20, 10.0, True), (40, 10.0, False), (20, None, False)]
+)
+def test_a_lender_halfway_due_comes_back_into_the_kv_of_one_that_would_lend(
+    tokens, lend_after_s, back
+):
+    """A cache of 150 tokens holds one of two replies: "ahead" (121 tokens, its reader
+    busy for 19 s) has its KV, "lent" (41) lost its. With lending after 10 s, "lent"
+    comes back once its slack is half that (20 tokens: about 3 s), pushing out "ahead",
+    which would lend its KV anyway; not with 40 tokens (7 s), and not without lending,
+    where "lent" waits for room until it is due."""
+    now = 1.0
+    table = RequestTable()
+    ahead = started(table, "ahead", tokens=100, last_at=0.6, now=now)
+    table.pause(ahead, now)
+    lent = started(table, "lent", tokens=tokens, last_at=0.6, now=now)
+    table.preempt(lent, now)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None, lend_after_s=lend_after_s)
+    run = policy.schedule(table, Capacity(150, 8, pauses=True), now)
+    assert policy.guard is not None
+    slack = policy.guard.slack(table, now, TAU)
+    assert slack[ahead] > 10.0 and 0.1 < slack[lent] < 10.0
+    assert (bool(run[lent]), bool(run[ahead])) == (back, not back)
 
 
 def test_an_admission_waits_when_its_prefill_would_freeze_a_running_reply():
