@@ -30,10 +30,12 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
 3. **The shortfall lands before the first token.** A request with no token yet is
    admitted only into the room left once every committed reply (started, or running)
    has its KV counted, parked ones included, and what the running ones grow by until
-   the next of them ends, so a reply that gave way can always come back (one
-   exception, under price plans: a request within its plan's guarantee may take back
+   the next of them ends, so a reply that gave way can always come back (two
+   exceptions: under price plans, a request within its plan's guarantee may take back
    the KV of replies on borrowed room whose readers can wait for a recompute,
-   :mod:`qos.policy.plans`; they come back when due, as rule 1 says); and only
+   :mod:`qos.policy.plans`, and they come back when due, as rule 1 says; with
+   ``lend_after_s``, replies with more slack than that lend their KV, and come back
+   from RETURN_AT of it into the KV of paused replies that would lend theirs); and only
    while the committed replies' readers, with it, ask no more tokens a second than the
    engine decodes at its full batch, less the share of time admissions' prefills take
    and, where replies lend their KV, the loans' swaps (:meth:`ReaderGuard.reader_rate`,
@@ -180,7 +182,7 @@ class ReaderGuard:
         committed: np.ndarray,
         waiting: np.ndarray,
         room_wait_s: float,
-        loan_share: float = 0.0,
+        loan_share: float,
     ) -> float:
         """Tokens a second the engine can pace readers at (rule 3): its full batch's
         decode rate R = B / τ(B), τ with the committed replies' mean context, times the
