@@ -9,8 +9,8 @@ plans split the readers' rate (docs/architecture.md, "Price plans"): premium ask
 of the full batch's rate, within its guarantee of 0.8 before the prefills' share, and
 basic absorbs the shortfall. Checked: every request gets all its tokens, the plugin
 decided, the premium tenant's client-measured average QoE is at least 0.8 and twice the
-basic tenant's (seen: 1.00 against 0.33 to 0.48), and no reply froze for over 2 s at
-the client. About 2 minutes, start-up included.
+basic tenant's (seen: 0.93 to 1.00 against 0.22 to 0.37), and no reply froze for over
+2 s at the client. About 2 minutes, start-up included.
 
 Why 1.4 times: the CPU engine's speed under the workload lands up to a fifth away from
 its calibration, so the load is set mid-band. At about 1.0 times, basic is still served
