@@ -13,11 +13,12 @@ lengths scaled by ``--length-scale`` (the model's context is short), requests dr
 chat and 30 % batch tier. Every request uses ``ignore_eos`` so its length is exact.
 
 Scaled to the engine's speed, measured first (``calibrate``): the first server streams
-a full batch (``--max-num-seqs`` requests at once) and S is the median request's
-tokens/s after its first token. Tiers are scaled by F = S / (4.8·``--speed-ratio``):
-chat expects its first token in 1/F s and F×4.8 tokens/s, so a full batch streams
-``--speed-ratio`` times faster than a chat reader reads (1.75: the engine of the first
-runs, 85 tokens/s against chat's 48; in the paper's Table 4 vLLM delivered 6.45
+a full batch (``--max-num-seqs`` requests at once) four times in a row, and S is the
+median request's tokens/s after its first token in the fastest of them
+(:func:`vllm_harness.full_batch_speed`). Tiers are scaled by
+F = S / (4.8·``--speed-ratio``): chat expects its first token in 1/F s and F×4.8
+tokens/s, so a full batch streams ``--speed-ratio`` times faster than a chat reader
+reads (1.75: the engine of the first runs, 85 tokens/s against chat's 48; in the paper's Table 4 vLLM delivered 6.45
 tokens/s against 4.8 under load, prefills included); batch 60/F s and F×2 tokens/s.
 Requests arrive at ``--load`` times the full batch's decode capacity (``max_num_seqs``
 × S tokens/s over the mean reply length). ``--speedup`` and ``--rate`` fix F and the
@@ -62,8 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_harness import (
     Job,
     VllmServer,
+    full_batch_speed,
     gateway_config,
-    median_decode_speed,
     run_jobs,
     serve_gateway,
     summarize,
@@ -121,9 +122,6 @@ def workload(args: argparse.Namespace, arrivals: str, rate: float | None = None)
     return jobs
 
 
-CALIBRATION_TOKENS = 96  # reply length of the calibration's requests
-
-
 async def calibrate(args: argparse.Namespace, servers: list[VllmServer]) -> None:
     """Warm every server up, measure S on the first, and set ``args.speedup`` and
     ``args.rate`` from it where not given (module docstring)."""
@@ -132,12 +130,10 @@ async def calibrate(args: argparse.Namespace, servers: list[VllmServer]) -> None
         for server in servers:  # warm-up: every batch size up to max_num_seqs compiles
             warm = [Job(0.0, "batch", "warm up " * (i + 1), 4 + 2 * i) for i in range(n)]
             await run_jobs(url, server.name, warm)
-        batch = [Job(0.0, "batch", f"{i}: calibrate", CALIBRATION_TOKENS) for i in range(n)]
-        runs = await run_jobs(url, servers[0].name, batch)
-    try:
-        full_batch = median_decode_speed(runs)
-    except ValueError as exc:
-        raise SystemExit(f"calibration: {exc}") from exc
+        try:
+            full_batch = await full_batch_speed(url, servers[0].name, n, "batch")
+        except ValueError as exc:
+            raise SystemExit(f"calibration: {exc}") from exc
     mean_reply = float(np.mean([j.max_tokens for j in workload(args, "poisson", rate=1.0)]))
     if args.speedup is None:
         args.speedup = full_batch / (4.8 * args.speed_ratio)

@@ -39,8 +39,8 @@ from vllm_harness import (
     Job,
     JobResult,
     VllmServer,
+    full_batch_speed,
     gateway_config,
-    median_decode_speed,
     run_jobs,
     serve_gateway,
     tenant_key,
@@ -50,8 +50,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 OVERLOAD_TDS_PER_SPEED = 0.4  # READERS readers at this TDS ask 1.6 x the engine's 4 s
 TTFT_TOKENS = 15.0  # the expected TTFT, in tokens' worth of the tier's TDS
-CALIBRATION_TOKENS = 96
-CALIBRATION_BATCHES = 4
 TENANTS = {"basic": 1.0, "premium": 4.0}
 TOKENS = 160
 REQUESTS = 64
@@ -92,35 +90,22 @@ def plan_server(python: str, model: str, policy: str, workdir: Path) -> VllmServ
     )
 
 
-async def full_batch_speed(server: VllmServer) -> float:
-    """Warm the engine up, then the tokens/s of one request among ``SLOTS`` at once: the
-    fastest of ``CALIBRATION_BATCHES`` batches in a row.
-
-    One batch is a poor sample on the CPU build: a fresh engine speeds up over its first
-    batches, and whatever else the machine runs slows one down (seen in ten batches in a
-    row: 73 to 112 tokens/s; 52 in one batch against about 83 under the workload that
-    followed). Neither makes a batch faster than the engine is.
-    """
+async def engine_speed(server: VllmServer) -> float:
+    """Warm the engine up, then :func:`~vllm_harness.full_batch_speed` with ``SLOTS``
+    requests at once."""
     async with serve_gateway(gateway_config([server], tiers(30.0), TENANTS)) as url:
         key = tenant_key("premium")
         warm = [Job(0.0, "chat", "warm up " * (i + 1), 8 + 8 * i, key) for i in range(SLOTS)]
         done = await run_jobs(url, server.name, warm)
         assert all(r.completion_tokens == r.job.max_tokens for r in done)
-        speeds = []
-        for b in range(CALIBRATION_BATCHES):
-            batch = [
-                Job(0.0, "chat", f"{b}.{i}: calibrate", CALIBRATION_TOKENS, key)
-                for i in range(SLOTS)
-            ]
-            speeds.append(median_decode_speed(await run_jobs(url, server.name, batch)))
-        return max(speeds)
+        return await full_batch_speed(url, server.name, SLOTS, "chat", key)
 
 
 async def drive(
     server: VllmServer, tds_per_speed: float = OVERLOAD_TDS_PER_SPEED
 ) -> tuple[float, list[JobResult]]:
     """The tier's TDS (scaled to the engine's speed) and every reply of the workload."""
-    tds = tds_per_speed * await full_batch_speed(server)
+    tds = tds_per_speed * await engine_speed(server)
     async with serve_gateway(gateway_config([server], tiers(tds), TENANTS)) as url:
         return tds, await run_jobs(url, server.name, workload(tds))
 
