@@ -581,7 +581,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="andes-tp: ... and past this many times what FCFS would make a new request "
-        "wait (0: the TTFTs alone; default: the policy's, 2)",
+        "wait (0: the TTFTs alone; default: the policy's, 1.25)",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="results/qoe")

@@ -94,7 +94,7 @@ class EmbeddedOptions(BaseModel):
         None,
         ge=0,
         description="... and, in multiples of FCFS's wait now, under sustained overload; "
-        "0: the TTFTs alone; default the policy's (2)",
+        "0: the TTFTs alone; default the policy's (1.25)",
     )
     kv_tokens: int | None = Field(None, ge=1, description="KV cache M; default the profile's")
     max_batch: int | None = Field(None, ge=1, description="batch limit; default the profile's")

@@ -23,7 +23,7 @@ its settings from the engine's environment (defaults in brackets):
   rate, a small engine needs less). ``TOKENPACE_OVERDUE_AFTER_TTFTS``: a waiting request
   that has waited this many times its TTFT (and, under sustained overload,
   ``TOKENPACE_OVERDUE_AFTER_FCFS_WAITS`` times what FCFS would make a new request wait;
-  ``andes-tp``'s default 2, 0 for the TTFT bound alone) is overdue and admitted in line,
+  ``andes-tp``'s default 1.25, 0 for the TTFT bound alone) is overdue and admitted in line,
   oldest first (:mod:`qos.policy.reader`; ``andes-tp``'s default 10), or ``off``.
 - ``TOKENPACE_LEND_AFTER_S``: paused replies whose readers need nothing from them for
   longer than this many seconds lend their KV to waiting requests: they are preempted

@@ -356,7 +356,7 @@ async def test_shutdown_ends_live_streams_and_the_engine_task():
 
 async def test_overdue_options_reach_the_reader_guard():
     guard = EmbeddedEngine().engine.policy.guard
-    assert (guard.overdue_after_ttfts, guard.overdue_after_fcfs_waits) == (10.0, 2.0)
+    assert (guard.overdue_after_ttfts, guard.overdue_after_fcfs_waits) == (10.0, 1.25)
     options = {"overdue_after_ttfts": 30, "overdue_after_fcfs_waits": 0}
     guard = EmbeddedEngine(**options).engine.policy.guard
     assert (guard.overdue_after_ttfts, guard.overdue_after_fcfs_waits) == (30.0, 0.0)

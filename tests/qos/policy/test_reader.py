@@ -223,13 +223,13 @@ def test_overdue_requests_go_first_oldest_first():
     assert overdue.size == 0 and others.tolist() == policy_order.tolist()
 
 
-def test_under_a_long_queue_a_request_is_overdue_only_past_twice_fcfs_wait():
+def test_under_a_long_queue_a_request_is_overdue_only_past_its_multiple_of_fcfs_wait():
     """With 4 requests waiting and a reply ending every 10 s, FCFS would make a request
-    arriving now wait 40 s: within twice that the policy's order stands, past it the
-    oldest go first."""
+    arriving now wait 40 s: within 1.25 times that (the default) the policy's order
+    stands, past it the oldest go first."""
     guard = ReaderGuard(SMALL, overdue_after_ttfts=10.0)
     table = RequestTable()
-    for key, arrival in (("young", 95.0), ("waited-50", 50.0), ("waited-81", 19.0), ("mid", 99.0)):
+    for key, arrival in (("young", 95.0), ("waited-49", 51.0), ("waited-51", 49.0), ("mid", 99.0)):
         fresh(table, key, arrival=arrival)
     policy_order = np.array([0, 3, 1, 2])
     overdue, others = guard.overdue(table, policy_order, 100.0, room_wait_s=10.0)

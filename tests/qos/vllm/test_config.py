@@ -110,7 +110,7 @@ def test_overdue_bound_reaches_the_reader_guard() -> None:
     assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_ttfts == 30.0
     env = {"TOKENPACE_OVERDUE_AFTER_TTFTS": "off"}
     assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_ttfts is None
-    assert guard.overdue_after_fcfs_waits == 2.0
+    assert guard.overdue_after_fcfs_waits == 1.25
     env = {"TOKENPACE_OVERDUE_AFTER_FCFS_WAITS": "0"}
     assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_fcfs_waits == 0
 
