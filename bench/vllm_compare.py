@@ -18,8 +18,9 @@ median request's tokens/s after its first token in the fastest of them
 (:func:`vllm_harness.full_batch_speed`). Tiers are scaled by
 F = S / (4.8·``--speed-ratio``): chat expects its first token in 1/F s and F×4.8
 tokens/s, so a full batch streams ``--speed-ratio`` times faster than a chat reader
-reads (1.75: the engine of the first runs, 85 tokens/s against chat's 48; in the paper's Table 4 vLLM delivered 6.45
-tokens/s against 4.8 under load, prefills included); batch 60/F s and F×2 tokens/s.
+reads (1.75: the engine of the first runs, 85 tokens/s against chat's 48; in the
+paper's Table 4 vLLM delivered 6.45 tokens/s against 4.8 under load, prefills
+included); batch 60/F s and F×2 tokens/s.
 Requests arrive at ``--load`` times the full batch's decode capacity (``max_num_seqs``
 × S tokens/s over the mean reply length). ``--speedup`` and ``--rate`` fix F and the
 rate instead.
