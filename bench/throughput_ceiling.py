@@ -44,10 +44,15 @@ class Ceiling:
     tok_s: float
 
 
+def _lengths(entries: list[TraceEntry]) -> tuple[np.ndarray, np.ndarray]:
+    """Each entry's prompt and reply length, in tokens."""
+    prompt = np.array([e.prompt_tokens for e in entries], dtype=float)
+    return prompt, np.array([e.output_len for e in entries], dtype=float)
+
+
 def ceiling(profile: LatencyProfile, entries: list[TraceEntry], max_batch: int) -> Ceiling:
     """The rates no schedule exceeds when no batch holds more than ``max_batch`` sequences."""
-    prompt = np.array([e.prompt_tokens for e in entries], dtype=float)
-    output = np.array([e.output_len for e in entries], dtype=float)
+    prompt, output = _lengths(entries)
     batches = np.arange(1, max_batch + 1)
     per_token = profile.decode_s(batches) / batches
     best = int(np.argmin(per_token))
@@ -57,8 +62,8 @@ def ceiling(profile: LatencyProfile, entries: list[TraceEntry], max_batch: int) 
 
 def kv_batch(profile: LatencyProfile, entries: list[TraceEntry]) -> int:
     """B_kv: the steady batch the KV cache holds on this trace (module docstring)."""
-    prompt = np.array([e.prompt_tokens for e in entries], dtype=float)
-    decoded = np.array([e.output_len for e in entries], dtype=float) - 1
+    prompt, output = _lengths(entries)
+    decoded = output - 1
     held = (decoded * prompt + decoded * (decoded + 1) / 2).mean()
     return max(1, int(profile.kv_capacity_tokens * decoded.mean() / held))
 

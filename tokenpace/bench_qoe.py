@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from qos.latency import LatencyProfile, get_profile
+from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS
 from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.sim import (
     PROMPT_TOKEN_ESTIMATE,
@@ -581,7 +582,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="andes-tp: ... and past this many times what FCFS would make a new request "
-        "wait (0: the TTFTs alone; default: the policy's, 1.25)",
+        f"wait (0: the TTFTs alone; default: the policy's, {OVERDUE_AFTER_FCFS_WAITS:g})",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="results/qoe")

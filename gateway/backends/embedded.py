@@ -63,6 +63,7 @@ from gateway.config.schema import DEMO_MODEL, BackendConfig, ConfigError, Gatewa
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from qos.latency import PROFILES, get_profile
+from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS
 from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.prompt_tokens import estimate_text_tokens
 from qos.sim.engine import Engine, StepResult
@@ -94,7 +95,7 @@ class EmbeddedOptions(BaseModel):
         None,
         ge=0,
         description="... and, in multiples of FCFS's wait now, under sustained overload; "
-        "0: the TTFTs alone; default the policy's (1.25)",
+        f"0: the TTFTs alone; default the policy's ({OVERDUE_AFTER_FCFS_WAITS:g})",
     )
     kv_tokens: int | None = Field(None, ge=1, description="KV cache M; default the profile's")
     max_batch: int | None = Field(None, ge=1, description="batch limit; default the profile's")
