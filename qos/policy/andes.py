@@ -166,8 +166,6 @@ class Andes(Policy):
     def on_finish(self, table: RequestTable, row: int, now: float) -> None:
         if self.shares is not None:
             self.shares.on_finish(table, row)
-        if self.guard is not None:
-            self.guard.on_finish(table, row)
         if len(self._completions) == self._completions.maxlen:
             self._completion_sum -= self._completions[0]
         took = now - float(table.col("arrival")[row])

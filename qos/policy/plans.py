@@ -21,17 +21,15 @@ split each (``room`` C below is one of them; ``need`` what a request takes of it
   requests beyond their shares last, the higher weights first;
 - a borrower leaves every tenant its *headroom* (:func:`headroom`): what its replies
   will hold, at the pace it has been sending (Little's law over :class:`RecentDemand`),
-  beyond what they hold now, plus one request's worth, within its guarantee. Under
-  sustained overload (requests overdue, :class:`~qos.policy.reader.ReaderGuard`) it
-  also leaves free the most KV the replies on borrowed room (:func:`beyond_guarantee`)
-  will hold beyond what they hold now (:func:`peak_growth`), each growing to the mean
-  length of recent replies and then ending: they grow a token an iteration, and would
-  otherwise fill the headroom they were admitted beside;
+  beyond what they hold now, plus one request's worth, within its guarantee;
 - where pausing keeps the KV, a request within its guarantee that has waited half its
-  TTFT takes the KV of borrowed replies back (:func:`reclaimable`): those whose readers
-  have enough to read to wait for a recompute, never below their tenant's own
-  guarantee. They are paused, the engine drops their KV, and they are recomputed when
-  their readers need them.
+  TTFT takes the KV of replies on borrowed room (:func:`beyond_guarantee`) back
+  (:func:`reclaimable`): those whose readers have enough to read to wait for a
+  recompute, never below their tenant's own guarantee. They are paused, the engine
+  drops their KV, and they are recomputed when their readers need them (not before,
+  while the cache is over-committed: :class:`~qos.policy.reader.ReaderGuard`). The
+  borrowed replies grow a token an iteration into the room kept beside them; what they
+  grow into is taken back the same way.
 
 What a plan guarantees: a tenant whose replies need at most g_f of the cache and of the
 readers' rate is admitted ahead of every borrower, whatever the others send, and finds
@@ -221,23 +219,6 @@ def headroom(
     coming = np.maximum(demand.held - took, 0.0) + demand.unit
     keep = np.minimum(np.maximum(guarantee - took, 0.0), coming)
     return float(keep.sum())
-
-
-def peak_growth(context: np.ndarray, left: np.ndarray) -> float:
-    """The most KV tokens a set of replies will hold beyond what they hold now, when
-    each grows a token an iteration for ``left`` more tokens and then ends, freeing its
-    ``context`` (prompt and tokens so far) and what it grew.
-
-    With the replies by ``left`` ascending, r_1 ≤ … ≤ r_m: just before the k-th ends,
-    the m - k + 1 still running have each grown by r_k and the k - 1 ended have freed
-    their context, so the set holds (m - k + 1)·r_k - Σ_{j<k} context_j more; the peak
-    is the largest of these (0 if none is positive). Σ left, every reply growing and
-    none ending, bounds it from above.
-    """
-    order = np.argsort(left, kind="stable")
-    r, freed = left[order], np.cumsum(context[order]) - context[order]
-    rise = (r.size - np.arange(r.size)) * r - freed
-    return max(float(rise.max()), 0.0) if rise.size else 0.0
 
 
 def by_weight(table: RequestTable, rows: np.ndarray) -> np.ndarray:

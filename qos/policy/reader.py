@@ -60,7 +60,6 @@ derives this and docs/benchmarks.md measures it.
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import NamedTuple
 
 import numpy as np
@@ -135,7 +134,6 @@ class ReaderGuard:
         self.overdue_after_fcfs_waits = overdue_after_fcfs_waits
         self.weights = weights  # False: tenants' weights ignored (every plan alike)
         self.recent = plans.RecentDemand()  # each tenant's recent requests (plans' headroom)
-        self.reply_tokens: deque[int] = deque(maxlen=256)  # recent replies' lengths
         self.forced = 0  # due rows the decision had left out
         self.held = 0  # fresh admissions deferred to keep a reader's deadline
 
@@ -170,10 +168,6 @@ class ReaderGuard:
             tds, weight = float(table.col("tds")[row]), float(table.col("weight")[row])
             tenant, kv = int(table.col("tenant")[row]), int(table.demand[row])
             self.recent.add(now, tenant, weight, kv, tds)
-
-    def on_finish(self, table: RequestTable, row: int) -> None:
-        """Remember how long a finished reply grew (the growth borrowers keep free)."""
-        self.reply_tokens.append(int(table.col("output")[row]))
 
     def reader_rate(
         self,
@@ -303,7 +297,11 @@ class ReaderGuard:
             # Pausing keeps the KV: fresh requests take the slots that replies ahead of
             # their readers give up, then the replies fill what is left: those whose KV
             # is in the cache, then, into what the paused ones leave free, those that
-            # lost it (a reply brought back early must not push a paused one out).
+            # lost it (a reply brought back early must not push a paused one out), and
+            # only while every committed reply's KV fits the cache: past that (loans, the
+            # replies' own growth) the one brought back pushes another out later, to come
+            # back in turn, each move a recompute (replies went in and out dozens of
+            # times, docs/benchmarks.md, "Price plans"); it comes back when due (rule 1).
             resident = running | (table.col("computed") > 0)
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
             if self.lend_after_s is not None:
@@ -314,8 +312,9 @@ class ReaderGuard:
                 back = rest & ~resident & (slack <= self.lend_after_s * RETURN_AT)
                 batch.take(_by(slack, back), capacity.kv_tokens - batch.kv - staying)
             batch.take(_by(slack, rest & resident), capacity.kv_tokens - batch.kv)
-            paused = int(demand @ (resident & ~batch.keep))
-            batch.take(_by(slack, rest & ~resident), capacity.kv_tokens - batch.kv - paused)
+            if int(demand @ committed) <= capacity.kv_tokens:
+                paused = int(demand @ (resident & ~batch.keep))
+                batch.take(_by(slack, rest & ~resident), capacity.kv_tokens - batch.kv - paused)
         else:
             # Pausing would lose the KV: the running replies stay, the parked ones come
             # back, then fresh requests take the room left.
@@ -394,13 +393,11 @@ class ReaderGuard:
             plans.headroom(table, waiting, guaranteed, committed, need, guarantee, expected)
             for (need, _, expected), guarantee in zip(resources, guarantees, strict=True)
         )
-        borrowed = committed & plans.beyond_guarantee(table, committed, demand, guarantees[0])
-        if overdue.size:  # sustained overload: borrowed replies must not grow into it
-            spare_kv += self._growth_left(table, borrowed)
         first = waiting[guaranteed]
         waited = now - table.col("arrival")[first] >= RECLAIM_AFTER_TTFTS * table.col("ttft")[first]
         reclaim = 0.0
         if waited.any():
+            borrowed = plans.beyond_guarantee(table, committed, demand, guarantees[0])
             reclaim = plans.reclaimable(table, committed, lenders & borrowed, demand, guarantees[0])
         borrowing, beyond = within & ~guaranteed, ~within & ~guaranteed
         n = overdue.size
@@ -414,17 +411,6 @@ class ReaderGuard:
                 spare_tds,
             ),
         ]
-
-    def _growth_left(self, table: RequestTable, rows: np.ndarray) -> float:
-        """The most KV tokens the replies of mask ``rows`` will hold beyond what they
-        hold now (:func:`~qos.policy.plans.peak_growth`), each growing to the mean length
-        of the recent replies and ending there; one already past it holds what it has."""
-        if not self.reply_tokens:
-            return 0.0
-        mean = sum(self.reply_tokens) / len(self.reply_tokens)
-        left = mean - table.col("output")[rows]
-        growing = left > 0
-        return plans.peak_growth(table.context[rows][growing], left[growing])
 
     @staticmethod
     def _admit(batch: _Batch, lines: list[_Line], kv_tokens: int, rate: float) -> None:

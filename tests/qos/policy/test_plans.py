@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from qos.latency import LatencyProfile
 from qos.policy import plans
@@ -19,28 +17,6 @@ def add(table: RequestTable, key: str, tenant: str, weight: float, prompt: int) 
     return table.add(
         key, arrival=0.0, prompt_tokens=prompt, ttft=1.0, tds=5.0, tenant=tenant, weight=weight
     )
-
-
-@given(st.lists(st.tuples(st.integers(1, 400), st.integers(1, 60)), max_size=12))
-def test_peak_growth_is_the_most_replies_hold_beyond_now_as_they_grow_and_end(replies):
-    """Iteration by iteration: each reply grows a token while it has tokens left, then
-    ends and frees its context and what it grew."""
-    context = np.array([c for c, _ in replies], dtype=float)
-    left = np.array([r for _, r in replies], dtype=float)
-    now = context.sum()
-    held = [
-        sum(c + t for c, r in replies if t <= r) - now for t in range(int(left.max(initial=0)) + 1)
-    ]
-    assert plans.peak_growth(context, left) == max(max(held, default=0.0), 0.0)
-    assert plans.peak_growth(context, left) <= left.sum()
-
-
-def test_peak_growth_counts_what_ended_replies_free():
-    # two replies of 300 tokens, 10 and 100 left: the short one ends first and frees 300
-    # before the long one has grown by more than that
-    assert plans.peak_growth(np.array([300.0, 300.0]), np.array([10.0, 100.0])) == 20.0
-    # small ones: the long one's growth past the short one's end is the peak
-    assert plans.peak_growth(np.array([5.0, 5.0]), np.array([10.0, 100.0])) == 95.0
 
 
 def test_a_request_is_within_plan_while_its_tenant_stays_within_its_share():

@@ -329,40 +329,22 @@ def test_an_idle_engine_admits_a_request_the_plans_would_keep_waiting():
     assert last < 1.0
 
 
-@pytest.mark.parametrize("overloaded", [False, True])
-def test_under_sustained_overload_a_borrower_keeps_free_what_borrowed_replies_will_grow_by(
-    overloaded,
-):
-    """Weights 1 : 4 on 2,000 KV tokens, recent replies 500 tokens long. The weight-1
-    tenant's two replies hold 822, beyond its guarantee, ten tokens in. The weight-4
-    tenant's request goes in (within its guarantee) and its next one has room kept. A
-    second weight-1 request borrows: it goes in while no request is overdue; while the
-    weight-4 one has waited 20 TTFTs (sustained overload) it waits, since the borrowed
-    replies will grow by 980 more and would fill the room kept for the weight-4 tenant."""
-    now = 100.0
-    table = RequestTable()
-    policy = tokenpace_andes(SMALL, fair_share_slack=500.0)
-
-    def arrive(key: str, tenant: str, weight: float, prompt: int, at: float) -> int:
-        row = table.add(
-            key, arrival=at, prompt_tokens=prompt, ttft=1.0, tds=5.0, tenant=tenant, weight=weight
-        )
-        policy.on_arrival(table, row, at)
-        return row
-
-    for i in range(4):  # finished replies of 500 tokens
-        done = arrive(f"done{i}", "free", 1.0, 50, 10.0)
-        table.admit(done)
-        table.record_tokens(done, 20.0, 500)
-        policy.on_finish(table, done, 40.0)
-        table.remove(f"done{i}")
-    for key in ("free-a", "free-b"):
-        row = arrive(key, "free", 1.0, 400, 90.0)
+@pytest.mark.parametrize("also_out", [False, True])
+def test_a_reply_that_lost_its_kv_comes_back_early_only_while_every_reply_fits(also_out):
+    """2,000 KV tokens: a paused reply holds 951; one of 951 lost its KV, 10 s ahead of
+    its reader, and would fit beside it. It comes back at once, unless another lost reply
+    (500) means the committed replies hold more than the cache: then bringing it back
+    early would only push a paused one out later, a recompute each way, so it waits
+    until its reader needs it."""
+    now, table = 20.0, RequestTable()
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    rows = {}
+    for key, prompt in [("kept", 900), ("lost", 900)] + [("other", 450)] * also_out:
+        row = table.add(key, arrival=0.0, prompt_tokens=prompt, ttft=1.0, tds=5.0)
         table.admit(row)
-        for k in range(10):
-            table.record_tokens(row, 99.0 + 0.01 * k)
-    ent = arrive("ent", "ent", 4.0, 100, now - (20.0 if overloaded else 0.1))
-    borrower = arrive("free-c", "free", 1.0, 300, now - 0.1)
+        table.record_tokens(row, now - 0.1, 50)  # 50 tokens to read: 10 s
+        table.pause(row, now - 0.1) if key == "kept" else table.preempt(row, now - 0.1)
+        rows[key] = row
     run = policy.schedule(table, Capacity(2_000, 8, pauses=True), now)
-    assert run[ent]
-    assert run[borrower] == (not overloaded)
+    back = [key for key, row in rows.items() if run[row]]
+    assert back == (["kept"] if also_out else ["kept", "lost"])
