@@ -20,7 +20,6 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.sim import (
     PROMPT_TOKEN_ESTIMATE,
     SPEAKING_TDS,
+    SimRequest,
     build_workload,
     load_andes_trace,
     parse_tenants,
@@ -39,6 +39,7 @@ from qos.sim import (
 )
 from qos.sim.engine import SimResult
 from qos.sim.shares import service_shares
+from tokenpace.bench_plans import plan_references, verdicts
 
 QOE_THRESHOLD = 0.9  # Andes §6.1: minimum acceptable average QoE
 FROZEN_SHARE_MAX = 0.01  # stall-free: at most 1 % of replies freeze for over 2 s
@@ -74,13 +75,17 @@ def run_one(args: tuple[str, float, dict]) -> dict:
         options["overdue_after_ttfts"] = None if overdue == "off" else float(overdue)
     if cfg.get("overdue_after_fcfs_waits") is not None:
         options["overdue_after_fcfs_waits"] = cfg["overdue_after_fcfs_waits"]
-    result = simulate(
-        workload,
-        make_policy(policy_name, profile, **options),
-        profile,
-        preemption=cfg.get("preemption", "recompute"),
-        pause=pause,
-    )
+
+    def simulate_one(requests: list[SimRequest]) -> SimResult:
+        return simulate(
+            requests,
+            make_policy(policy_name, profile, **options),
+            profile,
+            preemption=cfg.get("preemption", "recompute"),
+            pause=pause,
+        )
+
+    result = simulate_one(workload)
     summary = result.summary()
     summary.update(policy=policy_name, rate=rate, pause=pause, wall_s=time.perf_counter() - started)
     summary["expected_tds_mean"] = float(np.mean([r.tds for r in workload]))
@@ -88,36 +93,9 @@ def run_one(args: tuple[str, float, dict]) -> dict:
         weights = {name: w for name, w, _ in tenants}
         summary["tenants"] = tenant_results(result, weights)
         if policy_name == SHIPPED:
-            for name, alone in alone_qoe(workload, weights, policy_name, profile).items():
-                summary["tenants"][name]["alone_avg_qoe"] = alone
+            for name, worth in plan_references(workload, weights, simulate_one).items():
+                summary["tenants"][name].update(worth)
     return summary
-
-
-def alone_qoe(
-    workload: list, weights: dict[str, float], policy_name: str, profile: LatencyProfile
-) -> dict[str, float]:
-    """Each tenant's average QoE with its weighted share of the engine to itself: its own
-    requests alone, on the profile with the KV cache and the batch limit scaled by
-    w_f / Σw (what its plan is worth, docs/architecture.md, "Price plans")."""
-    total = sum(weights.values())
-    out = {}
-    for name, weight in weights.items():
-        mine = [r for r in workload if r.tenant == name]
-        if not mine:
-            continue
-        share = weight / total
-        scaled = replace(
-            profile,
-            name=f"{profile.name}[share={share:.3f}]",
-            kv_capacity_tokens=max(int(profile.kv_capacity_tokens * share), 1),
-            max_batch=max(int(profile.max_batch * share), 1),
-        )
-        longest = max(r.prompt_tokens + r.output_tokens for r in mine)
-        if longest + 16 > scaled.kv_capacity_tokens:  # a request that could never fit
-            scaled = replace(scaled, kv_capacity_tokens=longest + 16)
-        result = simulate(mine, make_policy(policy_name, scaled), scaled, pause=True)
-        out[name] = result.avg_qoe
-    return out
 
 
 def tenant_results(result: SimResult, weights: dict[str, float]) -> dict:
@@ -324,38 +302,36 @@ FAIR_TOLERANCE = 0.15  # a backlogged tenant's service within 15 % of its fair s
 
 def analyse_tiering(by_policy: dict[str, list[dict]]) -> dict:
     """At each rate with tenants: the shipped policy against the plans' targets
-    (docs/architecture.md, "Price plans"): per tenant its QoE, the unweighted policy's in
-    the same run and its QoE alone on its weighted share of the engine; whether QoE is
-    ordered by weight; the total against the unweighted policy's; where the unweighted
-    policy serves everyone at QoE ≥ 0.9 without frozen replies, the largest change."""
+    (:mod:`tokenpace.bench_plans`): per tenant its QoE, frozen share, TTFT p90 and idle
+    p99, the unweighted policy's QoE in the same run and what its plan is worth (its
+    share, its QoE alone), with the verdicts."""
     out = {}
     shipped = {r["rate"]: r for r in by_policy.get(SHIPPED, []) if "tenants" in r}
     blind = {r["rate"]: r for r in by_policy.get(UNWEIGHTED, []) if "tenants" in r}
+    kept = (
+        "weight",
+        "avg_qoe",
+        "frozen_over_2s",
+        "ttft_p90_s",
+        "idle_p99_s",
+        "share_avg_qoe",
+        "share_frozen_over_2s",
+        "share_idle_p99_s",
+        "alone_avg_qoe",
+    )
     for rate, run in shipped.items():
-        tenants = {k: v for k, v in run["tenants"].items() if k != "share_over_time"}
         base = blind.get(rate)
-        row: dict = {"tenants": {}}
-        for name, t in tenants.items():
-            row["tenants"][name] = {
-                "weight": t["weight"],
-                "avg_qoe": t["avg_qoe"],
-                "frozen_over_2s": t["frozen_over_2s"],
-                "ttft_p90_s": t["ttft_p90_s"],
-                "idle_p99_s": t["idle_p99_s"],
-                "alone_avg_qoe": t.get("alone_avg_qoe"),
-                "unweighted_avg_qoe": base["tenants"][name]["avg_qoe"] if base else None,
-            }
-        by_weight = sorted(tenants, key=lambda k: tenants[k]["weight"])
-        qoe = [tenants[k]["avg_qoe"] for k in by_weight]
-        row["ordered_by_weight"] = all(a <= b + 0.005 for a, b in pairwise(qoe))
-        if base:
-            row["total_vs_unweighted"] = run["avg_qoe"] / base["avg_qoe"]
-            others = [v for k, v in base["tenants"].items() if k != "share_over_time"]
-            if all(v["avg_qoe"] >= 0.9 and v["frozen_over_2s"] == 0 for v in others):
-                row["nobody_had_to_lose_max_change"] = max(
-                    abs(v["avg_qoe"] - v["unweighted_avg_qoe"]) for v in row["tenants"].values()
-                )
-        out[str(rate)] = row
+        tenants = {}
+        for name, t in run["tenants"].items():
+            if name == "share_over_time":
+                continue
+            row = {k: t.get(k) for k in kept}
+            other = base["tenants"][name] if base else {}
+            row["unweighted_avg_qoe"] = other.get("avg_qoe")
+            row["unweighted_frozen_over_2s"] = other.get("frozen_over_2s")
+            tenants[name] = row
+        total = run["avg_qoe"] / base["avg_qoe"] if base else None
+        out[str(rate)] = {"tenants": tenants, **verdicts(tenants, total)}
     return out
 
 
@@ -396,8 +372,8 @@ def _rate(run: dict) -> float:
 
 def summary_table(runs: list[dict]) -> str:
     """One line per run (rate, then policy): QoE, throughput, preemptions, what the
-    readers saw, and per tenant QoE / alone on its weighted share / TTFT p90 / replies
-    freezing over 2 s."""
+    readers saw, and per tenant QoE / on its weighted share of the engine / alone on the
+    whole engine / TTFT p90 / replies freezing over 2 s / idle p99."""
     tenants = next((r["tenants"] for r in runs if "tenants" in r), None)
     names = [k for k in tenants if k != "share_over_time"] if tenants else []
     head = (
@@ -405,7 +381,10 @@ def summary_table(runs: list[dict]) -> str:
         f"{'frozen>2s':>9} {'>10s':>6} {'idle p99':>8} {'goodput':>7}"
     )
     for name in names:
-        head += f" | {name + ' QoE':>9} {'alone':>5} {'TTFT p90':>8} {'frozen':>6} {'idle p99':>8}"
+        head += (
+            f" | {name + ' QoE':>9} {'share':>5} {'alone':>5} {'TTFT p90':>8} {'frozen':>6} "
+            f"{'idle p99':>8}"
+        )
     lines = [head, "-" * len(head)]
     for run in sorted(runs, key=lambda r: (r["rate"], r["policy"])):
         seen = run["reader"]
@@ -417,10 +396,12 @@ def summary_table(runs: list[dict]) -> str:
         )
         for name in names:
             t = run["tenants"][name]
-            alone = t.get("alone_avg_qoe")
-            alone_text = f"{alone:>5.2f}" if alone is not None else f"{'-':>5}"
+            worth = " ".join(
+                f"{t[k]:>5.2f}" if t.get(k) is not None else f"{'-':>5}"
+                for k in ("share_avg_qoe", "alone_avg_qoe")
+            )
             line += (
-                f" | {t['avg_qoe']:>9.3f} {alone_text} {t['ttft_p90_s']:>7.1f}s "
+                f" | {t['avg_qoe']:>9.3f} {worth} {t['ttft_p90_s']:>7.1f}s "
                 f"{t['frozen_over_2s']:>6.1%} {t['idle_p99_s']:>7.1f}s"
             )
         lines.append(line)

@@ -26,6 +26,7 @@ from qos.sim.workload import (
     parse_tenants,
     parse_tier_mix,
     poisson_arrivals,
+    scale_demand,
 )
 
 __all__ = [
@@ -51,5 +52,6 @@ __all__ = [
     "parse_tenants",
     "parse_tier_mix",
     "poisson_arrivals",
+    "scale_demand",
     "simulate",
 ]

@@ -24,7 +24,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -386,4 +386,20 @@ def build_workload(
                 tier=tier,
             )
         )
+    return out
+
+
+def scale_demand(requests: Sequence[SimRequest], factor: float) -> list[SimRequest]:
+    """``requests`` asking ``factor`` (≥ 1) times as much at every moment: request i
+    repeated ⌊(i+1)·factor⌋ − ⌊i·factor⌋ times at its own arrival (⌊factor⌋ or ⌈factor⌉,
+    spread evenly), the k-th copy's id suffixed ``~k``. On a whole engine, this is the load
+    the requests put on 1/``factor`` of it, its KV cache, batch slots and compute alike:
+    what they would get from that part of a fleet of such engines. Raises ``ValueError``
+    on a factor below 1 or not finite."""
+    if not 1.0 <= factor < math.inf:
+        raise ValueError(f"factor: must be a finite number >= 1, got {factor}")
+    out: list[SimRequest] = []
+    for i, request in enumerate(requests):
+        copies = math.floor((i + 1) * factor) - math.floor(i * factor)
+        out.extend(replace(request, id=f"{request.id}~{k}") for k in range(copies))
     return out

@@ -144,7 +144,8 @@ def test_bench_qoe_with_tenants_writes_per_tenant_results_and_a_summary(tmp_path
     args += ["--tier-mix", "chat=0.5,voice=0.3,fast=0.2", "--tenants", "a:1:0.5,b:4:0.5"]
     assert main([*args, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "a QoE" in printed and "b QoE" in printed and "alone" in printed
+    assert "a QoE" in printed and "b QoE" in printed
+    assert "share" in printed and "alone" in printed
     assert "tiering" in printed and not printed.lstrip().startswith("{")
     report = json.loads((out / "results.json").read_text())
     run = next(r for r in report["runs"] if r["policy"] == "andes-tp")
@@ -155,6 +156,12 @@ def test_bench_qoe_with_tenants_writes_per_tenant_results_and_a_summary(tmp_path
     for name in ("a", "b"):  # the reader's tails beside each plan's average
         assert tiering[name]["idle_p99_s"] == run["tenants"][name]["idle_p99_s"] >= 0
         assert tiering[name]["ttft_p90_s"] == run["tenants"][name]["ttft_p90_s"] >= 0
+        # what the plan is worth: its fifth or four fifths of the engine, the whole one
+        assert 0 < tiering[name]["share_avg_qoe"] <= tiering[name]["alone_avg_qoe"] <= 1
+        assert tiering[name]["unweighted_avg_qoe"] is None  # not run
+    # a's demand, half of everything, on a fifth of the engine, and b's on four fifths
+    assert tiering["a"]["share_avg_qoe"] < tiering["b"]["share_avg_qoe"]
+    assert "isolation_misses" in report["analysis"]["tiering"]["4.0"]
     assert "idle p99" in printed
 
 
