@@ -6,7 +6,7 @@ Each run directory holds the `results.json` of one sweep with `andes-tp` and
 (`tokenpace/bench_plans.py`). One seed is one draw of arrivals, tiers and tenants: a
 target met at seed 0 alone can be luck, so the sweeps run over several and this prints,
 per target, at how many points it applies, how many meet it, the worst value and the
-points that miss::
+points that miss (named by their directory and rate)::
 
     .venv/bin/python bench/plans_targets.py results/plans-*-s*
 """
@@ -92,10 +92,6 @@ def targets() -> list[Target]:
     ]
 
 
-def label(config: dict[str, Any], rate: str) -> str:
-    return f"{config['tenants']} {config['arrivals']} seed {config['seed']} @ {float(rate):g}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="result directories (results.json)")
@@ -113,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{directory}: andes-tp-unweighted missing at {rate} req/s")
             for target in table:
                 if target.applies(row):
-                    target.points.append((label(report["config"], rate), target.value(row)))
+                    point = f"{directory.name} @ {float(rate):g}"
+                    target.points.append((point, target.value(row)))
     print(f"{reports} sweeps\n")
     print("| target | points | met | worst | misses |")
     print("| --- | --- | --- | --- | --- |")

@@ -3,11 +3,15 @@ demand scaled to the whole engine, and the targets read off one rate."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 
 from qos.latency import get_profile
 from qos.policy.registry import make_policy
 from qos.sim import SimRequest, build_workload, load_andes_trace, scale_demand, simulate
+from tests.support.paths import ROOT
 from tokenpace.bench_plans import fits_share, plan_references, verdicts
 
 
@@ -86,3 +90,43 @@ def test_the_targets_at_one_rate():
     # without the unweighted run, only what the run itself tells
     alone = verdicts({"a": tenant(1, 0.5, None), "b": tenant(4, 0.9, None)}, None)
     assert "total_vs_unweighted" not in alone and alone["fit_share"] == []
+
+
+def test_the_targets_over_many_sweeps_count_each_point_and_name_the_misses(tmp_path, capsys):
+    """Two sweeps (directories of results.json): the summary counts where each target
+    applies and is met, and names the points that miss by directory and rate."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from plans_targets import main as plans_targets
+
+    rates = {
+        "calm": {"2.0": ({"a": tenant(1, 0.97, 0.98), "b": tenant(4, 1.0, 0.98)}, 1.0)},
+        "short": {
+            "3.0": (
+                {
+                    "a": tenant(1, 0.40, 0.70, share=0.3, alone=1.0),
+                    "b": tenant(4, 0.93, 0.72, share=0.99, alone=1.0),
+                },
+                0.95,
+            )
+        },
+    }
+    for name, points in rates.items():
+        tiering = {
+            rate: {"tenants": tenants, **verdicts(tenants, total)}
+            for rate, (tenants, total) in points.items()
+        }
+        (tmp_path / name).mkdir()
+        report = {"analysis": {"tiering": tiering}}
+        (tmp_path / name / "results.json").write_text(json.dumps(report))
+    assert plans_targets([str(tmp_path / "calm"), str(tmp_path / "short")]) == 0
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()
+    }
+    assert "| 1 | 1 | 0.020 |" in rows["nobody loses: largest QoE change ≤ 0.02"]
+    total = rows["shortfall: total ≥ 97% of unweighted"]
+    assert "| 1 | 0 | 0.950 | short @ 3: 0.950 |" in total
+    assert (
+        "short @ 3: 0.070"
+        in rows["shortfall: highest weight, fitting its share, within 0.02 of alone"]
+    )
+    assert "short @ 3: 0.930" in rows["isolation: plans fitting their share ≥ 0.95"]
