@@ -19,10 +19,14 @@ the sixteen readers ask for 1.6 times the full batch's decode speed (overload); 
 The slack is 256 service units (``TOKENPACE_FAIR_SHARE_SLACK``): the shipped 8,192 is
 ~5 s of a GPU engine's output and would outlast a whole run.
 
-    .venv/bin/python bench/vllm_plans.py --loads 0.2,0.286,0.4
+    .venv/bin/python bench/vllm_plans.py --loads 0.2,0.286,0.4 [--speed S]
 
 prints each tenant's client-measured average QoE, first-token wait, longest freeze and
-user idle latency (p50 and p99) per policy and load (a few minutes per run).
+user idle latency (p50 and p99) per policy and load (a few minutes per run), and the
+load as the engine ran (:func:`measured_load`). With
+``--speed``, one full-batch speed sets every server's tier, so both policies of a load
+serve the same demand; by default each server's own calibration sets its tier, and on a
+shared VM two servers' calibrations can differ by half.
 """
 
 from __future__ import annotations
@@ -102,10 +106,13 @@ async def engine_speed(server: VllmServer) -> float:
 
 
 async def drive(
-    server: VllmServer, tds_per_speed: float = OVERLOAD_TDS_PER_SPEED
+    server: VllmServer, tds_per_speed: float = OVERLOAD_TDS_PER_SPEED, speed: float | None = None
 ) -> tuple[float, list[JobResult]]:
-    """The tier's TDS (scaled to the engine's speed) and every reply of the workload."""
-    tds = tds_per_speed * await engine_speed(server)
+    """The tier's TDS (``tds_per_speed`` times ``speed``, the full batch's per-request
+    tokens/s, measured on ``server`` when not given) and every reply of the workload."""
+    if speed is None:
+        speed = await engine_speed(server)
+    tds = tds_per_speed * speed
     async with serve_gateway(gateway_config([server], tiers(tds), TENANTS)) as url:
         return tds, await run_jobs(url, server.name, workload(tds))
 
@@ -138,12 +145,25 @@ def run_one(args: argparse.Namespace, policy: str, load: float, workdir: Path) -
     try:
         server.start()
         server.wait_ready(timeout_s=400)
-        tds, results = asyncio.run(drive(server, load))
+        tds, results = asyncio.run(drive(server, load, args.speed))
         stats = server.stats()
     finally:
         server.stop()
     assert all(r.completion_tokens == r.job.max_tokens for r in results)
-    return {"tds": tds, "tenants": by_tenant(results), "policy_s": stats.get("policy_s")}
+    return {
+        "tds": tds,
+        "load": measured_load(tds, stats),
+        "tenants": by_tenant(results),
+        "policy_s": stats.get("policy_s"),
+    }
+
+
+def measured_load(tds: float, stats: dict[str, Any]) -> float:
+    """What the READERS readers at ``tds`` asked of the engine as it ran: their tokens/s
+    over its full batch's decode rate, SLOTS over the step time the plugin measured at
+    that batch (its online profile, in the server's stats)."""
+    step_s = float(stats["profile"]["decode_s_at"][-1])
+    return tds * READERS * step_s / SLOTS
 
 
 def main() -> None:
@@ -153,19 +173,29 @@ def main() -> None:
     p.add_argument("--loads", default=f"0.2,{OVERLOAD_TDS_PER_SPEED}", help="TDS per speed")
     p.add_argument("--workdir", default=str(ROOT / "results" / "vllm_plans"))
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help="the full batch's tokens/s per request for every server (default: each "
+        "server's own, measured at its start), so that the policies of a load get the "
+        "same tier",
+    )
     args = p.parse_args()
+    if args.speed is not None and not args.speed > 0:
+        p.error(f"--speed: must be > 0 tokens/s, got {args.speed}")
     unknown = set(args.policies.split(",")) - set(POLICIES)
     if unknown:
         p.error(f"--policies: unknown {', '.join(sorted(unknown))}; use {', '.join(POLICIES)}")
     print(
-        "| TDS / full-batch speed | policy | tier TDS | "
+        "| TDS / full-batch speed | policy | tier TDS | load measured | "
         + " | ".join(
             f"{t} (w {w:g}): QoE, mean TTFT, longest freeze, idle p50 / p99"
             for t, w in TENANTS.items()
         )
         + " |"
     )
-    print("| --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for load in (float(x) for x in args.loads.split(",")):
         for policy in args.policies.split(","):
             workdir = Path(args.workdir) / f"{policy}-{load:g}"
@@ -176,7 +206,8 @@ def main() -> None:
                 f"{o.idle_p50_s:.1f} / {o.idle_p99_s:.1f} s"
                 for o in got["tenants"].values()
             ]
-            print(f"| {load:g} | {policy} | {got['tds']:.1f} | " + " | ".join(cells) + " |")
+            row = f"| {load:g} | {policy} | {got['tds']:.1f} | {got['load']:.2f} | "
+            print(row + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
