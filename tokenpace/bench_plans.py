@@ -30,8 +30,6 @@ from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
 
-import numpy as np
-
 from qos.sim import SimRequest, SimResult, scale_demand
 
 SERVED_WELL_QOE = 0.9
@@ -56,12 +54,11 @@ def plan_references(
         if not mine:
             continue
         share = simulate_one(scale_demand(mine, total / weight))
+        seen = share.reader()
         out[name] = {
             "share_avg_qoe": share.avg_qoe,
-            "share_frozen_over_2s": float(
-                np.mean([r.freezes.longest_s > 2.0 for r in share.requests])
-            ),
-            "share_idle_p99_s": float(np.percentile([r.idle_s for r in share.requests], 99)),
+            "share_frozen_over_2s": seen.frozen_share[2.0],
+            "share_idle_p99_s": seen.idle_p99_s,
             "alone_avg_qoe": simulate_one(mine).avg_qoe,
         }
     return out
