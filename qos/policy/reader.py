@@ -259,7 +259,8 @@ class ReaderGuard:
         overdue, fresh = self.overdue(table, fresh, now, room_wait_s)
         waiting = np.concatenate((overdue, fresh))
         watermark = int(kv_watermark * capacity.kv_tokens)
-        loans = self.loan_share(float(demand @ committed), watermark, margin)
+        committed_kv = int(demand @ committed)
+        loans = self.loan_share(float(committed_kv), watermark, margin)
         reader_rate = self.reader_rate(
             table, capacity, demand, committed, waiting, room_wait_s, loans
         )
@@ -312,7 +313,7 @@ class ReaderGuard:
                 back = rest & ~resident & (slack <= self.lend_after_s * RETURN_AT)
                 batch.take(_by(slack, back), capacity.kv_tokens - batch.kv - staying)
             batch.take(_by(slack, rest & resident), capacity.kv_tokens - batch.kv)
-            if int(demand @ committed) <= capacity.kv_tokens:
+            if committed_kv <= capacity.kv_tokens:
                 paused = int(demand @ (resident & ~batch.keep))
                 batch.take(_by(slack, rest & ~resident), capacity.kv_tokens - batch.kv - paused)
         else:
