@@ -25,69 +25,82 @@ from tokenpace.bench_plans import ISOLATION_QOE, NOBODY_LOSES_MAX, TOTAL_MIN
 
 @dataclass
 class Target:
-    """One target: where it applies, its value at a point, and whether that meets it."""
+    """One target: where it applies, its value at a point, and the limit the value must
+    stay within (at most, or at least, ``limit``)."""
 
     name: str
     applies: Callable[[dict[str, Any]], bool]
     value: Callable[[dict[str, Any]], float]
-    met: Callable[[float], bool]
-    worst: Callable[[list[float]], float]
+    limit: float
+    at_most: bool
     points: list[tuple[str, float]] = field(default_factory=list)  # (label, value)
+
+    def met(self, value: float) -> bool:
+        if self.at_most:
+            return value <= self.limit + 1e-9
+        return value >= self.limit - 1e-9
+
+    def worst(self, values: list[float]) -> float:
+        return max(values) if self.at_most else min(values)
 
 
 def targets() -> list[Target]:
-    def shortfall(row: dict[str, Any]) -> bool:
-        return not row["served_well_unweighted"]
+    def served_well(row: dict[str, Any]) -> bool:
+        return bool(row["served_well_unweighted"])
 
+    def shortfall(row: dict[str, Any]) -> bool:
+        return not served_well(row)
+
+    loses = NOBODY_LOSES_MAX
     return [
         Target(
-            f"nobody loses: largest QoE change ≤ {NOBODY_LOSES_MAX}",
-            lambda row: bool(row["served_well_unweighted"]),
+            f"nobody loses: largest QoE change ≤ {loses}",
+            served_well,
             lambda row: float(row["largest_change"]),
-            lambda v: v <= NOBODY_LOSES_MAX + 1e-9,
-            max,
+            loses,
+            at_most=True,
         ),
         Target(
-            f"... largest QoE loss ≤ {NOBODY_LOSES_MAX}",
-            lambda row: bool(row["served_well_unweighted"]),
+            f"... largest QoE loss ≤ {loses}",
+            served_well,
             lambda row: float(row["largest_loss"]),
-            lambda v: v <= NOBODY_LOSES_MAX + 1e-9,
-            max,
+            loses,
+            at_most=True,
         ),
         Target(
             "shortfall: QoE ordered by weight",
             shortfall,
             lambda row: float(row["ordered_by_weight"]),
-            lambda v: v == 1.0,
-            min,
+            1.0,
+            at_most=False,
         ),
         Target(
             f"shortfall: total ≥ {TOTAL_MIN:.0%} of unweighted",
             shortfall,
             lambda row: float(row["total_vs_unweighted"]),
-            lambda v: v >= TOTAL_MIN - 1e-9,
-            min,
+            TOTAL_MIN,
+            at_most=False,
         ),
         Target(
-            f"shortfall: highest weight, fitting its share, within {NOBODY_LOSES_MAX} of alone",
+            f"shortfall: highest weight, fitting its share, within {loses} of alone",
             lambda row: shortfall(row) and "top_below_alone" in row,
             lambda row: float(row["top_below_alone"]),
-            lambda v: v <= NOBODY_LOSES_MAX + 1e-9,
-            max,
+            loses,
+            at_most=True,
         ),
         Target(
             f"isolation: plans fitting their share ≥ {ISOLATION_QOE}",
             lambda row: bool(row["fit_share"]),
             lambda row: min(row["tenants"][k]["avg_qoe"] for k in row["fit_share"]),
-            lambda v: v >= ISOLATION_QOE - 1e-9,
-            min,
+            ISOLATION_QOE,
+            at_most=False,
         ),
         Target(
             "no reply frozen over 2 s, every plan (largest share)",
             lambda row: True,
             lambda row: max(t["frozen_over_2s"] for t in row["tenants"].values()),
-            lambda v: v == 0.0,
-            max,
+            0.0,
+            at_most=True,
         ),
     ]
 
