@@ -112,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     table = targets()
     reports = 0
     for directory in args.runs:
-        report = json.loads((directory / "results.json").read_text())
-        tiering = report["analysis"].get("tiering", {})
+        try:
+            report = json.loads((directory / "results.json").read_text())
+            tiering = report["analysis"].get("tiering", {})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SystemExit(
+                f"{directory}: no readable results.json of `tokenpace bench qoe` ({exc})"
+            ) from None
         if not tiering:
             raise SystemExit(f"{directory}: no tenants' analysis (run with --tenants)")
         reports += 1

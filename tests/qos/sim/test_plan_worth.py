@@ -130,3 +130,8 @@ def test_the_targets_over_many_sweeps_count_each_point_and_name_the_misses(tmp_p
         in rows["shortfall: highest weight, fitting its share, within 0.02 of alone"]
     )
     assert "short @ 3: 0.930" in rows["isolation: plans fitting their share ≥ 0.95"]
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.json").write_text("[1]")
+    for bad in ("missing", "broken"):
+        with pytest.raises(SystemExit, match=f"{bad}: no readable results.json"):
+            plans_targets([str(tmp_path / bad)])
