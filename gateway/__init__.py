@@ -1,6 +1,6 @@
 """tokenpace gateway: the OpenAI-compatible front door.
 
-Modules (docs/architecture.md, "The gateway's modules", says how they fit): ``app``
+Modules (docs/architecture/gateway.md, "The gateway's layout", says how they fit): ``app``
 (``create_app``, the composition root), ``middleware``, ``auth``, ``routes``,
 ``completions`` (the completion request path) and ``disconnect``, ``openapi``,
 ``context`` (the typed per-request records), ``errors``, ``config`` (the schema) and

@@ -5,7 +5,7 @@ store, the router, the metrics); nothing below this module reaches for the other
 request goes through the HTTP server's connection limits (:mod:`gateway.runtime.server`),
 :class:`~gateway.http.middleware.GatewayMiddleware`, CORS,
 :class:`~gateway.http.gate.AccessGate`, then its route (:mod:`gateway.http.routes`,
-:mod:`gateway.http.admin`). docs/architecture.md describes the whole path.
+:mod:`gateway.http.admin`). docs/architecture/gateway.md describes the whole path.
 """
 
 from __future__ import annotations

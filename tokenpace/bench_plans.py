@@ -12,7 +12,7 @@ with no reply frozen over 2 s.
 the engine: a smaller batch runs each sequence faster, and on OPT-66B the three slices of
 a 1 : 2 : 4 split streamed 1,328 tokens/s together where the whole engine streams 863.)
 
-The targets (docs/architecture.md, "Price plans"; measured in docs/benchmarks.md), for
+The targets (docs/architecture/policy.md, "Price plans"; measured in docs/benchmarks.md), for
 the shipped policy against the same policy with weights ignored, in the same run:
 
 1. nobody loses when nobody has to: where the unweighted policy serves every tenant at

@@ -11,7 +11,7 @@ A waiting request is *overloaded* once no engine can start it within its tier's 
 (``overload_after_s``, by default 10 TTFTs): it gets 503 ``overloaded`` at the bound, or
 at once where ``admission.overload`` is ``reject`` and the estimated wait is past it. A
 stream that waits in ``queue`` mode is answered 200 at once and told its standing
-(:meth:`Waiting.ticket`'s ``notify``). docs/architecture.md, "Fair share across gateway
+(:meth:`Waiting.ticket`'s ``notify``). docs/architecture/gateway.md, "Fair share across gateway
 replicas", has the design and its round trips; docs/protocol.md, "Overload", the answers.
 """
 

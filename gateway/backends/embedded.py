@@ -11,7 +11,7 @@ batching, preemption by recompute) scheduled by the Andes policy as tokenpace sh
 WARNING log line at start.
 
 How it runs (one asyncio task drives the engine in wall-clock time; a request's
-async generator reads its queue): docs/architecture.md, "The embedded engine".
+async generator reads its queue): docs/architecture/gateway.md, "The embedded engine".
 
 A request becomes one :class:`qos.sim.workload.SimRequest` per choice (``n`` × prompts,
 batched like vLLM's sequences) with

@@ -305,7 +305,7 @@ class LoggingConfig(_Strict):
 
 
 class StoreConfig(_Strict):
-    """Where the state shared by gateway replicas lives (docs/architecture.md)."""
+    """Where the state shared by gateway replicas lives (docs/architecture/gateway.md)."""
 
     redis_url: str | None = Field(
         None, description="redis://host:port/db; None = in-memory (one replica only)"

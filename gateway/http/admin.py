@@ -13,7 +13,7 @@ SHA-256 digest (what the configuration and the store hold; never the key itself)
 Key changes go to the shared store (every replica sees them within
 ``store.key_cache_s``); while Redis is down, or while this replica's copy of the key
 table is not known to match it (start-up, restoring a Redis that lost its data), they
-are refused with 503, never made on one replica only (docs/architecture.md, "API keys:
+are refused with 503, never made on one replica only (docs/architecture/gateway.md, "API keys:
 what survives what").
 """
 

@@ -12,7 +12,7 @@ returns the stream's
 gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
 :func:`qos.metrics.monotone_qoe`; and what a reader paced at the tier's TDS saw:
 :func:`qos.metrics.freezes` and :func:`qos.metrics.user_idle_latency`, Wang et al.
-Eq. 9). docs/architecture.md, "The streaming relay". A traced request's body is the span
+Eq. 9). docs/architecture/gateway.md, "The streaming relay". A traced request's body is the span
 ``tokenpace.stream``, which ends with the outcome, the QoE and the longest freeze on the
 request's span too.
 """

@@ -1,4 +1,4 @@
-"""``tokenpace serve --workers N``: N gateway processes on one port (docs/architecture.md,
+"""``tokenpace serve --workers N``: N gateway processes on one port (docs/architecture/gateway.md,
 "Worker processes").
 
 uvicorn's own supervisor (``uvicorn.supervisors.Multiprocess``) runs the workers on the

@@ -29,7 +29,7 @@ Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot)
 ``keys``, ``revoked``  HASH digest -> tenant; SET revoked digests
 ``keyver``             STRING bumped on every change of ``keys`` or ``revoked``
 ``epoch``              STRING a random id set once per store: changes (or goes) when the
-                       store lost its data (docs/architecture.md, "API keys")
+                       store lost its data (docs/architecture/gateway.md, "API keys")
 ``tenants``            HASH tenant -> description (JSON)
 ``tel``                STREAM QoE records (trimmed by age and length)
 ``qa:<size>:<start>:<tenant>``  HASH a tenant's QoE aggregates in one time bucket

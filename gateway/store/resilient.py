@@ -18,7 +18,7 @@ none):
 - a **command error** (any other error reply): that one call fails
   (:class:`~gateway.store.base.StoreCommandError`, 500, logged); nothing changes mode.
 
-docs/architecture.md, "Fair share across gateway replicas" ("Failure") and "API keys:
+docs/architecture/gateway.md, "Fair share across gateway replicas" ("Failure") and "API keys:
 what survives what", has the design.
 """
 

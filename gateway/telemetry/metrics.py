@@ -51,7 +51,7 @@ requests that fail before a tenant or tier is known are labelled ``-``):
 
 Several workers (``tokenpace serve --workers N``) share one view through
 ``prometheus_client.multiprocess``: each process writes to ``$PROMETHEUS_MULTIPROC_DIR``
-and any worker's scrape reads every file (docs/architecture.md, "Worker processes", says
+and any worker's scrape reads every file (docs/architecture/gateway.md, "Worker processes", says
 how each series combines). The backend series are then gauges each worker publishes
 (:meth:`GatewayMetrics.publish_backends`).
 """

@@ -53,7 +53,7 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
 
 What remains is bounded: a reply can wait beyond its reader's pace for at most one
 iteration with the longest single (re)compute prefill (the progress rule, or the cache
-outgrown by the replies' own growth, when a paused one loses its KV). docs/architecture.md
+outgrown by the replies' own growth, when a paused one loses its KV). docs/architecture/policy.md
 derives this and docs/benchmarks.md measures it.
 """
 

@@ -3,7 +3,7 @@
 ``python -m vllm.entrypoints.openai.api_server --model M --scheduler-cls
 qos.vllm.AndesScheduler`` makes the engine ask a qos policy (Andes by default, the same
 code the simulator runs) which requests run each iteration; see
-:mod:`qos.vllm.scheduler` and docs/architecture.md ("The vLLM plugin"). Configuration
+:mod:`qos.vllm.scheduler` and docs/architecture/plugin.md. Configuration
 comes from ``TOKENPACE_*`` environment variables (:mod:`qos.vllm.config`).
 
 Importing this package does not import vLLM (nor does ``import qos``): the scheduler

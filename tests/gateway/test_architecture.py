@@ -2,7 +2,7 @@
 
 The import graph is read from the source with ``ast``: every import counts, those under
 ``if TYPE_CHECKING:`` and those inside functions included, since each is coupling that
-a reader has to follow. The layers are docs/architecture.md's ("The gateway's layout").
+a reader has to follow. The layers are docs/architecture/gateway.md's ("The gateway's layout").
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def test_bad_options_are_refused_naming_the_option():
 
 
 def freeze_bound(profile: LatencyProfile, workload: list[SimRequest]) -> float:
-    """The documented bound (docs/architecture.md, "The reader guard"): one iteration at
+    """The documented bound (docs/architecture/policy.md, "The reader guard"): one iteration at
     the full batch with the longest single (re)compute prefill, a whole context's."""
     longest = max(r.prompt_tokens + r.output_tokens for r in workload)
     tau = float(profile.decode_s(profile.max_batch))

@@ -5,7 +5,7 @@ and ``premium`` (weight 4), the same steady demand (64 requests of 160 tokens,
 alternating), four sequence slots, the tier scaled to the engine's measured speed so that
 the sixteen readers at a time ask for 1.4 times what its full batch decodes; the plugin
 runs its default policy, ``andes-tp``. Here the slots, not the cache, run short: the
-plans split the readers' rate (docs/architecture.md, "Price plans"): premium asks 0.7
+plans split the readers' rate (docs/architecture/policy.md, "Price plans"): premium asks 0.7
 of the full batch's rate, within its guarantee of 0.8 before the prefills' share, and
 basic absorbs the shortfall. Checked: every request gets all its tokens, the plugin
 decided, the premium tenant's client-measured average QoE is at least 0.8 and twice the
