@@ -243,6 +243,18 @@ class HttpBackend(Backend):
                 retryable=True,
                 unhealthy=status in (502, 503),
             )
+        if status in (401, 403):
+            # The backend refused the gateway's own credentials (backends[].api_key): the
+            # client's key was accepted, so relaying this would blame the client.
+            return BackendError(
+                f"Backend {self.name!r} refused the gateway's credentials (HTTP {status}"
+                + (f": {upstream_msg}" if upstream_msg else "")
+                + f"). The gateway's configuration must give backend {self.name!r} the key "
+                "it accepts (backends[].api_key); the client's API key is not the cause.",
+                status=502,
+                retryable=True,
+                code="upstream_auth_failed",
+            )
         # 4xx: the client's problem (relayed as it was), except 404 (this backend lacks
         # the model), 408 and 429, which another backend may not have.
         message = str(upstream_msg or f"Backend {self.name!r} answered HTTP {status}.")
