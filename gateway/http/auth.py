@@ -33,6 +33,7 @@ from gateway.telemetry.errors import missing_telemetry_credentials
 from gateway.telemetry.tokens import BODY_FIELD, TOKEN_HEADER, TelemetryTokens, split_token
 
 ADMIN_PREFIX = "/v1/tokenpace/admin/"
+MODELS_PREFIX = "/v1/models/"  # one model: GET /v1/models/{model}
 TELEMETRY_PATH = "/v1/tokenpace/telemetry"
 QOE_PATH = "/v1/tokenpace/qoe"
 METRICS_PATH = "/metrics"
@@ -63,6 +64,8 @@ def access_rule(path: str) -> Access | None:
     or no route at all)."""
     if path.startswith(ADMIN_PREFIX):
         return Access.ADMIN
+    if path.startswith(MODELS_PREFIX):
+        return Access.TENANT
     return _ROUTES.get(path)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from gateway.errors import SERVER_ERROR, GatewayError
@@ -78,7 +78,7 @@ class _Assets(StaticFiles):
 
 def add_page_routes(app: FastAPI, *, docs: bool) -> None:
     """``GET /demo``, ``GET /dashboard``, with ``docs`` ``GET /docs``, and their assets
-    under ``/webui/``."""
+    under ``/webui/``; ``GET /`` names them and the API (JSON)."""
     directory = webui_dir()
 
     def page(name: str) -> Callable[[Request], Awaitable[Response]]:
@@ -90,6 +90,27 @@ def add_page_routes(app: FastAPI, *, docs: bool) -> None:
 
         return serve
 
+    links = {"api": "/v1", **{r.lstrip("/"): r for r in {**PAGES, **(DOCS if docs else {})}}}
+
+    async def index() -> JSONResponse:
+        pages = ", ".join(r for r in links.values() if r != "/v1")
+        return JSONResponse(
+            {
+                "object": "tokenpace.gateway",
+                "message": f"tokenpace gateway: the OpenAI-compatible API is under /v1; "
+                f"its web pages are {pages}.",
+                "links": links,
+            }
+        )
+
+    app.add_api_route(
+        "/",
+        index,
+        methods=["GET"],
+        tags=["pages"],
+        summary="Where things are",
+        include_in_schema=False,
+    )
     for route, name in {**PAGES, **(DOCS if docs else {})}.items():
         app.add_api_route(
             route,

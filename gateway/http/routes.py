@@ -1,7 +1,8 @@
 """The gateway's routes: the OpenAI API, operations, and tokenpace's own.
 
 ``POST /v1/chat/completions``, ``POST /v1/completions`` (:mod:`gateway.request.completions`),
-``GET /v1/models``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``,
+``GET /v1/models``, ``GET /v1/models/{model}``, ``GET``/``HEAD /healthz`` and
+``/readyz``, ``GET /metrics``,
 ``POST /v1/tokenpace/telemetry`` and ``GET /v1/tokenpace/qoe``
 (:mod:`gateway.telemetry.reports`). Administration is in :mod:`gateway.http.admin`.
 """
@@ -28,7 +29,7 @@ from gateway.http.openapi import (
     completion_responses,
 )
 from gateway.relay.drain import Drain
-from gateway.request.completions import CompletionService
+from gateway.request.completions import CompletionService, model_not_found
 from gateway.request.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -105,13 +106,33 @@ def add_api_routes(
         return ModelList(data=[Model(**card) for card in router.model_cards()])
 
     @app.get(
-        "/healthz", tags=["ops"], summary="Liveness: the process serves HTTP", response_model=Health
+        "/v1/models/{model:path}",
+        tags=["openai"],
+        summary="Retrieve a model the backends serve",
+        response_model=Model,
+        responses={401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404], 503: STORE_DOWN},
+    )
+    async def model(model: str, tenant: Annotated[TenantConfig, Security(tenant_key)]) -> Model:
+        card = next((c for c in router.model_cards() if c["id"] == model), None)
+        if card is not None:
+            return Model(**card)
+        if router.knows_model(model):  # a backend that serves any name ("*")
+            return Model(id=model)
+        raise model_not_found(model)
+
+    @app.api_route(
+        "/healthz",
+        methods=["GET", "HEAD"],
+        tags=["ops"],
+        summary="Liveness: the process serves HTTP",
+        response_model=Health,
     )
     async def healthz() -> Health:
         return Health(status="ok")
 
-    @app.get(
+    @app.api_route(
         "/readyz",
+        methods=["GET", "HEAD"],
         tags=["ops"],
         summary="Readiness: at least one backend is healthy, and not shutting down",
         response_model=Health,

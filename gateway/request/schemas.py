@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _REQUEST = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 _RESPONSE = ConfigDict(extra="allow")
@@ -37,6 +37,16 @@ class TokenPaceOptions(BaseModel):
     ttft: float | None = Field(None, description="expected time to first token, seconds")
     tds: float | None = Field(None, description="expected token delivery speed, tokens/s")
 
+    @field_validator("tier", mode="before")
+    @classmethod
+    def _numbers_go_beside_the_tier(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            raise ValueError(
+                "a tier is a name ('chat', 'voice', ...); explicit expectations go in place "
+                'of it, not inside it: "tokenpace": {"ttft": 2, "tds": 10}'
+            )
+        return value
+
 
 class StreamOptions(BaseModel):
     model_config = _REQUEST
@@ -51,7 +61,7 @@ class ChatMessage(BaseModel):
 
     model_config = _REQUEST
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
