@@ -149,8 +149,8 @@ def draw_timeline(data: dict, path: Path) -> None:
     ax.set_ylabel("tokens shown to the reader")
     s = data["settings"]
     ax.set_title(
-        f"one {reply['tier']} reply ({n} tokens, {reply['tds']:g} tokens/s) at {s['rate']:g} req/s, "
-        f"{s['profile']} (simulated)",
+        f"one {reply['tier']} reply ({n} tokens, {reply['tds']:g} tokens/s) "
+        f"at {s['rate']:g} req/s, {s['profile']} (simulated)",
         fontsize=9,
     )
     ax.grid(alpha=0.3)
