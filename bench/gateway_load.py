@@ -776,7 +776,7 @@ def _baseline_lines(results: dict[str, Any], ns: list[int]) -> list[str]:
 
 
 def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]]:
-    """The issue's targets, measured; ``met`` is None when not measurable in this run."""
+    """The gateway's cost targets, measured; ``met`` is None when not measurable in this run."""
     n = max(ns)
     by = results["runs"][str(n)]
     checks: list[dict[str, Any]] = []

@@ -120,9 +120,8 @@ def add_api_routes(
             return Model(id=model)
         raise model_not_found(model)
 
-    @app.api_route(
+    @app.get(
         "/healthz",
-        methods=["GET", "HEAD"],
         tags=["ops"],
         summary="Liveness: the process serves HTTP",
         response_model=Health,
@@ -130,9 +129,8 @@ def add_api_routes(
     async def healthz() -> Health:
         return Health(status="ok")
 
-    @app.api_route(
+    @app.get(
         "/readyz",
-        methods=["GET", "HEAD"],
         tags=["ops"],
         summary="Readiness: at least one backend is healthy, and not shutting down",
         response_model=Health,
@@ -143,6 +141,11 @@ def add_api_routes(
         status = "draining" if drain.draining else "ready" if ready else "not ready"
         body = Health(status=status, backends={s.name: s.healthy for s in router.states})
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+    # Load balancers probe with HEAD: the same answer without its body (the server
+    # drops it), kept out of the OpenAPI document, which lists each probe once.
+    for path, probe in (("/healthz", healthz), ("/readyz", readyz)):
+        app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 
     @app.get(
         "/metrics",
