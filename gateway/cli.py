@@ -99,21 +99,37 @@ def _add_hash_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("key", nargs="?", help="the API key (default: read one line from stdin)")
 
 
-def _add_keys_args(p: argparse.ArgumentParser) -> None:
+def _add_keys_options(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """``--base-url`` and ``--json``, before the action (``defaults``) or after it
+    (``keys list --json``), where they are left unset unless given."""
+    url = os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
     p.add_argument(
         "--base-url",
-        default=os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL,
+        default=url if defaults else argparse.SUPPRESS,
         help=f"the gateway, /v1 included (default: ${BASE_URL_ENV}, else {DEFAULT_BASE_URL})",
     )
-    p.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="print the gateway's JSON answer",
+    )
+
+
+def _add_keys_args(p: argparse.ArgumentParser) -> None:
+    _add_keys_options(p, defaults=True)
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("list", help="tenants and their key ids")
+    list_ = actions.add_parser("list", help="tenants and their key ids")
     add = actions.add_parser("add", help="a new key for a tenant (printed once)")
     add.add_argument("tenant")
+    parsers = [list_, add]
     for name, what in (("rotate", "a new key, and KEY_ID revoked"), ("revoke", "revoke KEY_ID")):
         action = actions.add_parser(name, help=what)
         action.add_argument("tenant")
         action.add_argument("key_id", help="the key's id: its SHA-256 digest (keys list)")
+        parsers.append(action)
+    for action in parsers:
+        _add_keys_options(action, defaults=False)
 
 
 def add_gateway_commands(subparsers: Any) -> None:

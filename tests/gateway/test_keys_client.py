@@ -84,3 +84,14 @@ def test_mistakes_say_what_to_fix(running: Gateway, capsys: pytest.CaptureFixtur
     assert code == 1 and "404: No live key" in err
     code, _, err = keys(gw, capsys, "--base-url", "http://127.0.0.1:9/v1", "list")
     assert code == 1 and "No tokenpace gateway answers at http://127.0.0.1:9/v1" in err
+
+
+def test_options_go_before_or_after_the_action(
+    running: Gateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, before, _ = keys(running, capsys, "--json", "list")
+    assert code == 0
+    code, after, _ = keys(running, capsys, "list", "--json")
+    assert code == 0 and json.loads(after) == json.loads(before)
+    code, _, err = keys(running, capsys, "list", "--base-url", "http://127.0.0.1:9/v1")
+    assert code == 1 and "No tokenpace gateway answers at http://127.0.0.1:9/v1" in err
