@@ -72,6 +72,11 @@ def main() -> int:
     if not args.api_key:
         parser.error("--api-key (or TOKENPACE_API_KEY): the key `make run` printed")
     espeak = shutil.which("espeak-ng")
+    if espeak is None and args.wav:
+        parser.error(
+            f"--wav {args.wav}: writing audio needs espeak-ng, which is not installed "
+            "(Debian: apt-get install espeak-ng, or make system-deps)"
+        )
     if espeak is None:
         print("espeak-ng is not installed: printing the sentences only", file=sys.stderr)
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, tier="voice", unit="sentence")
@@ -80,8 +85,13 @@ def main() -> int:
     except openai.APIError as error:
         print(f"error: {explain(error, args.base_url)}", file=sys.stderr)
         return 1
-    if args.wav and espeak is not None:
-        print(f"wrote {args.wav}: {write_wav(args.wav, clips):.1f} s of audio")
+    if args.wav:
+        try:
+            seconds = write_wav(args.wav, clips)
+        except OSError as error:
+            print(f"error: cannot write {args.wav}: {error.strerror or error}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.wav}: {seconds:.1f} s of audio")
     return 0
 
 

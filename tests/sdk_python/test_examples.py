@@ -114,3 +114,20 @@ def test_a_common_mistake_is_one_line_that_says_what_to_fix(base_url, script, ar
     assert out.stdout.strip() == ""
     assert len(out.stderr.splitlines()) == 1, out.stderr
     assert out.stderr.startswith("error: ") and says in out.stderr, out.stderr
+
+
+def test_voice_wav_without_espeak_fails_before_asking(base_url, tmp_path: Path):
+    wav = tmp_path / "reply.wav"
+    env = {**os.environ, "PATH": str(tmp_path)}  # no espeak-ng on it
+    out = _example("voice.py", "--base-url", base_url, "--api-key", KEY, "--wav", str(wav), env=env)
+    assert out.returncode == 2 and not wav.exists()
+    assert "writing audio needs espeak-ng, which is not installed" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng (make system-deps)")
+def test_voice_wav_that_cannot_be_written_fails(base_url, tmp_path: Path):
+    wav = tmp_path / "no-such-folder" / "reply.wav"
+    out = _example(
+        "voice.py", "--base-url", base_url, "--api-key", KEY, "--max-tokens", "6", "--wav", str(wav)
+    )
+    assert out.returncode == 1 and f"error: cannot write {wav}" in out.stderr
