@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qos.latency import LatencyProfile, get_profile
+from qos.latency import PROFILES, LatencyProfile, get_profile
 from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS
 from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.sim import (
@@ -498,14 +498,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policies", default="fcfs,round-robin,andes", help=", ".join(POLICIES))
-    parser.add_argument("--rates", default="1.5,2,2.5,3,3.5,4", help="requests/s, comma-separated")
-    parser.add_argument("--profile", default="opt-66b-4xa100")
     parser.add_argument(
-        "--kv-tokens", type=int, default=None, help="override the profile's KV capacity M"
+        "--policies",
+        default="fcfs,round-robin,andes",
+        help=f"comma-separated, of: {', '.join(POLICIES)} (default: %(default)s)",
     )
     parser.add_argument(
-        "--max-batch", type=int, default=None, help="override the profile's batch limit"
+        "--rates",
+        default="1.5,2,2.5,3,3.5,4",
+        help="requests/s, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="opt-66b-4xa100",
+        help="latency profile of the simulated engine (qos.latency; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=None,
+        help="override the profile's KV capacity M (default: the profile's)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="override the profile's batch limit (default: the profile's)",
     )
     parser.add_argument(
         "--swap-s-per-token",
@@ -514,7 +533,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override the profile's swap cost: seconds per token, each way "
         "(bench/kv_swap_cost.py measures it on a GPU)",
     )
-    parser.add_argument("--workload", choices=WORKLOADS, default="chat")
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="chat",
+        help="the trace's own expectations (chat) or all voice (default: %(default)s)",
+    )
     parser.add_argument(
         "--tier-mix",
         default=None,
@@ -525,12 +549,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="NAME:WEIGHT:SHARE,... e.g. free:1:0.33,pro:2:0.33,ent:4:0.34",
     )
-    parser.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson")
     parser.add_argument(
-        "--cv", type=float, default=3.0, help="gamma arrivals' coefficient of variation"
+        "--arrivals",
+        choices=("poisson", "gamma"),
+        default="poisson",
+        help="Poisson, or bursty Gamma with --cv (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cv",
+        type=float,
+        default=3.0,
+        help="gamma arrivals' coefficient of variation (default: %(default)s)",
     )
     parser.add_argument("--n", type=int, default=None, help="requests (default: the whole trace)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="draws arrivals, tiers, tenants (default: %(default)s)"
+    )
     parser.add_argument(
         "--trace",
         default=None,
@@ -543,7 +577,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--preemption",
         choices=("recompute", "swap"),
         default="recompute",
-        help="what a request that loses its KV pays: a recompute, or a swap to host memory",
+        help="what a request that loses its KV pays: a recompute, or a swap to host memory "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--lend-after-s",
@@ -565,8 +600,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="andes-tp: ... and past this many times what FCFS would make a new request "
         f"wait (0: the TTFTs alone; default: the policy's, {OVERDUE_AFTER_FCFS_WAITS:g})",
     )
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", default="results/qoe")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="simulations run at once (default: the CPUs, %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        default="results/qoe",
+        help="folder for results.json and plots (default: %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
