@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv constraints test lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web release-check
+.PHONY: venv constraints test check docs-check lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web release-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -12,8 +12,11 @@ $(BIN)/python:
 
 # The server and, next to it, the client distribution (sdk_python/, tokenpace-client), at
 # the versions the tests passed with: constraints.txt, `make constraints` after a change.
+# setuptools warns about every editable install (a banner per package, even with
+# --quiet); the warning is about this very layout, so it is silenced here.
 $(STAMP): $(BIN)/python pyproject.toml sdk_python/pyproject.toml constraints.txt
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]' -e './sdk_python[openai]'
+	PYTHONWARNINGS="ignore:Editable installation" \
+		$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]' -e './sdk_python[openai]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -85,9 +88,22 @@ webui: webui/.built
 release-check: venv sdk_web/node_modules/.installed
 	scripts/check-release.sh
 
-# Python tests, then the web SDK's unit tests, then the pages in Chromium (webui/test/),
-# then the release artefacts.
-test: venv lint vllm mypy-vllm system-deps sdk-web webui
+# The docs name only files, folders and sections that exist (scripts/docs_check.py).
+docs-check:
+	$(PYTHON) scripts/docs_check.py
+
+# While developing, under 3 minutes: lint, docs-check and the tests that need nothing
+# but .venv (the policies, the simulator, the client's pacing, the gateway's
+# configuration and request checks); no vLLM, Redis, browser or release builds.
+CHECK_TESTS := tests/qos --ignore=tests/qos/vllm sdk_python/tests tests/docs/test_docs_check.py \
+	tests/gateway/config tests/gateway/request tests/gateway/test_architecture.py
+check: venv lint docs-check
+	$(BIN)/pytest -q $(CHECK_TESTS)
+
+# Everything CI runs (about 25 minutes on 2 cores): system packages (sudo apt-get),
+# vLLM's CPU build with torch, the npm packages; then lint, docs-check, the Python tests,
+# the web SDK's unit tests, the pages in Chromium (webui/test/), the release artefacts.
+test: venv lint docs-check vllm mypy-vllm system-deps sdk-web webui
 	$(BIN)/pytest -q
 	cd sdk_web && $(NPM) test
 	cd webui && $(NPM) test
