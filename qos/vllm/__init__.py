@@ -20,7 +20,7 @@ from typing import Any
 # The vLLM minor series whose private scheduler API the plugin was checked against
 # (docs/architecture/vllm-plugin-versions.md); pyproject.toml's `vllm` extra says the same.
 SUPPORTED_VLLM = ((0, 32), (0, 33))
-SUPPORTED_VLLM_RANGE = ">=0.32.0,<0.34"
+SUPPORTED_VLLM_RANGE = ">=0.32,<0.34"
 
 
 def check_vllm_version(version: str) -> None:
