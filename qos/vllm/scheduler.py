@@ -205,10 +205,13 @@ class TimedScheduler(Scheduler):
     def _scheduled_at(self, scheduler_output: SchedulerOutput) -> float | None:
         """When the schedule() that made this output ended (None: it scheduled nothing).
 
-        The engine processes outputs in the order it scheduled them; any older ones it
-        never processed (dropped by a reset) are discarded on the way.
+        The engine processes outputs in the order it scheduled them, empty ones included
+        (which are not queued here); any older ones it never processed (dropped by a
+        reset) are discarded on the way.
         """
         in_flight = self._in_flight
+        if not scheduler_output.total_num_scheduled_tokens:
+            return None
         while in_flight:
             output, end = in_flight.popleft()
             if output is scheduler_output:

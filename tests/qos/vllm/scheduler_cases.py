@@ -627,7 +627,8 @@ def test_step_time_is_the_device_time_with_two_steps_in_flight(vllm_config, monk
     schedule() 5 ms and update_from_output() 2 ms of the engine's time. Under async the
     engine schedules step N+1 while N runs, so the device never waits and every step's
     model time is its 30 ms, not what is left of it after the overlapped scheduling
-    (the stats' model time then sums to the device's busy time)."""
+    (the stats' model time then sums to the device's busy time), a step queued behind an
+    empty one included."""
     monkeypatch.delenv("TOKENPACE_STATS_FILE", raising=False)
     config = vllm_config
     config.cache_config.num_gpu_blocks = 64
@@ -650,23 +651,33 @@ def test_step_time_is_the_device_time_with_two_steps_in_flight(vllm_config, monk
     scheduler._schedule_step = timed_schedule_step
     for i in range(4):
         scheduler.add_request(request(f"r{i}", 16, 20, now[0]))
+    # vLLM's step_with_batch_queue: every output is queued, empty ones too (one whose
+    # requests all have their last token in flight), and the oldest is processed when
+    # the queue is full or nothing is left to schedule
     depth = 2 if scheduler.async_scheduling else 1
     device_free = 0.0
     in_flight: deque[tuple[SchedulerOutput, set[str], float]] = deque()
-    steps = 0
+    steps = empty = 0
     while scheduler.requests or in_flight:
-        out = scheduler.schedule()
-        if out.total_num_scheduled_tokens:
-            device_free = max(now[0], device_free) + device_s
+        out = scheduler.schedule() if scheduler.requests else None
+        if out is not None:
+            if out.total_num_scheduled_tokens:
+                device_free = max(now[0], device_free) + device_s
+                steps += 1
+            else:
+                empty += 1
+                if empty == 1:  # a request arrives behind the empty step
+                    scheduler.add_request(request("late", 16, 8, now[0]))
             in_flight.append((out, sampling(scheduler, out), device_free))
-            steps += 1
-        while in_flight and (len(in_flight) >= depth or not out.total_num_scheduled_tokens):
-            done, sampled, done_at = in_flight.popleft()
-            now[0] = max(now[0], done_at)
-            fake_step(scheduler, done, sampled)
-            now[0] += update_s
+            if len(in_flight) < depth and scheduler.requests:
+                continue
+        done, sampled, done_at = in_flight.popleft()
+        now[0] = max(now[0], done_at)
+        fake_step(scheduler, done, sampled)
+        now[0] += update_s
     stats = scheduler.stats
     assert stats["steps"] == steps >= 20
+    assert (empty > 0) is scheduler.async_scheduling, "async: empty steps in the queue"
     assert stats["max_model_s"] == pytest.approx(device_s)
     assert stats["model_s"] == pytest.approx(steps * device_s)
     assert stats["schedule_s"] == pytest.approx(steps * schedule_s)
