@@ -9,7 +9,9 @@ comes from ``TOKENPACE_*`` environment variables (:mod:`qos.vllm.config`).
 Importing this package does not import vLLM (nor does ``import qos``): the scheduler
 classes are loaded on first access, which is when vLLM resolves ``--scheduler-cls``.
 ``qos.vllm.TimedScheduler`` is vLLM's stock scheduler with the plugin's step timing
-only, the baseline of ``bench/vllm_compare.py``.
+only, the baseline of ``bench/vllm_compare.py``. Both build on vLLM's ``AsyncScheduler``
+(``AsyncAndesScheduler``, ``AsyncTimedScheduler``) when the engine schedules
+asynchronously, vLLM's default on GPUs: docs/architecture/vllm-plugin-versions.md.
 """
 
 from __future__ import annotations
