@@ -126,17 +126,17 @@ class TimedScheduler(Scheduler):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
-        built: type[Scheduler] | None = cls
         if config.scheduler_config.async_scheduling and not issubclass(cls, AsyncScheduler):
-            built = TimedScheduler.ASYNC_VARIANTS.get(cls)
-            if built is None:
+            variant = TimedScheduler.ASYNC_VARIANTS.get(cls)
+            if variant is None:
                 raise TypeError(
                     f"{cls.__qualname__} subclasses vLLM's synchronous Scheduler and has no "
                     "async variant: register one in TimedScheduler.ASYNC_VARIANTS (a "
                     "subclass of it and vLLM's AsyncScheduler), or start vLLM with "
                     "async scheduling off"
                 )
-        return super().__new__(built)
+            return super().__new__(variant)
+        return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -461,6 +461,23 @@ def test_the_scheduler_builds_on_the_base_the_engine_schedules_with(vllm_config,
     )
     assert (type(baseline) is AsyncTimedScheduler) is is_async
 
+    class Custom(AndesScheduler):
+        """A subclass with no async variant registered."""
+
+    def build_custom():
+        return Custom(
+            vllm_config=vllm_config,
+            kv_cache_config=scheduler.kv_cache_config,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=BLOCK,
+        )
+
+    if is_async:  # refused, not run on the synchronous base
+        with pytest.raises(TypeError, match="no async variant"):
+            build_custom()
+    else:
+        assert type(build_custom()) is Custom
+
 
 def test_between_decisions_only_chosen_requests_are_admitted(vllm_config, monkeypatch):
     """With a decision interval, steps in between keep the last decision: vLLM admits
