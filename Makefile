@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv constraints test check docs-check lint format bench-qoe clean run vllm mypy-vllm system-deps bench-gateway webui sdk-web release-check
+.PHONY: venv constraints test check docs-check lint format bench-qoe clean run vllm vllm033 mypy-vllm system-deps bench-gateway webui sdk-web release-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,11 +46,19 @@ format: venv
 vllm:
 	PYTHON=$(PYTHON) scripts/setup-vllm.sh
 
+# vLLM 0.33's scheduler code (its GPU wheel with a CPU torch, no model can run) in its own
+# .venv-vllm033, for the plugin's scheduler cases and step-overhead bench on 0.33 until a
+# CPU build of 0.33 exists; idempotent, scripts/setup-vllm033.sh (under 7 minutes, 2.7 GB).
+vllm033:
+	PYTHON=$(PYTHON) scripts/setup-vllm033.sh
+
 # The vLLM plugin checked against vLLM's own types: `make lint` runs before vLLM is
 # installed and sees it as untyped (pyproject.toml); this run sees the real thing.
-mypy-vllm: venv vllm
+mypy-vllm: venv vllm vllm033
 	$(BIN)/mypy --python-executable .venv-vllm/bin/python --follow-imports=silent \
 		--cache-dir .mypy_cache/vllm qos/vllm
+	$(BIN)/mypy --python-executable .venv-vllm033/bin/python --follow-imports=silent \
+		--cache-dir .mypy_cache/vllm033 qos/vllm
 
 # System packages the tests use (redis-server, chromium and espeak-ng, from Debian); a no-op
 # when present. Node.js >= 20 must be there already (scripts/check-node.sh says so).
@@ -100,10 +108,11 @@ CHECK_TESTS := tests/qos --ignore=tests/qos/vllm sdk_python/tests tests/docs/tes
 check: venv lint docs-check
 	$(BIN)/pytest -q $(CHECK_TESTS)
 
-# Everything CI runs (about 25 minutes on 2 cores): system packages (sudo apt-get),
-# vLLM's CPU build with torch, the npm packages; then lint, docs-check, the Python tests,
-# the web SDK's unit tests, the pages in Chromium (webui/test/), the release artefacts.
-test: venv lint docs-check vllm mypy-vllm system-deps sdk-web webui
+# Everything CI runs (about 30 minutes on 2 cores): system packages (sudo apt-get),
+# vLLM's CPU build with torch, vLLM 0.33's scheduler code (.venv-vllm033), the npm
+# packages; then lint, docs-check, the Python tests, the web SDK's unit tests, the pages
+# in Chromium (webui/test/), the release artefacts.
+test: venv lint docs-check vllm vllm033 mypy-vllm system-deps sdk-web webui
 	$(BIN)/pytest -q
 	cd sdk_web && $(NPM) test
 	cd webui && $(NPM) test

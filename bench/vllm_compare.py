@@ -295,8 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         "--variant",
         action="append",
         default=[],
-        help="LABEL:KEY=VALUE[,KEY=VALUE...]: one more plugin server, its environment "
-        "over --plugin-env's, reported as LABEL (e.g. p0.15:TOKENPACE_PREEMPTION_CAP=0.15)",
+        help="LABEL[:KEY=VALUE,...]: one more plugin server, its environment over "
+        "--plugin-env's, reported as LABEL (e.g. p0.15:TOKENPACE_PREEMPTION_CAP=0.15)",
+    )
+    p.add_argument(
+        "--variant-vllm-arg",
+        action="append",
+        default=[],
+        help="LABEL=ARG: one more vLLM argument for the --variant LABEL server only "
+        "(e.g. andes-sync=--no-async-scheduling: the plugin on synchronous scheduling)",
     )
     p.add_argument("--out", default=str(ROOT / "results" / "vllm_compare"))
     args = p.parse_args(argv)
@@ -313,9 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = [(mode, mode, plugin_env if mode == "andes" else {}) for mode in args.modes.split(",")]
     for variant in args.variant:
         label, _, settings = variant.partition(":")
-        plan.append(
-            (label, "andes", {**plugin_env, **dict(kv.split("=", 1) for kv in settings.split(","))})
-        )
+        own = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+        plan.append((label, "andes", {**plugin_env, **own}))
+    variant_args: dict[str, list[str]] = {}
+    for item in args.variant_vllm_arg:
+        label, _, arg = item.partition("=")
+        if label not in {variant.partition(":")[0] for variant in args.variant}:
+            p.error(f"--variant-vllm-arg {item!r}: no --variant named {label!r}")
+        variant_args.setdefault(label, []).append(arg)
     servers = [
         VllmServer(
             args.python,
@@ -327,7 +339,12 @@ def main(argv: list[str] | None = None) -> int:
             block_size=args.block_size,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
-            extra_args=("--stream-interval", str(args.stream_interval), *args.vllm_arg),
+            extra_args=(
+                "--stream-interval",
+                str(args.stream_interval),
+                *args.vllm_arg,
+                *variant_args.get(label, ()),
+            ),
             dummy_weights=not args.real_weights,
             nice=args.nice,
             env=env,

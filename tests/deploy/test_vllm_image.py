@@ -5,8 +5,8 @@ OpenAI server with the scheduler plugin and an engine Deployment's environment.
 
 No GPU here: the engine's arguments are the manifest's host and port plus a tiny local
 model with dummy weights on the CPU build (vllm_harness's settings), not the manifest's
-Llama 3.1 8B; ``--no-async-scheduling``, which the entrypoint adds for GPUs, is accepted
-by the CPU build too.
+Llama 3.1 8B. The entrypoint leaves vLLM's scheduling defaults alone: the CPU build
+schedules synchronously, a GPU asynchronously, and the plugin builds on either base.
 """
 
 from __future__ import annotations

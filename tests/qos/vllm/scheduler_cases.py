@@ -11,11 +11,18 @@ step. What is checked is the plugin's contract: vLLM schedules exactly the reque
 qos policy chose; the running ones it dropped are paused (KV kept, nothing recomputed
 on resume) while the cache has room, preempted otherwise (or always, with
 ``TOKENPACE_PAUSE=0``); and every request finishes with its full output.
+
+Every case runs twice, with synchronous and with async scheduling (``sync``/``async``
+in the test ids): under async the driver keeps two steps in flight, as vLLM's engine
+core does (``step_with_batch_queue``) and as vLLM's own
+``tests/v1/core/test_async_scheduler.py`` drives its scheduler.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +30,7 @@ import pytest
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
@@ -33,7 +41,7 @@ from qos.metrics import freezes
 from qos.policy.andes import Andes
 from qos.policy.base import Policy
 from qos.policy.table import Capacity, RequestTable
-from qos.vllm import AndesScheduler
+from qos.vllm import AndesScheduler, AsyncAndesScheduler, AsyncTimedScheduler, TimedScheduler
 
 MODEL_DIR = Path(__file__).resolve().parents[3] / ".models" / "tiny-llama"
 BLOCK = 16
@@ -88,8 +96,13 @@ class Recorder(Policy):
         self.inner.on_finish(table, row, now)
 
 
-@pytest.fixture(scope="module")
-def vllm_config() -> VllmConfig:
+@pytest.fixture(scope="module", params=["sync", "async"])
+def vllm_config(request: pytest.FixtureRequest) -> VllmConfig:
+    """The engine's configuration, with synchronous or with async scheduling."""
+    return engine_config(async_scheduling=request.param == "async")
+
+
+def engine_config(async_scheduling: bool) -> VllmConfig:
     if not (MODEL_DIR / "config.json").exists():
         pytest.fail(f"no tiny model at {MODEL_DIR}: run scripts/setup-vllm.sh")
     model = ModelConfig(
@@ -103,12 +116,16 @@ def vllm_config() -> VllmConfig:
         enable_chunked_prefill=True,
     )
     cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=False)
-    return VllmConfig(
+    config = VllmConfig(
         model_config=model,
         scheduler_config=sched,
         cache_config=cache,
         device_config=DeviceConfig("cpu"),
     )
+    # after VllmConfig's own resolution, which turns async scheduling off on a CPU
+    # platform and on where the platform is unknown (the GPU wheel without a GPU)
+    config.scheduler_config.async_scheduling = async_scheduling
+    return config
 
 
 def make_scheduler(
@@ -155,33 +172,61 @@ def request(rid: str, prompt: int, max_tokens: int, now: float, **tags: object) 
     return Request(rid, list(range(3, 3 + prompt)), params, None, arrival_time=now)
 
 
-def fake_step(scheduler: AndesScheduler, out: SchedulerOutput) -> None:
-    """What the model runner would return: a token for every request past its prefill."""
+def sampling(scheduler: AndesScheduler, out: SchedulerOutput) -> set[str]:
+    """The requests this step samples a token for (past their prefill), as scheduled."""
+    return {rid for rid in out.num_scheduled_tokens if not scheduler.requests[rid].is_prefill_chunk}
+
+
+def fake_step(scheduler: AndesScheduler, out: SchedulerOutput, sampled: set[str]) -> None:
+    """What the model runner would return: a token for every request ``sampled``."""
     ids = list(out.num_scheduled_tokens)
-    sampled = [[] if scheduler.requests[i].is_prefill_chunk else [11] for i in ids]
+    tokens = [[11] if i in sampled else [] for i in ids]
     mro = ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
+        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=tokens
     )
     scheduler.update_from_output(out, mro)
 
 
-def run_workload(scheduler, clock, arrivals, max_steps: int = 2000):
-    """Drive the scheduler; arrivals: (step, Request). Returns per-step outputs and requests."""
+def last_token_in_flight(scheduler: AndesScheduler) -> set[str]:
+    """The requests whose last token is in flight: vLLM schedules them no further."""
+    return {
+        r.request_id
+        for r in scheduler.running
+        if r.num_output_placeholders
+        and r.num_output_tokens + r.num_output_placeholders >= r.max_tokens
+    }
+
+
+def run_workload(scheduler, clock, arrivals, max_steps: int = 2000, finishing=None):
+    """Drive the scheduler as vLLM's engine core does; arrivals: (step, Request).
+
+    Synchronous scheduling: schedule a step, run it, process its output. Async: step N+1
+    is scheduled while step N runs, then N's output is processed, so two steps are in
+    flight at each schedule() (an empty step flushes what is in flight). The fake clock
+    advances one step time per schedule(). Returns the per-step outputs and the
+    requests; ``finishing``, a list, gets each step's :func:`last_token_in_flight`.
+    """
+    depth = 2 if scheduler.async_scheduling else 1
     pending = sorted(arrivals, key=lambda a: a[0])
     everything = {req.request_id: req for _, req in pending}
     outputs: list[SchedulerOutput] = []
+    in_flight: deque[tuple[SchedulerOutput, set[str]]] = deque()
     for step in range(max_steps):
         while pending and pending[0][0] <= step:
             req = pending.pop(0)[1]
             req.arrival_time = clock[0]
             scheduler.add_request(req)
-        if not pending and not scheduler.requests:
+        if not pending and not scheduler.requests and not in_flight:
             return outputs, everything
         if isinstance(scheduler.qos_policy, Recorder):
             scheduler.qos_policy.step = step
+        if finishing is not None:
+            finishing.append(last_token_in_flight(scheduler))
         out = scheduler.schedule()
         outputs.append(out)
-        fake_step(scheduler, out)
+        in_flight.append((out, sampling(scheduler, out)))
+        while len(in_flight) >= depth or (in_flight and not out.total_num_scheduled_tokens):
+            fake_step(scheduler, *in_flight.popleft())
         clock[0] += STEP_S
     raise AssertionError(f"workload not finished after {max_steps} steps")
 
@@ -231,7 +276,10 @@ def test_vllm_applies_exactly_the_policy_decisions(vllm_config, monkeypatch, pau
     assert isinstance(scheduler.qos_policy, Andes)
     recorder = Recorder(scheduler.qos_policy)
     scheduler.qos_policy = recorder
-    outputs, reqs = run_workload(scheduler, clock, contended_workload(clock[0]))
+    finishing: list[set[str]] = []
+    outputs, reqs = run_workload(
+        scheduler, clock, contended_workload(clock[0]), finishing=finishing
+    )
 
     decisions = dict(recorder.decisions)
     assert decisions, "the policy was never asked"
@@ -241,7 +289,7 @@ def test_vllm_applies_exactly_the_policy_decisions(vllm_config, monkeypatch, pau
         if decision is None:  # nothing in the engine at that step
             assert out.total_num_scheduled_tokens == 0
             continue
-        assert scheduled(out) == decision.chosen(), step
+        assert scheduled(out) == decision.chosen() - finishing[step], step
         if pause:  # dropped: paused or preempted; paused ones may be preempted later
             assert set(out.preempted_req_ids) <= decision.stop(), step
             assert admitted(out) <= decision.admit(), step
@@ -278,14 +326,17 @@ def test_paused_requests_keep_their_kv_and_resume_without_recompute(vllm_config,
     scheduler, clock = make_scheduler(vllm_config, blocks=64, monkeypatch=monkeypatch)
     recorder = Recorder(scheduler.qos_policy)
     scheduler.qos_policy = recorder
-    outputs, reqs = run_workload(scheduler, clock, many_requests_workload(clock[0]))
+    finishing: list[set[str]] = []
+    outputs, reqs = run_workload(
+        scheduler, clock, many_requests_workload(clock[0]), finishing=finishing
+    )
     assert scheduler.stats["pauses"] > 0, "the workload must make Andes pause"
     assert scheduler.stats["preemptions"] == 0
     decisions = dict(recorder.decisions)
     seen: set[str] = set()
     for step, out in enumerate(outputs):
         if step in decisions:
-            assert scheduled(out) == decisions[step].chosen(), step
+            assert scheduled(out) == decisions[step].chosen() - finishing[step], step
         for rid, n in out.num_scheduled_tokens.items():
             if rid in seen:
                 assert n == 1, (step, rid, n)  # a decode step, never a recompute
@@ -392,13 +443,40 @@ def test_untagged_requests_get_the_defaults(vllm_config, monkeypatch):
     assert table.n == 0
 
 
-def test_async_scheduling_is_refused(vllm_config, monkeypatch):
-    vllm_config.scheduler_config.async_scheduling = True
-    try:
-        with pytest.raises(ValueError, match="--no-async-scheduling"):
-            make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch)
-    finally:
-        vllm_config.scheduler_config.async_scheduling = False
+def test_the_scheduler_builds_on_the_base_the_engine_schedules_with(vllm_config, monkeypatch):
+    """One --scheduler-cls for both modes: the class named is built on vLLM's
+    AsyncScheduler exactly when async scheduling is on, timing baseline included."""
+    scheduler, _ = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch)
+    is_async = bool(vllm_config.scheduler_config.async_scheduling)
+    assert isinstance(scheduler, AndesScheduler)
+    assert isinstance(scheduler, AsyncScheduler) is is_async
+    assert (type(scheduler) is AsyncAndesScheduler) is is_async
+    assert scheduler.async_scheduling is is_async
+    assert scheduler.stats["async_scheduling"] is is_async
+    baseline = TimedScheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=scheduler.kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+    )
+    assert (type(baseline) is AsyncTimedScheduler) is is_async
+
+    class Custom(AndesScheduler):
+        """A subclass with no async variant registered."""
+
+    def build_custom():
+        return Custom(
+            vllm_config=vllm_config,
+            kv_cache_config=scheduler.kv_cache_config,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=BLOCK,
+        )
+
+    if is_async:  # refused, not run on the synchronous base
+        with pytest.raises(TypeError, match="no async variant"):
+            build_custom()
+    else:
+        assert type(build_custom()) is Custom
 
 
 def test_between_decisions_only_chosen_requests_are_admitted(vllm_config, monkeypatch):
@@ -466,3 +544,157 @@ def test_replies_far_ahead_of_their_readers_lend_their_kv(vllm_config, monkeypat
     assert scheduler.stats["policy_preemptions"] > 0
     for rid, req in reqs.items():
         assert list(req.output_token_ids) == [11] * req.max_tokens, rid
+
+
+def distinct_decisions(recorder: Recorder) -> tuple[list[frozenset[str]], list[int]]:
+    """The policy's successive run sets, each with the step it was first made at."""
+    runs: list[frozenset[str]] = []
+    steps: list[int] = []
+    for step, decision in recorder.decisions:
+        run = frozenset(decision.chosen())
+        if not runs or run != runs[-1]:
+            runs.append(run)
+            steps.append(step)
+    return runs, steps
+
+
+@pytest.mark.parametrize("pause", [False, True], ids=["preempt", "pause"])
+def test_sync_and_async_make_the_same_decisions_up_to_the_one_step_lag(monkeypatch, pause):
+    """The same workload on both modes: the policy makes the same succession of
+    decisions, the same preemptions and pauses, and every request gets its full output.
+    Under async each decision sees the tokens one step later, so a change that waits for
+    a step's outcome (a request finishing, leaving its KV and slot) comes one step later
+    than the synchronous one; nothing comes sooner, and no change is more than one step
+    later than the one before it was. (Before the in-flight accounting, a request
+    preempted while its step was in flight took its token as KV, and the policy made
+    129 preemptions here where synchronous scheduling makes 3.)"""
+    runs = {}
+    for mode in ("sync", "async"):
+        config = engine_config(async_scheduling=mode == "async")
+        scheduler, clock = make_scheduler(config, blocks=24, monkeypatch=monkeypatch, pause=pause)
+        recorder = Recorder(scheduler.qos_policy)
+        scheduler.qos_policy = recorder
+        _, reqs = run_workload(scheduler, clock, contended_workload(clock[0]))
+        for rid, req in reqs.items():
+            assert list(req.output_token_ids) == [11] * req.max_tokens, (mode, rid)
+        runs[mode] = (scheduler.stats, *distinct_decisions(recorder))
+    (sync_stats, sync_runs, sync_at), (async_stats, async_runs, async_at) = runs.values()
+    assert async_runs == sync_runs
+    assert len(sync_runs) > 4, "the workload must make the policy change its mind"
+    lags = [a - s for a, s in zip(async_at, sync_at, strict=True)]
+    assert lags[0] == 0 and all(0 <= later - before <= 1 for before, later in pairwise(lags))
+    assert max(lags) > 0, "some decision must wait for a step's outcome"
+    for counter in ("preemptions", "policy_preemptions", "pauses"):
+        assert async_stats[counter] == sync_stats[counter], counter
+    assert sync_stats["preemptions"] + sync_stats["pauses"] > 0
+
+
+@pytest.mark.parametrize("pause", [False, True], ids=["preempt", "pause"])
+def test_the_table_holds_kv_exactly_for_the_requests_vllm_holds_it_for(
+    vllm_config, monkeypatch, pause
+):
+    """After every step, a request has KV in the table (``computed`` > 0) if and only
+    if vLLM computed tokens for it, preempted requests whose in-flight token came back
+    after their preemption included. And at every decision the policy counts, for the
+    requests holding KV, their whole context after their next token, as vLLM will hold
+    it: known tokens, tokens in flight (async) and the next one, in whole blocks; the
+    in-flight part as room its capacity leaves out."""
+    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch, pause=pause)
+    table = scheduler.table
+    update, capacity_now = scheduler.update_from_output, scheduler._step_capacity
+    stale = 0  # tokens delivered to requests preempted while their step was in flight
+
+    def checked_update(out, mro):
+        nonlocal stale
+        stale += sum(
+            scheduler.requests[rid].status == RequestStatus.PREEMPTED
+            for rid in out.num_scheduled_tokens
+            if rid in scheduler.requests
+        )
+        result = update(out, mro)
+        for rid, req in scheduler.requests.items():
+            assert (table.col("computed")[table.row(rid)] > 0) == (req.num_computed_tokens > 0), rid
+        return result
+
+    in_flight_room: list[int] = []
+
+    def checked_capacity():
+        capacity = capacity_now()
+        in_flight_room.append(scheduler.capacity.kv_tokens - capacity.kv_tokens)
+        holding = table.col("computed") > 0
+        counted = int(capacity.demand(table)[holding].sum()) + in_flight_room[-1]
+        after_next = sum(
+            -(-(req.num_tokens + req.num_output_placeholders + 1) // BLOCK) * BLOCK
+            for rid, req in scheduler.requests.items()
+            if holding[table.row(rid)]
+        )
+        assert counted == after_next
+        return capacity
+
+    scheduler.update_from_output = checked_update
+    scheduler._step_capacity = checked_capacity
+    run_workload(scheduler, clock, contended_workload(clock[0]))
+    assert (max(in_flight_room) > 0) is scheduler.async_scheduling
+    if scheduler.async_scheduling and not pause:
+        assert stale > 0, "the workload must preempt a request with its token in flight"
+
+
+def test_step_time_is_the_device_time_with_two_steps_in_flight(vllm_config, monkeypatch):
+    """The stock scheduler, timed on a fake clock: each step takes 30 ms on the device,
+    schedule() 5 ms and update_from_output() 2 ms of the engine's time. Under async the
+    engine schedules step N+1 while N runs, so the device never waits and every step's
+    model time is its 30 ms, not what is left of it after the overlapped scheduling
+    (the stats' model time then sums to the device's busy time), a step queued behind an
+    empty one included."""
+    monkeypatch.delenv("TOKENPACE_STATS_FILE", raising=False)
+    config = vllm_config
+    config.cache_config.num_gpu_blocks = 64
+    scheduler = TimedScheduler(
+        vllm_config=config,
+        kv_cache_config=make_scheduler(config, 64, monkeypatch)[0].kv_cache_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
+    device_s, schedule_s, update_s = 0.030, 0.005, 0.002
+    now = [0.0]
+    scheduler.timer = lambda: now[0]
+    schedule_step = scheduler._schedule_step
+
+    def timed_schedule_step(throttle_prefills=False):
+        out = schedule_step(throttle_prefills)
+        now[0] += schedule_s
+        return out
+
+    scheduler._schedule_step = timed_schedule_step
+    for i in range(4):
+        scheduler.add_request(request(f"r{i}", 16, 20, now[0]))
+    # vLLM's step_with_batch_queue: every output is queued, empty ones too (one whose
+    # requests all have their last token in flight), and the oldest is processed when
+    # the queue is full or nothing is left to schedule
+    depth = 2 if scheduler.async_scheduling else 1
+    device_free = 0.0
+    in_flight: deque[tuple[SchedulerOutput, set[str], float]] = deque()
+    steps = empty = 0
+    while scheduler.requests or in_flight:
+        out = scheduler.schedule() if scheduler.requests else None
+        if out is not None:
+            if out.total_num_scheduled_tokens:
+                device_free = max(now[0], device_free) + device_s
+                steps += 1
+            else:
+                empty += 1
+                if empty == 1:  # a request arrives behind the empty step
+                    scheduler.add_request(request("late", 16, 8, now[0]))
+            in_flight.append((out, sampling(scheduler, out), device_free))
+            if len(in_flight) < depth and scheduler.requests:
+                continue
+        done, sampled, done_at = in_flight.popleft()
+        now[0] = max(now[0], done_at)
+        fake_step(scheduler, done, sampled)
+        now[0] += update_s
+    stats = scheduler.stats
+    assert stats["steps"] == steps >= 20
+    assert (empty > 0) is scheduler.async_scheduling, "async: empty steps in the queue"
+    assert stats["max_model_s"] == pytest.approx(device_s)
+    assert stats["model_s"] == pytest.approx(steps * device_s)
+    assert stats["schedule_s"] == pytest.approx(steps * schedule_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -14,9 +15,10 @@ from qos.policy.andes import Andes
 from qos.policy.fcfs import FCFS
 from qos.policy.registry import POLICIES, make_policy
 from qos.tags import RequestTags
-from qos.vllm import check_vllm_version
+from qos.vllm import SUPPORTED_VLLM_RANGE, check_vllm_version
 from qos.vllm.config import PluginConfig
 from qos.vllm.online import SEED_DECODE_S, OnlineProfile
+from tests.support.paths import ROOT
 
 
 def test_importing_qos_vllm_does_not_import_vllm() -> None:
@@ -150,15 +152,24 @@ def test_bad_configuration_names_the_variable(env: dict[str, str], message: str)
         PluginConfig.from_env(env)
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.5", "0.32.1+cpu", "0.32.0rc1"])
+@pytest.mark.parametrize(
+    "version", ["0.32.0", "0.32.5", "0.32.1+cpu", "0.32.0rc1", "0.33.0", "0.33.2", "0.33.0+cu130"]
+)
 def test_supported_vllm_versions(version: str) -> None:
     check_vllm_version(version)
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0", "dev"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "1.0.0", "dev"])
 def test_unsupported_vllm_versions_are_refused_clearly(version: str) -> None:
-    with pytest.raises(RuntimeError, match=r">=0\.32\.0,<0\.33.*runs vLLM " + version):
+    with pytest.raises(RuntimeError, match=r">=0\.32,<0\.34.*runs vLLM " + version):
         check_vllm_version(version)
+
+
+def test_the_vllm_extra_installs_the_versions_the_plugin_accepts() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert extras["vllm"] == [f"vllm{SUPPORTED_VLLM_RANGE}"]
 
 
 def test_online_profile_fits_as_soon_as_it_has_the_samples() -> None:
