@@ -39,8 +39,11 @@ Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot)
 
 Connections: at most ``max_connections`` calls hold one at a time; a call that finds
 none free waits up to ``timeout_s`` for one, then is refused as busy
-(:class:`~gateway.store.base.StoreBusy`), which is not an outage. Every call is one round
-trip (a command, a pipeline or a script), counted by the store's monitor.
+(:class:`~gateway.store.base.StoreBusy`), which is not an outage. Both waits count the
+store's time, not the gateway's event loop lagging under load
+(:class:`~gateway.store.deadline.StoreDeadline`; at most :data:`HARD_TIMEOUTS` times
+``timeout_s`` in all). Every call is one round trip (a command, a pipeline or a
+script), counted by the store's monitor.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from gateway.store.base import (
     StoreBusy,
     StoreMonitor,
 )
+from gateway.store.deadline import LoopLag, StoreDeadline
 from gateway.store.queue import ADMISSION_HORIZON_S, ADMISSIONS_KEPT
 from gateway.store.ratelimit import RateState
 from qos.fairness import W_OUTPUT, W_PROMPT
@@ -108,6 +112,7 @@ def _slot_args(slots: Sequence[Slot]) -> list[Any]:
 
 
 _HORIZON_MS = int(ADMISSION_HORIZON_S * 1000)
+HARD_TIMEOUTS = 10  # a store call's bound while the loop lags, in store timeouts
 
 
 def _rate(r: list[Any]) -> RateState:
@@ -147,9 +152,12 @@ class RedisStore(Store):
         self.max_records = max_records
         self.max_connections = max_connections
         self.monitor = monitor or StoreMonitor()
+        self.hard_timeout_s = timeout_s * HARD_TIMEOUTS
+        self._lag = LoopLag()
         options: dict[str, Any] = {
-            "socket_timeout": timeout_s,
-            "socket_connect_timeout": timeout_s,
+            # the calls' deadline is the store's (_call); the socket's, a backstop
+            "socket_timeout": self.hard_timeout_s,
+            "socket_connect_timeout": self.hard_timeout_s,
             "retry_on_timeout": False,
             "health_check_interval": 0,
         }
@@ -189,7 +197,7 @@ class RedisStore(Store):
         if gate.locked():
             self.monitor.waited()
             try:
-                async with asyncio.timeout(self.timeout_s):
+                async with StoreDeadline(self._lag, self.timeout_s, self.hard_timeout_s):
                     await gate.acquire()
             except TimeoutError:
                 self.monitor.error("busy")
@@ -203,7 +211,7 @@ class RedisStore(Store):
         self.monitor.pool(self._in_use, self.max_connections)
         try:
             self.monitor.redis_call()
-            async with asyncio.timeout(self.timeout_s):
+            async with StoreDeadline(self._lag, self.timeout_s, self.hard_timeout_s):
                 return await fn(*args, **kwargs)
         finally:
             self._in_use -= 1
@@ -217,7 +225,7 @@ class RedisStore(Store):
         """Whether Redis answers a PING within ``timeout_s`` on a connection of its own
         (outside the pool: a full pool does not make Redis look down)."""
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with StoreDeadline(self._lag, self.timeout_s, self.hard_timeout_s):
                 return bool(await self._probe.ping())
         except Exception:
             return False

@@ -18,6 +18,13 @@ none):
 - a **command error** (any other error reply): that one call fails
   (:class:`~gateway.store.base.StoreCommandError`, 500, logged); nothing changes mode.
 
+A slot given back or a queue place left (or admitted from) while Redis is down or busy
+is given back locally at once and **owed** to Redis: kept (up to ``buffer_max``) and replayed before
+anything else when Redis is reachable again, and at every key-table check while it is
+up, until Redis has it. Both are idempotent, so one Redis already ran (a call whose
+answer never came) costs nothing. Without this, the streams that ended during a stall
+left their slots and places in Redis, and the next request waited for their leases.
+
 docs/architecture.md, "Fair share across gateway replicas" ("Failure") and "API keys:
 what survives what", has the design.
 """
@@ -105,6 +112,9 @@ class ResilientStore(Store):
         # needs (a Redis that restarted empty no longer knows the request)
         self._buffer: deque[tuple[QoERecord, RequestInfo | None]] = deque(maxlen=buffer_max)
         self._unsynced: dict[str, RequestInfo] = {}
+        # slots given back and places left that Redis has not had yet: (request id,
+        # backend), "" for a queue place (an ordered set)
+        self._owed: dict[tuple[str, str], None] = {}
         self._unsynced_max = buffer_max
         self._probe: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -213,6 +223,7 @@ class ResilientStore(Store):
 
     async def _reconcile(self) -> None:
         await self._sync_keys()  # a Redis that restarted empty knows no key
+        await self._pay_owed()
         for rid, info in list(self._unsynced.items()):
             await self.redis.remember(rid, info)
             del self._unsynced[rid]
@@ -307,6 +318,7 @@ class ResilientStore(Store):
                 continue  # the probe reconciles
             try:
                 await self._sync_keys()
+                await self._pay_owed()
             except (*_FAILURES, StoreBusy) as exc:
                 with contextlib.suppress(StoreUnavailable, StoreCommandError):
                     await self._failed("the key table check", exc)
@@ -385,6 +397,8 @@ class ResilientStore(Store):
             result = await self.local.arrive(req, slots, lease_s)
             if result.status in ("admitted", "queued", "full"):
                 self._note_unsynced(req)
+            if result.status == "admitted":
+                self._owe(req.request_id, "")  # queued in Redis before, maybe (a pump's)
             return result
         if result.status in ("admitted", "queued", "full"):
             self._mirror(req.tenant, result.counter)
@@ -399,7 +413,13 @@ class ResilientStore(Store):
             self._unsynced[req.request_id] = info
 
     async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
-        return await self._either("retry", request_id, slots, lease_s)
+        ok, result = await self._redis("retry", request_id, slots, lease_s)
+        if ok:
+            return result
+        result = await self.local.retry(request_id, slots, lease_s)
+        if result.status == "admitted":
+            self._owe(request_id, "")  # it left Redis' queue too
+        return result
 
     async def standing(
         self, model: str, request_ids: Sequence[str], slots: Sequence[Slot]
@@ -409,14 +429,38 @@ class ResilientStore(Store):
 
     async def leave(self, request_id: str) -> None:
         await self.local.leave(request_id)
-        await self._redis("leave", request_id)
+        await self._give_back(request_id, "")
 
     async def move(self, request_id: str, source: str, target: Slot, lease_s: float) -> bool:
         return bool(await self._either("move", request_id, source, target, lease_s))
 
     async def release(self, request_id: str, backend: str) -> None:
         await self.local.release(request_id, backend)
-        await self._redis("release", request_id, backend)
+        await self._give_back(request_id, backend)
+
+    async def _give_back(self, request_id: str, backend: str) -> None:
+        """Free a slot on ``backend`` (a queue place for ``""``) in Redis, or owe it
+        (module docstring): never refused, since it was freed locally."""
+        args = (request_id, backend) if backend else (request_id,)
+        try:
+            ok, _ = await self._redis("release" if backend else "leave", *args)
+        except StoreUnavailable:
+            ok = False
+        if not ok:
+            self._owe(request_id, backend)
+
+    def _owe(self, request_id: str, backend: str) -> None:
+        if len(self._owed) < self._unsynced_max:
+            self._owed[(request_id, backend)] = None
+
+    async def _pay_owed(self) -> None:
+        """Replay the slots and places Redis is owed (raises what Redis raises)."""
+        for request_id, backend in list(self._owed):
+            if backend:
+                await self.redis.release(request_id, backend)
+            else:
+                await self.redis.leave(request_id)
+            del self._owed[(request_id, backend)]
 
     async def renew(
         self, slots: Iterable[tuple[str, str]], waiting: Iterable[str], lease_s: float
