@@ -185,6 +185,8 @@ class RedisStore(Store):
         self._seed = r.register_script(_lua("seed"))
         self._revoke = r.register_script(_lua("revoke"))
         self._add_key = r.register_script(_lua("add_key"))
+        self._budgets = r.register_script(_lua("budgets", prelude=True))
+        self._restore_budgets = r.register_script(_lua("restore_budgets", prelude=True))
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -403,6 +405,29 @@ class RedisStore(Store):
             args += [tenant, repr(float(weight)), tokens, period_s]
         r = await self._call(self._charge, args=args)
         return {_s(r[i]): float(_s(r[i + 1])) for i in range(0, len(r), 2)}
+
+    async def budgets(self, periods: Mapping[str, int]) -> dict[tuple[str, int], float]:
+        """Tokens used per tenant in its current budget period: ``periods`` maps a tenant
+        to its period's length (s); keys are (tenant, the period's end in ms)."""
+        if not periods:
+            return {}
+        args: list[Any] = [self.p]
+        for tenant, period_s in periods.items():
+            args += [tenant, period_s]
+        r = await self._call(self._budgets, args=args)
+        return {
+            (_s(r[i]), int(float(_s(r[i + 1])))): float(_s(r[i + 2])) for i in range(0, len(r), 3)
+        }
+
+    async def restore_budgets(self, used: Mapping[tuple[str, int], float]) -> int:
+        """Raise each budget period still running to at least the tokens ``used`` in it
+        (keys as :meth:`budgets` answers); how many were raised."""
+        args: list[Any] = [self.p]
+        for (tenant, period_end), tokens in used.items():
+            args += [tenant, period_end, repr(float(tokens))]
+        if len(args) == 1:
+            return 0
+        return int(await self._call(self._restore_budgets, args=args))
 
     async def counters(self) -> dict[str, float]:
         raw = await self._call(self.redis.hgetall, self.p + "vtc")

@@ -18,6 +18,14 @@ none):
 - a **command error** (any other error reply): that one call fails
   (:class:`~gateway.store.base.StoreCommandError`, 500, logged); nothing changes mode.
 
+Spent token budgets survive a Redis that restarts empty: every replica reads, at each
+key-table check, the tokens used in the current budget period of each budgeted tenant
+it has served (one script call) and keeps the largest it saw; when it finds the store's
+epoch changed (Redis lost its data) it writes them back (a period never goes down: the
+largest of what the replicas saw wins) along with the fair-share counters. What is lost
+is at most the tokens spent since the last check (``reconnect_interval_s``). The
+per-minute rate windows are not restored: a minute later they are whole again.
+
 A slot given back or a queue place left (or admitted from) while Redis is down or busy
 is given back locally at once and **owed** to Redis: kept (up to ``buffer_max``) and replayed before
 anything else when Redis is reachable again, and at every key-table check while it is
@@ -34,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -115,6 +124,10 @@ class ResilientStore(Store):
         # slots given back and places left that Redis has not had yet: (request id,
         # backend), "" for a queue place (an ordered set)
         self._owed: dict[tuple[str, str], None] = {}
+        # budgeted tenants served (tenant -> period s), and the tokens used per (tenant,
+        # period end ms) as last read from Redis
+        self._budget_periods: dict[str, int] = {}
+        self._budgets_seen: dict[tuple[str, int], float] = {}
         self._unsynced_max = buffer_max
         self._probe: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -302,6 +315,9 @@ class ResilientStore(Store):
                 len(self._revoked),
             )
             await self.redis.restore_keys(self._keys, self._revoked)
+            raised = await self.redis.restore_budgets(self._budgets_seen)
+            await self.redis.merge_counters(await self.local.counters())
+            log.error("restored %d token budget period(s) from this replica", raised)
         if epoch != self._epoch or epoch is None:
             await self.redis.seed_keys(*self._seed)  # configured keys, unless revoked
             epoch = await self.redis.ensure_epoch(uuid.uuid4().hex)
@@ -319,6 +335,7 @@ class ResilientStore(Store):
             try:
                 await self._sync_keys()
                 await self._pay_owed()
+                await self._read_budgets()
             except (*_FAILURES, StoreBusy) as exc:
                 with contextlib.suppress(StoreUnavailable, StoreCommandError):
                     await self._failed("the key table check", exc)
@@ -392,6 +409,8 @@ class ResilientStore(Store):
         self.local.vtc.counters[tenant] = max(self.local.vtc.counter(tenant), counter)
 
     async def arrive(self, req: Arrival, slots: Sequence[Slot], lease_s: float) -> Admission:
+        if req.limits.token_budget:
+            self._budget_periods[req.tenant] = req.limits.budget_period_s
         ok, result = await self._redis("arrive", req, slots, lease_s)
         if not ok:
             result = await self.local.arrive(req, slots, lease_s)
@@ -452,6 +471,15 @@ class ResilientStore(Store):
     def _owe(self, request_id: str, backend: str) -> None:
         if len(self._owed) < self._unsynced_max:
             self._owed[(request_id, backend)] = None
+
+    async def _read_budgets(self) -> None:
+        """Keep the largest tokens used seen per budget period still running."""
+        seen = self._budgets_seen
+        for period, used in (await self.redis.budgets(self._budget_periods)).items():
+            seen[period] = max(seen.get(period, 0.0), used)
+        ended = time.time() * 1000 - 60_000
+        for period in [p for p in seen if p[1] < ended]:
+            del seen[period]
 
     async def _pay_owed(self) -> None:
         """Replay the slots and places Redis is owed (raises what Redis raises)."""
