@@ -90,8 +90,13 @@ _BUSY_REPLY = "BUSY"
 
 
 def _reply_kind(exc: ResponseError) -> str:
-    """``down``, ``busy`` or ``command`` for an error reply (see the module docstring)."""
-    word = str(exc).split(" ", 1)[0].upper()
+    """``down``, ``busy`` or ``command`` for an error reply (see the module docstring).
+
+    redis-py takes the reply's first word off the message of the replies it has a class
+    for (``OOM`` is an ``OutOfMemoryError`` saying "command not allowed ..."), and keeps it
+    as ``status_code``: an OOM read as a command error once left waiting streams stuck
+    until ``overloaded`` while the engine was free."""
+    word = (exc.status_code or str(exc).split(" ", 1)[0]).upper()
     if word in _DOWN_REPLIES:
         return "down"
     return "busy" if word == _BUSY_REPLY else "command"

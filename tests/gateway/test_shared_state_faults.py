@@ -522,3 +522,43 @@ async def test_after_a_redis_stall_nothing_stays_held(upstream, redis_server_own
         os.kill(pid, signal.SIGCONT)
         await redis.aclose()
         gw.stop()
+
+
+async def test_a_stream_waiting_when_redis_runs_out_of_memory_is_served(
+    upstream, redis_server_own
+) -> None:
+    """A backend of one slot, held, one stream waiting; Redis reaches its memory limit
+    (every script refused ``OOM``), then the held stream ends. The waiting stream was
+    told ``overloaded`` at its bound although the engine was free (the OOM was read as a
+    command error); Redis that cannot write is down: the stream is served on local
+    state (``fail_mode: open``)."""
+    capped = {"name": "up", "url": f"{upstream.url}/v1", "models": ["bench"]}
+    sections = {"backends": [{**capped, "health_path": "/health", "max_concurrent": 1}]}
+    gw = serve(upstream, redis_server_own, sections=sections).start()
+    redis = aioredis.from_url(redis_server_own.url)
+    try:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            url = "/v1/chat/completions"
+
+            async def one(tokens: int) -> str:
+                async with c.stream("POST", url, json=chat(tokens), headers=auth(KEY)) as r:
+                    return (await r.aread()).decode()
+
+            held = asyncio.create_task(one(300))  # 1.5 s at 200 tokens a second
+            while await redis.zcard(P + "s:up") < 1:
+                await asyncio.sleep(0.02)
+            waiting = asyncio.create_task(one(5))
+            while await redis.zcard(P + "wl") < 1:
+                await asyncio.sleep(0.02)
+            await redis.config_set("maxmemory", 1)  # noeviction: every write refused
+            started = time.monotonic()
+            assert "[DONE]" in await held
+            answer = await waiting
+            assert "overloaded" not in answer and '"error"' not in answer, answer
+            assert "data: [DONE]" in answer
+            assert time.monotonic() - started < 5.0  # not at the 10 s bound
+            assert "Redis unreachable" in gw.output()  # down, not a command error
+    finally:
+        await redis.config_set("maxmemory", 0)
+        await redis.aclose()
+        gw.stop()
