@@ -2,7 +2,8 @@
 
 Real processes: ``redis-server``, ``tokenpace serve`` in front of
 ``bench/fixed_rate_upstream.py`` (a stand-in for vLLM) capped at 4 streams, and raw
-sockets with a small receive buffer that open streams of 20,000 tokens and never read.
+sockets with a small receive buffer that open streams of 20,000 tokens and stop reading,
+at once or after some of the stream.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ WRITE_TIMEOUT_S = 1.0
 CAPPED = 4
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gw() -> Iterator[tuple[Process, redis.Redis]]:
     server = RedisServer().start()
     up = upstream_process(rate=2000.0).start()
@@ -69,18 +70,26 @@ def never_reading(gw: Process, key: str, max_tokens: int) -> socket.socket:
     return sock
 
 
-def test_streams_nobody_reads_give_their_slots_back(gw: tuple[Process, redis.Redis]) -> None:
-    """Four streams that were never read held every slot of the capped backend until the
-    next request was ``overloaded``; now each is cut once its writes stay blocked for
-    ``server.write_timeout_s``, and its slot is given back."""
+@pytest.mark.parametrize("read_first", [0, 8 * 1024, 256 * 1024])
+def test_streams_nobody_reads_give_their_slots_back(
+    gw: tuple[Process, redis.Redis], read_first: int
+) -> None:
+    """Four streams whose clients stopped reading held every slot of the capped backend
+    until the next request was ``overloaded``; now each is cut once its writes stay
+    blocked for ``server.write_timeout_s``, its slot given back and its tokens charged."""
     gateway, slots = gw
+    charged = float(slots.hget("{slow}:vtc", "hog") or 0)
     hogs = [never_reading(gateway, HOG, 20_000) for _ in range(CAPPED)]
     try:
         deadline = time.monotonic() + 10
         while slots.zcard("{slow}:s:up") < CAPPED and time.monotonic() < deadline:
             time.sleep(0.05)
-        held_from = time.monotonic()
         assert slots.zcard("{slow}:s:up") == CAPPED  # all four streaming
+        for sock in hogs:  # some of the stream, then nothing more
+            left = read_first
+            while left > 0:
+                left -= len(sock.recv(min(left, 65536)))
+        held_from = time.monotonic()
         while slots.zcard("{slow}:s:up") and time.monotonic() < held_from + 20:
             time.sleep(0.1)
         freed_after = time.monotonic() - held_from
@@ -95,6 +104,8 @@ def test_streams_nobody_reads_give_their_slots_back(gw: tuple[Process, redis.Red
             )
         assert r.status_code == 200, r.text
         assert "client read nothing for 1 s" in gateway.output()
+        time.sleep(0.5)  # output tokens are charged in batches
+        assert float(slots.hget("{slow}:vtc", "hog") or 0) > charged  # what was sent
     finally:
         for sock in hogs:
             sock.close()
