@@ -34,7 +34,15 @@ from gateway.background import stop
 from gateway.config.schema import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
+from gateway.store import (
+    Admission,
+    Arrival,
+    Limits,
+    Slot,
+    Store,
+    StoreBusy,
+    StoreUnavailable,
+)
 from gateway.store.ratelimit import RateState
 from gateway.telemetry.metrics import GatewayMetrics, series
 
@@ -275,9 +283,11 @@ class AdmissionController:
         slots = self.slots_for(ctx.model)
         try:
             result = await self.store.arrive(arrival, slots, self.cfg.lease_s)
-        except BaseException:
-            # timed out, busy, or the client left: the script may have run all the same
-            self._spawn_forget(arrival.request_id, slots, ctx.model)
+        except BaseException as exc:
+            # timed out with Redis up (busy), or the client left: the script may have run
+            # all the same (a store that is down was not asked, or cannot be now)
+            if isinstance(exc, StoreBusy) or not isinstance(exc, StoreUnavailable):
+                self._spawn_forget(arrival.request_id, slots, ctx.model)
             raise
         rate = result.rate
         self._note(tenant.name, result)
