@@ -72,6 +72,8 @@ class RequestContext:
     stream: bool
     received_at: float  # time.monotonic() when the gateway received the request
     expected_tokens: int  # output tokens expected, for the waiting-time estimate
+    # a stream carrying more output tokens is cut there (max_tokens × n); None: no cap
+    max_output_tokens: int | None = None
 
 
 @dataclass(slots=True)

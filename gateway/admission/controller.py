@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,15 @@ from gateway.background import stop
 from gateway.config.schema import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
 from gateway.errors import GatewayError
-from gateway.store import Admission, Arrival, Limits, Slot, Store, StoreUnavailable
+from gateway.store import (
+    Admission,
+    Arrival,
+    Limits,
+    Slot,
+    Store,
+    StoreBusy,
+    StoreUnavailable,
+)
 from gateway.store.ratelimit import RateState
 from gateway.telemetry.metrics import GatewayMetrics, series
 
@@ -272,7 +280,15 @@ class AdmissionController:
             expected_tokens=ctx.expected_tokens,
             limits=tenant_limits(tenant),
         )
-        result = await self.store.arrive(arrival, self.slots_for(ctx.model), self.cfg.lease_s)
+        slots = self.slots_for(ctx.model)
+        try:
+            result = await self.store.arrive(arrival, slots, self.cfg.lease_s)
+        except BaseException as exc:
+            # timed out with Redis up (busy), or the client left: the script may have run
+            # all the same (a store that is down was not asked, or cannot be now)
+            if isinstance(exc, StoreBusy) or not isinstance(exc, StoreUnavailable):
+                self._spawn_forget(arrival.request_id, slots, ctx.model)
+            raise
         rate = result.rate
         self._note(tenant.name, result)
         if result.status == "limited":
@@ -477,6 +493,19 @@ class AdmissionController:
 
     def _spawn_leave(self, rid: str) -> None:
         self._spawn(self.store.leave(rid))
+
+    def _spawn_forget(self, rid: str, slots: Sequence[Slot], model: str) -> None:
+        """Undo whatever an arrival whose answer never came may have done: its queue
+        place, or the slot it was granted on any of ``slots``. Each of 192 such calls once
+        held a place against its tenant's ``max_queued`` until the lease ran out."""
+
+        async def forget() -> None:
+            await self.store.leave(rid)
+            for slot in slots:
+                await self.store.release(rid, slot.backend)
+            self._kick(model)
+
+        self._spawn(forget())
 
     def add_usage(self, tenant: str, weight: float, tokens: int, period_s: int) -> None:
         entry = self._usage.get(tenant)

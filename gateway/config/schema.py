@@ -415,6 +415,13 @@ class ServerConfig(_Strict):
     body_timeout_s: float = Field(
         30.0, gt=0, description="from the last header to the last byte of the body"
     )
+    write_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a response the client stops reading (the connection's send buffer "
+        "full) is cut after this long without the client catching up; its stream ends and "
+        "gives back its slot",
+    )
     max_connections: int = Field(
         4096, ge=1, description="open client connections; past it a new one gets 503 and closes"
     )

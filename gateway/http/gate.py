@@ -19,6 +19,7 @@ from gateway.http.auth import Access, Authenticator, access_rule
 from gateway.http.errors import COMPLETION_PATHS, Refused, answer, too_large
 from gateway.request.body import check_shape
 from gateway.request.disconnect import ClientGone
+from gateway.request.raw_json import check_raw_json
 from gateway.store import StoreUnavailable, store_unavailable
 from gateway.telemetry.errors import anonymous_bodies_busy
 from gateway.telemetry.tokens import AnonymousBodies
@@ -49,7 +50,8 @@ class AccessGate:
     Routes that ask for nothing, and routes the gateway does not have, never have their
     body read here. A body is read whole (413 past the limit, before any parsing) and
     replayed to the app; later ``receive()`` calls go to the server, so the app still
-    sees ``http.disconnect``.
+    sees ``http.disconnect``. A body that is not UTF-8 or nests deeper than the parsers
+    can follow is a 400 before any of them reads it, credential or not.
 
     A completion request's body is JSON whatever its ``Content-Type`` says, as OpenAI's
     API reads it (``curl -d`` sends ``application/x-www-form-urlencoded``): the request is
@@ -107,7 +109,7 @@ class AccessGate:
         try:
             if rule is Access.REPORT and not authorization:
                 if with_body:
-                    body = await _read_body(scope, receive, limit)
+                    body = await _read_json(scope, receive, limit)
                 if body is not None:
                     with self.tracing.span("tokenpace.authenticate"):
                         caller, body = await self.auth.reporter(Headers(scope=scope), body)
@@ -118,7 +120,7 @@ class AccessGate:
                 if plan is not None and plan.max_body_bytes is not None:
                     limit = plan.max_body_bytes
                 if with_body:
-                    body = await _read_body(scope, receive, limit)
+                    body = await _read_json(scope, receive, limit)
                 if completion and body and plan is not None:
                     max_messages = plan.max_messages or self.limits.max_messages
                     check_shape(body, max_messages, self.limits.max_parts)
@@ -159,6 +161,15 @@ def _announced(scope: Scope, limit: int) -> int:
         if length is not None and 0 <= int(length) <= limit:
             return int(length)
     return limit
+
+
+async def _read_json(scope: Scope, receive: Receive, limit: int) -> bytes | None:
+    """:func:`_read_body`, then a 400 for a body that is not UTF-8 or nests too deep for
+    the parsers (:mod:`gateway.request.raw_json`), before any of them runs."""
+    body = await _read_body(scope, receive, limit)
+    if body is not None:
+        check_raw_json(body)
+    return body
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:

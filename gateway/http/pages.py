@@ -45,11 +45,12 @@ PAGE_HEADERS = {
 }
 
 
-def pages_not_built(directory: str) -> GatewayError:
+def pages_not_built() -> GatewayError:
+    """The answer, to anyone: without the server's filesystem paths."""
     return GatewayError(
         503,
-        f"The web pages are not built ({directory} has none): run `make webui`, which runs "
-        "npm ci and the build in webui/.",
+        "The web pages are not built on this gateway: run `make webui`, which runs npm ci "
+        f"and the build in webui/ (or point {WEBUI_DIR_ENV} at the built pages).",
         type=SERVER_ERROR,
         code="webui_not_built",
     )
@@ -85,7 +86,7 @@ def add_page_routes(app: FastAPI, *, docs: bool) -> None:
         async def serve(request: Request) -> Response:
             path = directory / name
             if not path.is_file():
-                raise pages_not_built(str(directory))
+                raise pages_not_built()
             return FileResponse(path, media_type=HTML, headers=PAGE_HEADERS)
 
         return serve

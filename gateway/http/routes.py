@@ -20,6 +20,7 @@ from gateway.backends.routing import Router
 from gateway.config.schema import TenantConfig
 from gateway.context import request_record
 from gateway.errors import forbidden
+from gateway.http.admin import tenant_not_found
 from gateway.http.auth import caller_of, tenant_bearer, tenant_key, tenant_of
 from gateway.http.openapi import (
     ERROR_RESPONSES,
@@ -62,6 +63,7 @@ def add_api_routes(
     """The OpenAI API, operations and tokenpace's own routes; every caller was
     authenticated by :class:`~gateway.http.gate.AccessGate` (:mod:`gateway.http.auth`)."""
     reports = telemetry_service
+    tenant_names = {t.name for t in service.config.tenants}
 
     @app.post(
         "/v1/chat/completions",
@@ -218,6 +220,7 @@ def add_api_routes(
             400: {"model": ErrorResponse, "description": "A bad query parameter"},
             401: ERROR_RESPONSES[401],
             403: ERROR_RESPONSES[403],
+            404: {"model": ErrorResponse, "description": "No such tenant (admin key)"},
             503: STORE_DOWN,
         },
     )
@@ -234,4 +237,6 @@ def add_api_routes(
             if tenant is not None and tenant != caller.tenant.name:
                 raise forbidden("Only the admin key may read another tenant's QoE.", "tenant")
             tenant = caller.tenant.name
+        elif tenant is not None and tenant not in tenant_names:
+            raise tenant_not_found(tenant)
         return await reports.summary(tenant, window_s)

@@ -5,7 +5,9 @@ response body. It reads the backend's :class:`~gateway.backends.ChunkStream` a b
 a time with a deadline (pings while it waits, the first-chunk and between-chunk
 timeouts), fails over before the first chunk, and otherwise ends a failed stream with an
 OpenAI error event and ``data: [DONE]`` (a stream still open when the gateway's drain
-runs out too: ``server_shutting_down``, :mod:`gateway.relay.drain`). Every chunk
+runs out too: ``server_shutting_down``, :mod:`gateway.relay.drain`; a backend that
+sends more output tokens than the request allows, max_tokens × n: ``upstream_too_long``,
+before the batch that passes it). Every chunk
 carrying tokens is timed as it is handed to the client; :meth:`StreamRelay.finish`
 returns the stream's
 :class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from array import array
 from collections.abc import Awaitable, Callable
@@ -32,7 +35,7 @@ from starlette.types import Send
 from gateway.backends import BackendError, Batch
 from gateway.config.schema import TimeoutsConfig
 from gateway.context import Outcome, StreamOutcome
-from gateway.errors import TIMEOUT, GatewayError, sse_error_event
+from gateway.errors import SERVER_ERROR, TIMEOUT, GatewayError, sse_error_event
 from gateway.relay.dispatch import Attempt, Failover
 from gateway.relay.drain import Drain, shutting_down
 from gateway.relay.read_deadline import ReadDeadline
@@ -52,6 +55,17 @@ DONE = b"data: [DONE]\n\n"
 # settlement: with the first write carrying tokens this long after the last settlement,
 # and when the stream ends.
 SETTLE_S = 1.0
+
+
+def _too_long(limit: int) -> GatewayError:
+    """The error event of a stream cut at the request's output limit."""
+    return GatewayError(
+        502,
+        f"The backend sent more than the {limit} output tokens this request allows "
+        "(max_tokens, or the gateway's limit, times n); the stream was ended there.",
+        type=SERVER_ERROR,
+        code="upstream_too_long",
+    )
 
 
 class StreamRelay:
@@ -81,6 +95,7 @@ class StreamRelay:
         self.times = array("d")  # emission times of token-carrying chunks, s since receipt
         self.counts = array("q")  # tokens in each
         self.n_tokens = 0
+        self.max_tokens = ctx.max_output_tokens or sys.maxsize
         self.usage: dict[str, Any] | None = None
         self._quiet_until = 0.0  # the backend must send something by then (a timeout)
         self._settled = 0  # batches of ``times`` charged and observed (:meth:`_settle`)
@@ -132,6 +147,7 @@ class StreamRelay:
             self._quiet_until = time.monotonic() + t.first_byte_s
             failure: BackendError | None = None
             ended = False  # the backend's stream ended
+            too_long = False  # the backend sent more than the request allows
             while not self._shut_down:
                 deadline = self._quiet_until
                 now = time.monotonic()
@@ -170,6 +186,9 @@ class StreamRelay:
                 if not got.payloads:
                     ended = True
                     break
+                if self.n_tokens + got.tokens > self.max_tokens:
+                    too_long = True
+                    break
                 # Everything that arrived goes out in one write: under load, one send
                 # (and one syscall) for several chunks; never a wait to batch.
                 await send({"type": BODY, "body": self._emit(got), "more_body": True})
@@ -177,9 +196,9 @@ class StreamRelay:
                 self.outcome = "completed"
                 await send({"type": BODY, "body": DONE, "more_body": True})
                 return
-            if failure is None:  # shut down: the gateway's end, not the backend's
+            if failure is None:  # cut or shut down: the gateway's end, not the backend's
                 await self._close_attempt()
-                await self._end(send, shutting_down())
+                await self._end(send, _too_long(self.max_tokens) if too_long else shutting_down())
                 return
             failed = self.attempt
             await self._close_attempt(failure)

@@ -113,18 +113,16 @@ def check_limits(body: ChatCompletionRequest | CompletionRequest, limits: Limits
         )
 
 
-_JSON_MAX_DEPTH = 254  # orjson, which writes the upstream body, refuses deeper nesting
 _INT_RANGE = (-(2**63), 2**64 - 1)  # orjson's integers: signed or unsigned 64-bit
 
 
-def _unforwardable(value: Any, param: str, depth: int = 1) -> tuple[str, str] | None:
+def _unforwardable(value: Any, param: str) -> tuple[str, str] | None:
     """The first value the upstream body cannot carry: ``(param, what is wrong)``.
 
-    Python's JSON parser accepts integers of any size, lone surrogates (``"\\ud800"``)
-    and any nesting; orjson, which writes the body for the backend, does not.
+    Python's JSON parser accepts integers of any size and lone surrogates
+    (``"\\ud800"``); orjson, which writes the body for the backend, does not. (Nesting
+    deeper than orjson writes is refused before parsing: :mod:`gateway.request.raw_json`.)
     """
-    if depth > _JSON_MAX_DEPTH:
-        return param, f"is nested more than {_JSON_MAX_DEPTH} levels deep"
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -136,12 +134,12 @@ def _unforwardable(value: Any, param: str, depth: int = 1) -> tuple[str, str] | 
     elif isinstance(value, dict):
         for key, item in value.items():
             name = f"{param}.{key}" if param else str(key)
-            found = _unforwardable(key, name, depth) or _unforwardable(item, name, depth + 1)
+            found = _unforwardable(key, name) or _unforwardable(item, name)
             if found is not None:
                 return found
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            found = _unforwardable(item, f"{param}[{i}]", depth + 1)
+            found = _unforwardable(item, f"{param}[{i}]")
             if found is not None:
                 return found
     return None

@@ -127,6 +127,7 @@ class CompletionService:
                 stream=bool(body.stream),
                 received_at=record.received_at,
                 expected_tokens=self._expected_tokens(body),
+                max_output_tokens=self._max_output_tokens(body),
             )
             trace = None
             if self.tracing.on:
@@ -184,6 +185,13 @@ class CompletionService:
             if value is not None:
                 expected = min(expected, value)
         return expected * (body.n or 1)
+
+    def _max_output_tokens(self, body: ChatCompletionRequest | CompletionRequest) -> int:
+        """The most output tokens the request allows: its ``max_completion_tokens`` or
+        ``max_tokens``, else ``limits.max_tokens``, times ``n``. A backend that ignores
+        the request's limit is cut there (the relay)."""
+        limit = getattr(body, "max_completion_tokens", None) or body.max_tokens
+        return (limit or self.config.limits.max_tokens) * (body.n or 1)
 
     def _count_tokens(self, ctx: RequestContext, backend: str, tokens: int) -> None:
         """The one place output tokens are counted (streams and whole responses)."""

@@ -13,6 +13,11 @@ connection (and its file descriptor) for ever, and a 50 MB header was buffered w
   byte of a later request on it) to the last header; past it ``408`` and close;
 - a body-read timeout (``server.body_timeout_s``): from the last header to the body's
   last byte; past it ``408`` (if no response has started) and close;
+- a write timeout (``server.write_timeout_s``): a client that stops reading fills the
+  connection's buffers until uvicorn pauses the response's writes; once they have stayed
+  paused that long the connection is aborted (its unsent bytes dropped), so the app's
+  ``receive()`` says ``http.disconnect`` and the stream ends, giving back its admission
+  slot. The timer runs only while writes are paused: nothing is added per chunk;
 - a cap on open connections (``server.max_connections``): a connection over the cap is
   answered ``503`` (``Retry-After: 1``, code ``server_busy``) at once, without reading
   its request, and closed; the connections already open are not disturbed;
@@ -69,6 +74,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = 32 * 1024
     header_timeout_s = 10.0
     body_timeout_s = 30.0
+    write_timeout_s = 30.0
     max_connections = 4096
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -79,6 +85,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._body_pending = False  # headers read, the body's last byte not yet
         self._header_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None  # while writes are paused
         self._linger: asyncio.TimerHandle | None = None
 
     # -- connections ----------------------------------------------------------------------
@@ -101,6 +108,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._linger is not None:
             self._linger.cancel()
         self._disarm()
+        self._writable()
         if not self._refused:
             super().connection_lost(exc)
 
@@ -114,6 +122,35 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         closing = self.transport.is_closing()  # uvicorn answered 400 (unparseable)
         if self._reading_headers and self._header_bytes > self.max_header_bytes and not closing:
             self._too_large()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout_s, self._not_reading)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._writable()
+
+    def _writable(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _not_reading(self) -> None:
+        """Writes stayed paused for ``write_timeout_s``: the client stopped reading. The
+        connection is aborted (a close would wait for the unread bytes to go out)."""
+        self._write_timer = None
+        if self._closed or self.transport.is_closing():
+            return
+        log.info(
+            "client read nothing for %g s: connection %s aborted",
+            self.write_timeout_s,
+            self.client,
+        )
+        self._closed = True
+        self._disarm()
+        self.transport.abort()  # connection_lost: the app sees http.disconnect
 
     # -- parser callbacks -----------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -265,6 +302,7 @@ def protocol_for(config: GatewayConfig) -> type[GuardedHttpToolsProtocol]:
         "max_header_bytes": config.limits.max_header_bytes,
         "header_timeout_s": s.header_timeout_s,
         "body_timeout_s": s.body_timeout_s,
+        "write_timeout_s": s.write_timeout_s,
         "max_connections": s.max_connections,
     }
     return type("GatewayHttpProtocol", (GuardedHttpToolsProtocol,), attrs)

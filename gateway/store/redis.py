@@ -39,8 +39,11 @@ Keys (all under ``{prefix}:``; the braces make them one Redis Cluster hash slot)
 
 Connections: at most ``max_connections`` calls hold one at a time; a call that finds
 none free waits up to ``timeout_s`` for one, then is refused as busy
-(:class:`~gateway.store.base.StoreBusy`), which is not an outage. Every call is one round
-trip (a command, a pipeline or a script), counted by the store's monitor.
+(:class:`~gateway.store.base.StoreBusy`), which is not an outage. Both waits count the
+store's time, not the gateway's event loop lagging under load
+(:class:`~gateway.store.deadline.StoreDeadline`; at most :data:`HARD_TIMEOUTS` times
+``timeout_s`` in all). Every call is one round trip (a command, a pipeline or a
+script), counted by the store's monitor.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from gateway.store.base import (
     StoreBusy,
     StoreMonitor,
 )
+from gateway.store.deadline import LoopLag, StoreDeadline
 from gateway.store.queue import ADMISSION_HORIZON_S, ADMISSIONS_KEPT
 from gateway.store.ratelimit import RateState
 from qos.fairness import W_OUTPUT, W_PROMPT
@@ -108,6 +112,7 @@ def _slot_args(slots: Sequence[Slot]) -> list[Any]:
 
 
 _HORIZON_MS = int(ADMISSION_HORIZON_S * 1000)
+HARD_TIMEOUTS = 10  # a store call's bound while the loop lags, in store timeouts
 
 
 def _rate(r: list[Any]) -> RateState:
@@ -147,9 +152,12 @@ class RedisStore(Store):
         self.max_records = max_records
         self.max_connections = max_connections
         self.monitor = monitor or StoreMonitor()
+        self.hard_timeout_s = timeout_s * HARD_TIMEOUTS
+        self._lag = LoopLag()
         options: dict[str, Any] = {
-            "socket_timeout": timeout_s,
-            "socket_connect_timeout": timeout_s,
+            # the calls' deadline is the store's (_call); the socket's, a backstop
+            "socket_timeout": self.hard_timeout_s,
+            "socket_connect_timeout": self.hard_timeout_s,
             "retry_on_timeout": False,
             "health_check_interval": 0,
         }
@@ -177,6 +185,8 @@ class RedisStore(Store):
         self._seed = r.register_script(_lua("seed"))
         self._revoke = r.register_script(_lua("revoke"))
         self._add_key = r.register_script(_lua("add_key"))
+        self._budgets = r.register_script(_lua("budgets", prelude=True))
+        self._restore_budgets = r.register_script(_lua("restore_budgets", prelude=True))
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -189,7 +199,7 @@ class RedisStore(Store):
         if gate.locked():
             self.monitor.waited()
             try:
-                async with asyncio.timeout(self.timeout_s):
+                async with StoreDeadline(self._lag, self.timeout_s, self.hard_timeout_s):
                     await gate.acquire()
             except TimeoutError:
                 self.monitor.error("busy")
@@ -203,7 +213,7 @@ class RedisStore(Store):
         self.monitor.pool(self._in_use, self.max_connections)
         try:
             self.monitor.redis_call()
-            async with asyncio.timeout(self.timeout_s):
+            async with StoreDeadline(self._lag, self.timeout_s, self.hard_timeout_s):
                 return await fn(*args, **kwargs)
         finally:
             self._in_use -= 1
@@ -217,7 +227,7 @@ class RedisStore(Store):
         """Whether Redis answers a PING within ``timeout_s`` on a connection of its own
         (outside the pool: a full pool does not make Redis look down)."""
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with StoreDeadline(self._lag, self.timeout_s, self.hard_timeout_s):
                 return bool(await self._probe.ping())
         except Exception:
             return False
@@ -395,6 +405,29 @@ class RedisStore(Store):
             args += [tenant, repr(float(weight)), tokens, period_s]
         r = await self._call(self._charge, args=args)
         return {_s(r[i]): float(_s(r[i + 1])) for i in range(0, len(r), 2)}
+
+    async def budgets(self, periods: Mapping[str, int]) -> dict[tuple[str, int], float]:
+        """Tokens used per tenant in its current budget period: ``periods`` maps a tenant
+        to its period's length (s); keys are (tenant, the period's end in ms)."""
+        if not periods:
+            return {}
+        args: list[Any] = [self.p]
+        for tenant, period_s in periods.items():
+            args += [tenant, period_s]
+        r = await self._call(self._budgets, args=args)
+        return {
+            (_s(r[i]), int(float(_s(r[i + 1])))): float(_s(r[i + 2])) for i in range(0, len(r), 3)
+        }
+
+    async def restore_budgets(self, used: Mapping[tuple[str, int], float]) -> int:
+        """Raise each budget period still running to at least the tokens ``used`` in it
+        (keys as :meth:`budgets` answers); how many were raised."""
+        args: list[Any] = [self.p]
+        for (tenant, period_end), tokens in used.items():
+            args += [tenant, period_end, repr(float(tokens))]
+        if len(args) == 1:
+            return 0
+        return int(await self._call(self._restore_budgets, args=args))
 
     async def counters(self) -> dict[str, float]:
         raw = await self._call(self.redis.hgetall, self.p + "vtc")

@@ -18,6 +18,21 @@ none):
 - a **command error** (any other error reply): that one call fails
   (:class:`~gateway.store.base.StoreCommandError`, 500, logged); nothing changes mode.
 
+Spent token budgets survive a Redis that restarts empty: every replica reads, at each
+key-table check, the tokens used in the current budget period of each budgeted tenant
+it has served (one script call) and keeps the largest it saw; when it finds the store's
+epoch changed (Redis lost its data) it writes them back (a period never goes down: the
+largest of what the replicas saw wins) along with the fair-share counters. What is lost
+is at most the tokens spent since the last check (``reconnect_interval_s``). The
+per-minute rate windows are not restored: a minute later they are whole again.
+
+A slot given back or a queue place left (or admitted from) while Redis is down or busy
+is given back locally at once and **owed** to Redis: kept (up to ``buffer_max``) and replayed before
+anything else when Redis is reachable again, and at every key-table check while it is
+up, until Redis has it. Both are idempotent, so one Redis already ran (a call whose
+answer never came) costs nothing. Without this, the streams that ended during a stall
+left their slots and places in Redis, and the next request waited for their leases.
+
 docs/architecture/gateway.md, "Fair share across gateway replicas" ("Failure") and "API keys:
 what survives what", has the design.
 """
@@ -27,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -74,8 +90,13 @@ _BUSY_REPLY = "BUSY"
 
 
 def _reply_kind(exc: ResponseError) -> str:
-    """``down``, ``busy`` or ``command`` for an error reply (see the module docstring)."""
-    word = str(exc).split(" ", 1)[0].upper()
+    """``down``, ``busy`` or ``command`` for an error reply (see the module docstring).
+
+    redis-py takes the reply's first word off the message of the replies it has a class
+    for (``OOM`` is an ``OutOfMemoryError`` saying "command not allowed ..."), and keeps it
+    as ``status_code``: an OOM read as a command error once left waiting streams stuck
+    until ``overloaded`` while the engine was free."""
+    word = (exc.status_code or str(exc).split(" ", 1)[0]).upper()
     if word in _DOWN_REPLIES:
         return "down"
     return "busy" if word == _BUSY_REPLY else "command"
@@ -105,6 +126,13 @@ class ResilientStore(Store):
         # needs (a Redis that restarted empty no longer knows the request)
         self._buffer: deque[tuple[QoERecord, RequestInfo | None]] = deque(maxlen=buffer_max)
         self._unsynced: dict[str, RequestInfo] = {}
+        # slots given back and places left that Redis has not had yet: (request id,
+        # backend), "" for a queue place (an ordered set)
+        self._owed: dict[tuple[str, str], None] = {}
+        # budgeted tenants served (tenant -> period s), and the tokens used per (tenant,
+        # period end ms) as last read from Redis
+        self._budget_periods: dict[str, int] = {}
+        self._budgets_seen: dict[tuple[str, int], float] = {}
         self._unsynced_max = buffer_max
         self._probe: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -213,6 +241,7 @@ class ResilientStore(Store):
 
     async def _reconcile(self) -> None:
         await self._sync_keys()  # a Redis that restarted empty knows no key
+        await self._pay_owed()
         for rid, info in list(self._unsynced.items()):
             await self.redis.remember(rid, info)
             del self._unsynced[rid]
@@ -291,6 +320,9 @@ class ResilientStore(Store):
                 len(self._revoked),
             )
             await self.redis.restore_keys(self._keys, self._revoked)
+            raised = await self.redis.restore_budgets(self._budgets_seen)
+            await self.redis.merge_counters(await self.local.counters())
+            log.error("restored %d token budget period(s) from this replica", raised)
         if epoch != self._epoch or epoch is None:
             await self.redis.seed_keys(*self._seed)  # configured keys, unless revoked
             epoch = await self.redis.ensure_epoch(uuid.uuid4().hex)
@@ -307,6 +339,8 @@ class ResilientStore(Store):
                 continue  # the probe reconciles
             try:
                 await self._sync_keys()
+                await self._pay_owed()
+                await self._read_budgets()
             except (*_FAILURES, StoreBusy) as exc:
                 with contextlib.suppress(StoreUnavailable, StoreCommandError):
                     await self._failed("the key table check", exc)
@@ -380,11 +414,15 @@ class ResilientStore(Store):
         self.local.vtc.counters[tenant] = max(self.local.vtc.counter(tenant), counter)
 
     async def arrive(self, req: Arrival, slots: Sequence[Slot], lease_s: float) -> Admission:
+        if req.limits.token_budget:
+            self._budget_periods[req.tenant] = req.limits.budget_period_s
         ok, result = await self._redis("arrive", req, slots, lease_s)
         if not ok:
             result = await self.local.arrive(req, slots, lease_s)
             if result.status in ("admitted", "queued", "full"):
                 self._note_unsynced(req)
+            if result.status == "admitted":
+                self._owe(req.request_id, "")  # queued in Redis before, maybe (a pump's)
             return result
         if result.status in ("admitted", "queued", "full"):
             self._mirror(req.tenant, result.counter)
@@ -399,7 +437,13 @@ class ResilientStore(Store):
             self._unsynced[req.request_id] = info
 
     async def retry(self, request_id: str, slots: Sequence[Slot], lease_s: float) -> Admission:
-        return await self._either("retry", request_id, slots, lease_s)
+        ok, result = await self._redis("retry", request_id, slots, lease_s)
+        if ok:
+            return result
+        result = await self.local.retry(request_id, slots, lease_s)
+        if result.status == "admitted":
+            self._owe(request_id, "")  # it left Redis' queue too
+        return result
 
     async def standing(
         self, model: str, request_ids: Sequence[str], slots: Sequence[Slot]
@@ -409,14 +453,47 @@ class ResilientStore(Store):
 
     async def leave(self, request_id: str) -> None:
         await self.local.leave(request_id)
-        await self._redis("leave", request_id)
+        await self._give_back(request_id, "")
 
     async def move(self, request_id: str, source: str, target: Slot, lease_s: float) -> bool:
         return bool(await self._either("move", request_id, source, target, lease_s))
 
     async def release(self, request_id: str, backend: str) -> None:
         await self.local.release(request_id, backend)
-        await self._redis("release", request_id, backend)
+        await self._give_back(request_id, backend)
+
+    async def _give_back(self, request_id: str, backend: str) -> None:
+        """Free a slot on ``backend`` (a queue place for ``""``) in Redis, or owe it
+        (module docstring): never refused, since it was freed locally."""
+        args = (request_id, backend) if backend else (request_id,)
+        try:
+            ok, _ = await self._redis("release" if backend else "leave", *args)
+        except StoreUnavailable:
+            ok = False
+        if not ok:
+            self._owe(request_id, backend)
+
+    def _owe(self, request_id: str, backend: str) -> None:
+        if len(self._owed) < self._unsynced_max:
+            self._owed[(request_id, backend)] = None
+
+    async def _read_budgets(self) -> None:
+        """Keep the largest tokens used seen per budget period still running."""
+        seen = self._budgets_seen
+        for period, used in (await self.redis.budgets(self._budget_periods)).items():
+            seen[period] = max(seen.get(period, 0.0), used)
+        ended = time.time() * 1000 - 60_000
+        for period in [p for p in seen if p[1] < ended]:
+            del seen[period]
+
+    async def _pay_owed(self) -> None:
+        """Replay the slots and places Redis is owed (raises what Redis raises)."""
+        for request_id, backend in list(self._owed):
+            if backend:
+                await self.redis.release(request_id, backend)
+            else:
+                await self.redis.leave(request_id)
+            del self._owed[(request_id, backend)]
 
     async def renew(
         self, slots: Iterable[tuple[str, str]], waiting: Iterable[str], lease_s: float

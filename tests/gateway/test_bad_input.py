@@ -321,9 +321,6 @@ async def test_internal_error_is_openai_shaped():
         assert (await client.get("/healthz")).status_code == 200
 
 
-NESTED = "[" * 500 + "]" * 500
-
-
 @pytest.mark.parametrize(
     ("raw", "param", "what"),
     [
@@ -331,7 +328,6 @@ NESTED = "[" * 500 + "]" * 500
         (b'"logit_bias": {"50256": -100000000000000000000000}', "logit_bias.50256", "64-bit"),
         (b'"stop": ["\\ud800"]', "stop[0]", "surrogate"),
         (b'"metadata": {"x": "ok\\udfffok"}', "metadata.x", "surrogate"),
-        (b'"guided_json": ' + NESTED.encode(), "guided_json" + "[0]" * 253, "nested"),
     ],
 )
 async def test_a_body_that_cannot_be_forwarded_is_a_400_not_a_failover(

@@ -179,3 +179,45 @@ async def test_http10_clients_get_no_chunked_encoding_and_one_connection_header(
     )
     assert [v for n, v in headers if n == "connection"] == ["close"]
     assert dict(headers)["transfer-encoding"] == "chunked"
+
+
+def nested(levels: int) -> bytes:
+    """``levels`` of arrays in one field: a few bytes a level."""
+    return b'{"x": ' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+
+
+async def test_deep_json_is_a_400_before_parsing_with_one_log_line(gw: Process) -> None:
+    """A 300-level report without a credential was a 500 and 3.8 KB of tracebacks
+    (orjson writing it); a chat body of 1,000+ levels a 500 or a dropped connection
+    (msgspec's RecursionError)."""
+    before = len(gw.output().splitlines())
+    deep_chat = json.dumps(chat()).encode()[:-1] + b', "metadata": ' + nested(1200) + b"}"
+    report = b'{"telemetry_token": "tpt1.x.y", "deep": ' + nested(300) + b"}"
+    async with httpx.AsyncClient(base_url=gw.url, timeout=20) as c:
+        answers = [
+            await c.post("/v1/chat/completions", content=deep_chat, headers=auth(KEY)),
+            await c.post("/v1/tokenpace/telemetry", content=report),  # no credential
+            await c.post("/v1/tokenpace/telemetry", content=report, headers=auth(KEY)),
+            await c.post(
+                "/v1/tokenpace/telemetry",
+                content=report,
+                headers={"Content-Type": "text/plain"},  # a beacon's
+            ),
+        ]
+    for r in answers:
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == "invalid_json" and "at most 254" in error["message"]
+    await asyncio.sleep(0.5)  # the access log is written as the response ends
+    lines = gw.output().splitlines()[before:]
+    assert all(LOG_LINE.match(line) for line in lines), lines  # no traceback
+    assert len([line for line in lines if "error_code=invalid_json" in line]) == len(answers)
+    assert (await post(gw, KEY, chat())).status_code == 200
+
+
+async def test_a_body_that_is_not_utf8_is_invalid_json(gw: Process) -> None:
+    body = json.dumps(chat()).encode().replace(b'"hi"', b'"\xff\xfe"')
+    async with httpx.AsyncClient(base_url=gw.url, headers=auth(KEY), timeout=20) as c:
+        r = await c.post("/v1/chat/completions", content=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_json"

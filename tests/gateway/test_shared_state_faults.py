@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -367,4 +371,194 @@ async def test_bodies_without_a_credential_hold_bounded_memory(upstream) -> None
     finally:
         for w in writers:
             w.close()
+        gw.stop()
+
+
+def burn_cpu() -> subprocess.Popen[bytes]:
+    """A process that keeps one core busy: the loaded machine of a shared host."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def raw_stream_request(key: str, tokens: int) -> bytes:
+    body = json.dumps(chat(tokens)).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n"
+        % (key.encode(), len(body))
+    ) + body
+
+
+async def test_a_burst_on_a_healthy_redis_gets_no_store_busy_and_leaves_no_queue_place(
+    upstream, redis_server_own
+) -> None:
+    """300 streams of two tenants sent at once (connections opened first, then every
+    request written in one go), with the default ``store.timeout_s`` (0.5 s), on a capped
+    backend (most wait in the queue), a core kept busy by another process: 0–77 % of such
+    bursts were refused ``store_busy`` while Redis answered in milliseconds (the
+    gateway's own loop lag counted as Redis's time), and each call given up left its
+    queue place behind until its lease ran out."""
+    capped = {"name": "up", "url": f"{upstream.url}/v1", "models": ["bench"]}
+    sections = {
+        "tenants": [{**t, "max_queued": 300} for t in TENANTS],
+        "backends": [{**capped, "health_path": "/health", "max_concurrent": 64}],
+        "timeouts": {"connect_s": 20.0, "first_byte_s": 30.0, "idle_s": 30.0},
+    }
+    gw = serve(upstream, redis_server_own, sections=sections).start()
+    burner = burn_cpu()
+    redis = aioredis.from_url(redis_server_own.url)
+    try:
+        connections = [await asyncio.open_connection("127.0.0.1", gw.port) for _ in range(300)]
+        for i, (_, writer) in enumerate(connections):
+            writer.write(raw_stream_request(KEY if i % 2 else KEY_GLOBEX, 20))
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+            try:
+                return await asyncio.wait_for(reader.read(), 60)
+            finally:
+                writer.close()
+
+        answers = await asyncio.gather(*(answer(r, w) for r, w in connections))
+        refused = [a for a in answers if b"store_busy" in a or not a.startswith(b"HTTP/1.1 200")]
+        assert not refused, f"{len(refused)} of 300 refused: {refused[0][:600]!r}"
+        assert all(b"data: [DONE]" in a and b'"error"' not in a for a in answers)
+        assert metric(gw, "tokenpace_store_errors_total") == 0
+        assert metric(gw, "tokenpace_store_local_calls_total") == 0
+        # nothing held once every stream has ended: no queue place, no slot
+        assert await redis.hgetall(P + "wn") == {}
+        assert await redis.zcard(P + "wl") == 0
+        assert await redis.zcard(P + "s:up") == 0
+    finally:
+        burner.kill()
+        burner.wait()
+        await redis.aclose()
+        gw.stop()
+
+
+async def test_an_admission_given_up_leaves_no_queue_place(upstream, redis_server_own) -> None:
+    """A backend of one slot, held; Redis stalls (SIGSTOP, 0.8 s) while 20 more streams
+    arrive: admission calls time out (``store.timeout_s``, 0.5 s) with their scripts
+    sent, Redis answers the PING that follows (so it is busy, not down: 503
+    ``store_busy``) and runs the scripts as it wakes (the others wait, and are
+    ``overloaded`` at their bound). Each left a queue place counted
+    against its tenant's ``max_queued`` until its lease (60 s here) ran out; now the
+    gateway undoes what a call whose answer never came may have done."""
+    capped = {"name": "up", "url": f"{upstream.url}/v1", "models": ["bench"]}
+    sections = {
+        "backends": [{**capped, "health_path": "/health", "max_concurrent": 1}],
+        "admission": {"lease_s": 60.0},
+    }
+    gw = serve(upstream, redis_server_own, sections=sections).start()
+    redis = aioredis.from_url(redis_server_own.url)
+    assert redis_server_own.proc is not None
+    pid = redis_server_own.proc.pid
+    try:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            url, body = "/v1/chat/completions", chat(4000)
+            async with c.stream("POST", url, json=body, headers=auth(KEY)) as held:
+                assert held.status_code == 200
+                os.kill(pid, signal.SIGSTOP)
+                asyncio.get_running_loop().call_later(0.8, os.kill, pid, signal.SIGCONT)
+                answers = await asyncio.gather(
+                    *(c.post(url, json=chat(5, stream=False), headers=auth(KEY)) for _ in range(20))
+                )
+                codes = {r.json()["error"]["code"] for r in answers}
+                assert codes <= {"store_busy", "overloaded"}, codes  # the latter at the bound
+                await asyncio.sleep(1.0)
+                assert "Redis unreachable" not in gw.output()  # busy, never down
+                assert await redis.hget(P + "wn", "acme") is None  # no place left behind
+                assert await redis.zcard(P + "wl") == 0
+                assert await redis.zcard(P + "s:up") == 1  # the held stream's, only
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await redis.aclose()
+        gw.stop()
+
+
+async def test_after_a_redis_stall_nothing_stays_held(upstream, redis_server_own) -> None:
+    """Six streams on a backend of four slots (four running, two waiting), then Redis
+    stalls (SIGSTOP, 3 s) and every stream ends meanwhile. Four slots and two queue
+    places stayed in Redis after "state reconciled", and the next request waited for
+    their leases with nothing running: the slots given back and places left during the
+    stall are now replayed to Redis when it answers again."""
+    capped = {"name": "up", "url": f"{upstream.url}/v1", "models": ["bench"]}
+    sections = {
+        "backends": [{**capped, "health_path": "/health", "max_concurrent": 4}],
+        "admission": {"lease_s": 60.0},
+        "timeouts": {"connect_s": 5.0, "first_byte_s": 10.0, "idle_s": 10.0},
+    }
+    gw = serve(upstream, redis_server_own, sections=sections, reconnect_interval_s=0.2)
+    gw.start()
+    redis = aioredis.from_url(redis_server_own.url)
+    assert redis_server_own.proc is not None
+    pid = redis_server_own.proc.pid
+    try:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            url = "/v1/chat/completions"
+
+            async def one() -> str:
+                async with c.stream("POST", url, json=chat(200), headers=auth(KEY)) as r:
+                    return (await r.aread()).decode()
+
+            streams = [asyncio.create_task(one()) for _ in range(6)]
+            while await redis.zcard(P + "s:up") < 4 or await redis.zcard(P + "wl") < 2:
+                await asyncio.sleep(0.02)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                answers = await asyncio.gather(*streams)  # each ends while Redis is stopped
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert all("data: [DONE]" in a for a in answers)
+            deadline = time.monotonic() + 10
+            while "state reconciled" not in gw.output() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert "state reconciled" in gw.output()
+            assert await redis.zcard(P + "s:up") == 0
+            assert await redis.zcard(P + "wl") == 0
+            assert await redis.hgetall(P + "wn") == {}
+            started = time.monotonic()
+            r = await c.post(url, json=chat(2, stream=False), headers=auth(KEY))
+            assert r.status_code == 200 and time.monotonic() - started < 2.0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await redis.aclose()
+        gw.stop()
+
+
+async def test_a_stream_waiting_when_redis_runs_out_of_memory_is_served(
+    upstream, redis_server_own
+) -> None:
+    """A backend of one slot, held, one stream waiting; Redis reaches its memory limit
+    (every script refused ``OOM``), then the held stream ends. The waiting stream was
+    told ``overloaded`` at its bound although the engine was free (the OOM was read as a
+    command error); Redis that cannot write is down: the stream is served on local
+    state (``fail_mode: open``)."""
+    capped = {"name": "up", "url": f"{upstream.url}/v1", "models": ["bench"]}
+    sections = {"backends": [{**capped, "health_path": "/health", "max_concurrent": 1}]}
+    gw = serve(upstream, redis_server_own, sections=sections).start()
+    redis = aioredis.from_url(redis_server_own.url)
+    try:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            url = "/v1/chat/completions"
+
+            async def one(tokens: int) -> str:
+                async with c.stream("POST", url, json=chat(tokens), headers=auth(KEY)) as r:
+                    return (await r.aread()).decode()
+
+            held = asyncio.create_task(one(300))  # 1.5 s at 200 tokens a second
+            while await redis.zcard(P + "s:up") < 1:
+                await asyncio.sleep(0.02)
+            waiting = asyncio.create_task(one(5))
+            while await redis.zcard(P + "wl") < 1:
+                await asyncio.sleep(0.02)
+            await redis.config_set("maxmemory", 1)  # noeviction: every write refused
+            started = time.monotonic()
+            assert "[DONE]" in await held
+            answer = await waiting
+            assert "overloaded" not in answer and '"error"' not in answer, answer
+            assert "data: [DONE]" in answer
+            assert time.monotonic() - started < 5.0  # not at the 10 s bound
+            assert "Redis unreachable" in gw.output()  # down, not a command error
+    finally:
+        await redis.config_set("maxmemory", 0)
+        await redis.aclose()
         gw.stop()

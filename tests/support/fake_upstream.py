@@ -38,6 +38,7 @@ class FakeUpstream:
         self.tokens_per_chunk = tokens_per_chunk  # as vLLM's --stream-interval
         self.token_interval = token_interval
         self.mode = "ok"
+        self.ignores_max_tokens = False  # a faulty engine: n_tokens whatever was asked
         self.first_delay = 0.0
         self.healthy = True
         self.bodies: list[dict[str, Any]] = []
@@ -156,6 +157,8 @@ class FakeUpstream:
         mode = self.mode
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        if self.ignores_max_tokens:
+            limit = None
         n = min(int(limit), self.n_tokens) if limit else self.n_tokens
         choices = int(body.get("n") or 1)
         tools = body.get("tools")

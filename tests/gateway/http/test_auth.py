@@ -79,6 +79,8 @@ async def test_each_credential_opens_its_own_routes_only(gw) -> None:
         r = await acme.get("/v1/tokenpace/qoe", params={"tenant": "basic"})
         assert r.status_code == 403
         assert (await admin.get("/v1/tokenpace/qoe", params={"tenant": "basic"})).status_code == 200
+        r = await admin.get("/v1/tokenpace/qoe", params={"tenant": "nobody"})  # was 200, empty
+        assert r.status_code == 404 and r.json()["error"]["code"] == "tenant_not_found"
         assert (await scraper.get("/healthz")).status_code == 200  # public
 
 

@@ -14,6 +14,10 @@ front of the FakeUpstream stand-in for vLLM). Checks on every response:
 The number of examples bounds the time (about 20 s on a 2-core machine, for some 2,000
 requests); Hypothesis runs derandomized, so a failure reproduces.
 
+Nesting depth gets a strategy of its own, on every route that reads a body (a beacon's
+report without a credential included): up to 5,000 levels of arrays and objects, with
+brackets inside strings, is never a 5xx, and past 254 levels is 400 ``invalid_json``.
+
 QoE reports get a strategy of their own: timelines of extreme floats (subnormal, huge,
 past a day, NaN and infinities written raw into the JSON) and counts (zero, negative,
 past 64 bits), each reported on a request of its own to a gateway on Redis: each is
@@ -124,6 +128,44 @@ def test_every_operation_holds_its_document(case, live) -> None:
     # the valid key (a generated one only ever meets the 401 that other tests cover)
     headers = {**(case.headers or {}), "Authorization": f"Bearer {key}"}
     case.call_and_validate(base_url=live.url, headers=headers, checks=CHECKS, timeout=10)
+
+
+# -- Nesting depth: every route that reads a body, with and without a credential ----------
+
+BODY_ROUTES = [
+    ("/v1/chat/completions", KEY),
+    ("/v1/completions", KEY),
+    ("/v1/tokenpace/telemetry", KEY),
+    ("/v1/tokenpace/telemetry", None),  # a beacon's: read before anyone is known
+    ("/v1/tokenpace/admin/tenants/acme/keys", ADMIN),
+]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
+@given(
+    route=st.sampled_from(BODY_ROUTES),
+    levels=st.one_of(st.integers(1, 300), st.sampled_from([254, 255, 1000, 5_000])),
+    opener=st.sampled_from(["[", '{"k": ', '[{"k": ']),
+    in_string=st.sampled_from(["", "[[[", "}}]]", '\\"[']),
+)
+def test_nesting_at_any_depth_is_never_a_server_error(
+    live, route, levels, opener, in_string
+) -> None:
+    """Deep nesting in a body: deeper than the parsers follow (254 levels) is a 400
+    ``invalid_json`` on every route, found before parsing; brackets in strings don't count."""
+    path, key = route
+    closer = {"[": "]", '{"k": ': "}", '[{"k": ': "}]"}[opener]
+    per_level = opener.count("[") + opener.count("{")
+    value = opener * levels + f'"{in_string}"' + closer * levels
+    fields = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+    body = json.dumps(fields)[:-1] + f', "deep": {value}}}'
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(base_url=live.url, timeout=10) as c:
+        r = c.post(path, content=body, headers=headers)
+    assert r.status_code < 500, r.text
+    error = r.json().get("error") if r.status_code >= 400 else None
+    too_deep = 1 + levels * per_level > 254
+    assert (error is not None and error["code"] == "invalid_json") == too_deep, r.text
 
 
 # -- QoE reports: timelines of extreme numbers -------------------------------------------

@@ -92,6 +92,7 @@ async def test_an_unbuilt_ui_says_how_to_build_it(webui) -> None:
         assert r.status_code == 503
         error = r.json()["error"]
         assert error["code"] == "webui_not_built" and "make webui" in error["message"]
+        assert str(webui) not in r.text  # no path of the server's to an unauthenticated caller
 
 
 async def test_admin_status_shows_backends_load_and_fair_share() -> None:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis.asyncio as aioredis
+from redis._parsers.base import BaseParser
 from redis.exceptions import ResponseError
 
 from gateway.config.schema import hash_key
@@ -252,3 +253,8 @@ def test_error_replies_that_mean_redis_cannot_serve_are_outages() -> None:
     assert _reply_kind(ResponseError("BUSY Redis is busy running a script")) == "busy"
     for reply in ("WRONGTYPE Operation", "ERR user_script:1: argument 4 is not a weight"):
         assert _reply_kind(ResponseError(reply)) == "command"
+    # as redis-py raises them: the first word taken off the message, kept as status_code
+    for reply in ("OOM command not allowed", "READONLY You can't write", "MASTERDOWN Link"):
+        exc = BaseParser.parse_error(reply)
+        assert isinstance(exc, ResponseError) and not str(exc).startswith(exc.status_code)
+        assert _reply_kind(exc) == "down"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -391,7 +392,13 @@ async def test_every_script_checks_its_numbers_before_writing(redis_server, key_
             await store.retry("r2", bad, LEASE)
         with pytest.raises(ResponseError, match="argument 10 is not a finite number"):
             await store.standing("m", ["r2"], bad)
+        far = int(time.time() * 1000) + 3_600_000  # a budget period still running
+        with pytest.raises(ResponseError, match="argument 7 is not a finite number"):
+            await store.restore_budgets({("acme", far): 5.0, ("b", far): float("nan")})
+        assert await store.redis.get(f"{store.p}b:acme:{far}") is None
         # the same arguments, well formed, are taken
+        assert await store.restore_budgets({("acme", far): 5.0}) == 1
+        assert await store.redis.get(f"{store.p}b:acme:{far}") == b"5"
         assert (await store.arrive(arrival("r2", "acme"), ONE, LEASE)).status == "admitted"
     finally:
         await store.aclose()
