@@ -160,9 +160,10 @@ class MemoryStore(Store):
         w = self._waiters.get(rid)
         if w is None:
             return Admission("gone")
-        order = self._order(w.model, slots)
-        if order[0] != rid:
-            return Admission("queued", head=order[0], counter=self.vtc.counter(w.tenant))
+        if len(self._waiters) > 1:  # alone, it is the head of its queue
+            order = self._order(w.model, slots)
+            if order[0] != rid:
+                return Admission("queued", head=order[0], counter=self.vtc.counter(w.tenant))
         for slot in slots:
             held = self._slots.setdefault(slot.backend, {})
             if slot.candidate and (slot.capacity <= 0 or len(held) < slot.capacity):
