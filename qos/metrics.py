@@ -101,7 +101,7 @@ def _deficit(times: np.ndarray, expected_ttft: float, expected_tds: float) -> fl
     """:func:`digestion_deficit` of validated per-token ``times``."""
     starts = digestion_starts(times, expected_tds, hold_until=expected_ttft)
     expected = expected_ttft + np.arange(times.size, dtype=float) / expected_tds
-    return float(np.sum(starts - expected))
+    return float((starts - expected).sum())
 
 
 def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
@@ -146,7 +146,7 @@ def user_idle_latency(timeline: TimelineInput, expected_ttft: float, expected_td
 def _idle(times: np.ndarray, expected_ttft: float, expected_tds: float) -> float:
     """:func:`user_idle_latency` of validated per-token ``times``."""
     deadlines = _deadlines(times.size, expected_ttft, expected_tds)
-    return max(float(np.max(times - deadlines)), 0.0)
+    return max(float((times - deadlines).max()), 0.0)
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def display_gaps(times: np.ndarray, tds: float) -> np.ndarray:
 
 def _gaps(shown: np.ndarray, tds: float) -> np.ndarray:
     """:func:`display_gaps` of the tokens shown at ``shown`` (their digestion starts)."""
-    gaps: np.ndarray = np.diff(shown) - 1.0 / tds
+    gaps: np.ndarray = shown[1:] - shown[:-1] - 1.0 / tds
     return gaps
 
 
