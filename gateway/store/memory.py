@@ -72,7 +72,8 @@ class MemoryStore(Store):
         self._requests: OrderedDict[str, RequestInfo] = OrderedDict()
         self._reported: set[str] = set()
         self._max_requests = max_requests
-        self._records: deque[QoERecord] = deque(maxlen=max_records)
+        # (unix seconds, record): stamped when read (a record's copy is checked again)
+        self._records: deque[tuple[float, QoERecord]] = deque(maxlen=max_records)
         self._retention_s = retention_s  # 0: records are bounded by count only
         self._aggregate_retention_s = retention_s or 7 * 86400
         # (level, bucket start, tenant) -> the bucket's numbers (gateway.store.aggregates)
@@ -395,9 +396,9 @@ class MemoryStore(Store):
     def _store(self, rec: QoERecord, now: float) -> None:
         if rec.side == "client":
             self._reported.add(rec.request_id)
-        self._records.append(dataclasses.replace(rec, ts=rec.ts or now))
+        self._records.append((rec.ts or now, rec))
         if self._retention_s:
-            while self._records and self._records[0].ts < now - self._retention_s:
+            while self._records and self._records[0][0] < now - self._retention_s:
                 self._records.popleft()
 
     def _aggregate(self, records: Sequence[QoERecord], now: float) -> None:
@@ -423,7 +424,9 @@ class MemoryStore(Store):
 
     async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
         return [
-            r for r in self._records if r.ts >= since and (tenant is None or r.tenant == tenant)
+            dataclasses.replace(r, ts=ts)
+            for ts, r in self._records
+            if ts >= since and (tenant is None or r.tenant == tenant)
         ]
 
     async def qoe_window(self, window_s: float, tenant: str | None = None) -> QoEAggregates:

@@ -19,7 +19,7 @@ constraints.txt) plus a margin, not targets:
   comparison and an addition, no call; a bound on a stalled client's writes, a timer
   moved, a few calls); a metric observed or a label resolved per chunk costs 14 and does
   not fit: it belongs in the stream's state, summarised once at its end.
-- per request, 3,000 calls: authentication, the body's checks, admission, the backend's
+- per request, 2,955 calls: authentication, the body's checks, admission, the backend's
   request (httpx, aiohttp), the response, the stream's teardown, its QoE (reply_qoe)
   and record, and that record added alone to the store's aggregates (the flush loop
   adds many at once). 2,754 on 2026-11-26, before the freezes, the idle latency and the
