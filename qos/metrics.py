@@ -62,19 +62,25 @@ def andes_qoe(
     """
     times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
-    ttlt = float(times[-1])
-    s_expected = float(expected_area(ttlt, expected_ttft, expected_tds, float(times.size)))
-    if s_expected <= 0.0:
-        qoe = 1.0  # everything arrived before the expected curve even started
-    else:
-        starts = digestion_starts(times, expected_tds)
-        s_actual = float(np.sum(digested_area(starts, ttlt, expected_tds)))
-        qoe = min(max(s_actual / s_expected, 0.0), 1.0)
+    qoe = _andes(times, digestion_starts(times, expected_tds), expected_ttft, expected_tds)
     if ttft_penalty is not None:
         if not 0.0 < ttft_penalty <= 1.0:
             raise ValueError(f"ttft_penalty: α must be in (0, 1], got {ttft_penalty}")
         qoe *= ttft_penalty ** max(float(times[0]) - expected_ttft, 0.0)
     return qoe
+
+
+def _andes(
+    times: np.ndarray, starts: np.ndarray, expected_ttft: float, expected_tds: float
+) -> float:
+    """:func:`andes_qoe` (no TTFT penalty) of validated per-token ``times`` whose
+    digestion starts (:func:`~qos.timeline.digestion_starts`) are ``starts``."""
+    ttlt = float(times[-1])
+    s_expected = float(expected_area(ttlt, expected_ttft, expected_tds, float(times.size)))
+    if s_expected <= 0.0:
+        return 1.0  # everything arrived before the expected curve even started
+    s_actual = float(np.sum(digested_area(starts, ttlt, expected_tds)))
+    return min(max(s_actual / s_expected, 0.0), 1.0)
 
 
 def digestion_deficit(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
@@ -95,7 +101,7 @@ def _deficit(times: np.ndarray, expected_ttft: float, expected_tds: float) -> fl
     """:func:`digestion_deficit` of validated per-token ``times``."""
     starts = digestion_starts(times, expected_tds, hold_until=expected_ttft)
     expected = expected_ttft + np.arange(times.size, dtype=float) / expected_tds
-    return float(np.sum(starts - expected))
+    return float((starts - expected).sum())
 
 
 def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
@@ -108,6 +114,11 @@ def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: fl
     """
     times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
+    return _monotone(times, expected_ttft, expected_tds)
+
+
+def _monotone(times: np.ndarray, expected_ttft: float, expected_tds: float) -> float:
+    """:func:`monotone_qoe` of validated per-token ``times``."""
     n = times.size
     area = n * n / (2.0 * expected_tds)
     return area / (area + _deficit(times, expected_ttft, expected_tds))
@@ -118,14 +129,24 @@ def token_deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) ->
     check_expectation(expected_ttft, expected_tds)
     if n_tokens < 0:
         raise ValueError(f"n_tokens: must be >= 0, got {n_tokens}")
+    return _deadlines(n_tokens, expected_ttft, expected_tds)
+
+
+def _deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) -> np.ndarray:
     return expected_ttft + np.arange(n_tokens, dtype=float) / expected_tds
 
 
 def user_idle_latency(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
     """l_r = max_i (t_i - d_i)⁺, Wang et al. Eq. 9."""
     times = token_times(timeline, name="timeline")
-    deadlines = token_deadlines(times.size, expected_ttft, expected_tds)
-    return max(float(np.max(times - deadlines)), 0.0)
+    check_expectation(expected_ttft, expected_tds)
+    return _idle(times, expected_ttft, expected_tds)
+
+
+def _idle(times: np.ndarray, expected_ttft: float, expected_tds: float) -> float:
+    """:func:`user_idle_latency` of validated per-token ``times``."""
+    deadlines = _deadlines(times.size, expected_ttft, expected_tds)
+    return max(float((times - deadlines).max()), 0.0)
 
 
 @dataclass(frozen=True)
@@ -147,8 +168,12 @@ FREEZE_THRESHOLDS_S = (2.0, 5.0, 10.0)
 def display_gaps(times: np.ndarray, tds: float) -> np.ndarray:
     """(d_k - d_(k-1)) - 1/TDS for k = 2..n: how long the reader waited before each token
     after the first, beyond its own pace; ``times`` validated per-token times."""
-    shown = digestion_starts(times, tds)
-    gaps: np.ndarray = np.diff(shown) - 1.0 / tds
+    return _gaps(digestion_starts(times, tds), tds)
+
+
+def _gaps(shown: np.ndarray, tds: float) -> np.ndarray:
+    """:func:`display_gaps` of the tokens shown at ``shown`` (their digestion starts)."""
+    gaps: np.ndarray = shown[1:] - shown[:-1] - 1.0 / tds
     return gaps
 
 
@@ -161,11 +186,42 @@ def freezes(timeline: TimelineInput, expected_tds: float) -> Freezes:
     """
     times = token_times(timeline, name="timeline")
     check_expectation(0.0, expected_tds)
-    gaps = display_gaps(times, expected_tds)
+    return _freezes(display_gaps(times, expected_tds))
+
+
+def _freezes(gaps: np.ndarray) -> Freezes:
+    """The :class:`Freezes` of a reply whose display gaps are ``gaps``."""
     frozen = gaps[gaps > FREEZE_EPSILON_S]
     if not frozen.size:
         return Freezes(0.0, 0, 0.0)
     return Freezes(float(frozen.max()), int(frozen.size), float(frozen.sum()))
+
+
+@dataclass(frozen=True)
+class ReplyQoE:
+    """What is recorded of one reply: :func:`andes_qoe`, :func:`monotone_qoe`,
+    :func:`freezes` and :func:`user_idle_latency`."""
+
+    andes: float
+    monotone: float
+    freezes: Freezes
+    idle_s: float
+
+
+def reply_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> ReplyQoE:
+    """The four measures of one reply, equal to the functions' own, with the timeline
+    validated once and the digestion schedule (Andes Eq. 1's curve and the reader's
+    display times alike) computed once: the gateway records them at the end of every
+    stream. Raises ``ValueError`` as they do."""
+    times = token_times(timeline, name="timeline")
+    check_expectation(expected_ttft, expected_tds)
+    starts = digestion_starts(times, expected_tds)
+    return ReplyQoE(
+        _andes(times, starts, expected_ttft, expected_tds),
+        _monotone(times, expected_ttft, expected_tds),
+        _freezes(_gaps(starts, expected_tds)),
+        _idle(times, expected_ttft, expected_tds),
+    )
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 
 The server stops accepting connections and calls :meth:`Drain.begin` as it shuts down
 (:mod:`gateway.runtime.server`); ``/readyz`` answers 503 from then on. Every request the
-gateway is serving is :meth:`~Drain.track`-ed while it runs: a stream by its relay, a
+gateway is serving is open in the drain (:meth:`~Drain.add`) while it runs: a stream by its relay, a
 request before its response by its disconnect watch. At the deadline each one's
 ``shut_down()`` is called: a stream ends with an OpenAI error event
 (``server_shutting_down``) and ``data: [DONE]``, a request not yet answered gets 503 with
@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Protocol
 
 from gateway.errors import SERVER_ERROR, GatewayError
@@ -79,16 +77,16 @@ class Drain:
             self._timer.cancel()
             self._timer = None
 
-    @contextmanager
-    def track(self, item: Drainable) -> Iterator[None]:
-        """``item`` is open for the block (shut down at once past the deadline)."""
+    def add(self, item: Drainable) -> None:
+        """``item`` is open until :meth:`discard` (shut down at once past the deadline);
+        two plain calls rather than a context manager: every request opens one or two."""
         if self.expired:
             item.shut_down()
         self._open.add(item)
-        try:
-            yield
-        finally:
-            self._open.discard(item)
+
+    def discard(self, item: Drainable) -> None:
+        """``item`` is done (call it in ``finally``)."""
+        self._open.discard(item)
 
     def _expire(self) -> None:
         self._timer = None

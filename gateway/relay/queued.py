@@ -58,8 +58,11 @@ class QueuedRelay:
             await send({"type": BODY, "body": queue_notice(position, wait_s), "more_body": True})
 
         try:
-            with self.drain.track(self):
+            self.drain.add(self)
+            try:
                 ticket = await self._admitted(notify)
+            finally:
+                self.drain.discard(self)
             self.relay = await self.start(ticket)
         except GatewayError as exc:
             self.on_error(exc)

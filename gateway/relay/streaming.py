@@ -14,7 +14,8 @@ returns the stream's
 gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
 :func:`qos.metrics.monotone_qoe`; and what a reader paced at the tier's TDS saw:
 :func:`qos.metrics.freezes` and :func:`qos.metrics.user_idle_latency`, Wang et al.
-Eq. 9). docs/architecture/gateway.md, "The streaming relay". A traced request's body is the span
+Eq. 9; all four at once, :func:`qos.metrics.reply_qoe`). docs/architecture/gateway.md,
+"The streaming relay". A traced request's body is the span
 ``tokenpace.stream``, which ends with the outcome, the QoE and the longest freeze on the
 request's span too.
 """
@@ -26,7 +27,7 @@ import logging
 import sys
 import time
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,7 +42,7 @@ from gateway.relay.drain import Drain, shutting_down
 from gateway.relay.read_deadline import ReadDeadline
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
 from gateway.telemetry.tracing import end_span, outcome_attributes
-from qos.metrics import andes_qoe, freezes, monotone_qoe, user_idle_latency
+from qos.metrics import freezes, reply_qoe
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -109,13 +110,19 @@ class StreamRelay:
         self._itl = metrics.itl.labels(tier, self.backend)
 
     # -- the response body ---------------------------------------------------------
-    async def send_body(self, send: Send) -> None:
+    def send_body(self, send: Send) -> Coroutine[Any, Any, None]:
         """Send the body's messages with the ASGI ``send``, each with ``more_body``
-        (the response sends the last), then :meth:`finish`; in a span when traced."""
+        (the response sends the last), then :meth:`finish`; in a span when traced.
+
+        Returns the coroutine to await rather than awaiting it in a frame of its own:
+        every chunk resumes each frame of the chain that awaits the backend."""
+        if self.failover.trace is None:
+            return self._send_body(send)
+        return self._traced_body(send)
+
+    async def _traced_body(self, send: Send) -> None:
         trace = self.failover.trace
-        if trace is None:
-            await self._send_body(send)
-            return
+        assert trace is not None
         self._span = span = trace.start("tokenpace.stream", {})
         with trace.current(span):  # a failover's attempts nest under it
             await self._send_body(send)
@@ -123,14 +130,15 @@ class StreamRelay:
     async def _send_body(self, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
+        self.drain.add(self)
         try:
-            with self.drain.track(self):
-                await self._relay(send, task)
+            await self._relay(send, task)
         except asyncio.CancelledError:
             if self.drain.expired and self.outcome == "aborted":  # cut by the server, late
                 self.outcome, self.error = "error", shutting_down().message
             raise
         finally:
+            self.drain.discard(self)
             await self.finish()
 
     def shut_down(self) -> None:
@@ -326,17 +334,14 @@ class StreamRelay:
         timeline = self._timeline()  # per token, once here, not in each formula
         ttft, tds = ctx.tier.ttft, ctx.tier.tds
         try:
-            andes = andes_qoe(timeline, ttft, tds)
-            mono = monotone_qoe(timeline, ttft, tds)
-            frozen = freezes(timeline, tds)
-            idle = user_idle_latency(timeline, ttft, tds)
+            qoe = reply_qoe(timeline, ttft, tds)
         except ValueError as exc:  # cannot happen with monotonic times; never fail a stream
             log.warning("QoE not computed: %s", exc)
             return result
-        m.qoe.labels(ctx.tenant, ctx.tier.name, "andes").observe(andes)
-        m.qoe.labels(ctx.tenant, ctx.tier.name, "monotone").observe(mono)
-        result.qoe_andes = andes
-        result.qoe_monotone = mono
-        result.longest_freeze_s, result.freezes = frozen.longest_s, frozen.count
-        result.idle_s = idle
+        m.qoe.labels(ctx.tenant, ctx.tier.name, "andes").observe(qoe.andes)
+        m.qoe.labels(ctx.tenant, ctx.tier.name, "monotone").observe(qoe.monotone)
+        result.qoe_andes = qoe.andes
+        result.qoe_monotone = qoe.monotone
+        result.longest_freeze_s, result.freezes = qoe.freezes.longest_s, qoe.freezes.count
+        result.idle_s = qoe.idle_s
         return result

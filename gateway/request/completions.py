@@ -134,12 +134,13 @@ class CompletionService:
                 max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
                 trace = self.tracing.request(request_attributes(ctx, max_tokens, body.n or 1))
             watch = DisconnectWatch(request.receive)
+            self.drain.add(watch)
             try:
-                with self.drain.track(watch):
-                    return await self._admitted(watch, raw, ctx, tenant, record, headers, trace)
+                return await self._admitted(watch, raw, ctx, tenant, record, headers, trace)
             except ShuttingDown:
                 raise shutting_down() from None
             finally:
+                self.drain.discard(watch)
                 await watch.close()  # before the response listens for the disconnect
         except GatewayError as exc:
             exc.headers = {**headers, **exc.headers}

@@ -65,13 +65,15 @@ class MemoryStore(Store):
         self._waiters: dict[str, _Waiter] = {}
         self._slots: dict[str, dict[str, float]] = {}
         self._holders: dict[str, str] = {}  # request id -> tenant, of every slot granted
+        self._expires_at = math.inf  # no lease ends before this (ms): nothing to expire
         self._weights: dict[str, float] = {}  # tenant -> weight, as last seen
         self._admitted: dict[str, deque[float]] = {}  # model -> recent admission times (ms)
         self._windows: dict[str, float] = {}  # "kind:tenant:index" -> count
         self._requests: OrderedDict[str, RequestInfo] = OrderedDict()
         self._reported: set[str] = set()
         self._max_requests = max_requests
-        self._records: deque[QoERecord] = deque(maxlen=max_records)
+        # (unix seconds, record): stamped when read (a record's copy is checked again)
+        self._records: deque[tuple[float, QoERecord]] = deque(maxlen=max_records)
         self._retention_s = retention_s  # 0: records are bounded by count only
         self._aggregate_retention_s = retention_s or 7 * 86400
         # (level, bucket start, tenant) -> the bucket's numbers (gateway.store.aggregates)
@@ -127,12 +129,25 @@ class MemoryStore(Store):
 
     # -- admission ------------------------------------------------------------------------
     def _expire(self, now: float) -> None:
+        """Drop the queue places and slots whose lease ended: a scan of them all, only
+        once the earliest lease may have ended (not on every request)."""
+        if now < self._expires_at:
+            return
         for rid in [r for r, w in self._waiters.items() if w.lease_ms <= now]:
             self._drop(rid)
         for held in self._slots.values():
             for rid in [r for r, t in held.items() if t <= now]:
                 del held[rid]
                 self._holders.pop(rid, None)
+        leases = [w.lease_ms for w in self._waiters.values()]
+        leases += [t for held in self._slots.values() for t in held.values()]
+        self._expires_at = min(leases, default=math.inf)
+
+    def _leased(self, until: float) -> float:
+        """``until``, a lease's end, noted if it is the earliest."""
+        if until < self._expires_at:
+            self._expires_at = until
+        return until
 
     def _drop(self, rid: str) -> _Waiter | None:
         w = self._waiters.pop(rid, None)
@@ -160,13 +175,14 @@ class MemoryStore(Store):
         w = self._waiters.get(rid)
         if w is None:
             return Admission("gone")
-        order = self._order(w.model, slots)
-        if order[0] != rid:
-            return Admission("queued", head=order[0], counter=self.vtc.counter(w.tenant))
+        if len(self._waiters) > 1:  # alone, it is the head of its queue
+            order = self._order(w.model, slots)
+            if order[0] != rid:
+                return Admission("queued", head=order[0], counter=self.vtc.counter(w.tenant))
         for slot in slots:
             held = self._slots.setdefault(slot.backend, {})
             if slot.candidate and (slot.capacity <= 0 or len(held) < slot.capacity):
-                held[rid] = now + lease_s * 1000
+                held[rid] = self._leased(now + lease_s * 1000)
                 self._holders[rid] = w.tenant
                 self._drop(rid)
                 admitted = self._admitted.setdefault(w.model, deque(maxlen=ADMISSIONS_KEPT))
@@ -230,7 +246,7 @@ class MemoryStore(Store):
             now + req.ttft_s * 1000,
             req.weight,
             req.prompt_tokens,
-            now + lease_s * 1000,
+            self._leased(now + lease_s * 1000),
         )
         result = self._try(req.request_id, slots, lease_s, now)
         position, wait_s = 0, 0.0
@@ -252,7 +268,7 @@ class MemoryStore(Store):
         self._expire(now)
         w = self._waiters.get(request_id)
         if w is not None:
-            w.lease_ms = now + lease_s * 1000
+            w.lease_ms = self._leased(now + lease_s * 1000)
         return self._try(request_id, slots, lease_s, now)
 
     async def standing(
@@ -274,7 +290,7 @@ class MemoryStore(Store):
         if 0 < target.capacity <= len(held):
             return False
         self._slots.get(source, {}).pop(request_id, None)
-        held[request_id] = now + lease_s * 1000
+        held[request_id] = self._leased(now + lease_s * 1000)
         return True
 
     async def release(self, request_id: str, backend: str) -> None:
@@ -284,7 +300,7 @@ class MemoryStore(Store):
     async def renew(
         self, slots: Iterable[tuple[str, str]], waiting: Iterable[str], lease_s: float
     ) -> None:
-        until = _now_ms() + lease_s * 1000
+        until = self._leased(_now_ms() + lease_s * 1000)
         for backend, rid in slots:
             self._slots.setdefault(backend, {})[rid] = until
         for rid in waiting:
@@ -380,9 +396,9 @@ class MemoryStore(Store):
     def _store(self, rec: QoERecord, now: float) -> None:
         if rec.side == "client":
             self._reported.add(rec.request_id)
-        self._records.append(dataclasses.replace(rec, ts=rec.ts or now))
+        self._records.append((rec.ts or now, rec))
         if self._retention_s:
-            while self._records and self._records[0].ts < now - self._retention_s:
+            while self._records and self._records[0][0] < now - self._retention_s:
                 self._records.popleft()
 
     def _aggregate(self, records: Sequence[QoERecord], now: float) -> None:
@@ -408,7 +424,9 @@ class MemoryStore(Store):
 
     async def qoe_records(self, since: float, tenant: str | None = None) -> list[QoERecord]:
         return [
-            r for r in self._records if r.ts >= since and (tenant is None or r.tenant == tenant)
+            dataclasses.replace(r, ts=ts)
+            for ts, r in self._records
+            if ts >= since and (tenant is None or r.tenant == tenant)
         ]
 
     async def qoe_window(self, window_s: float, tenant: str | None = None) -> QoEAggregates:

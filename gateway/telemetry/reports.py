@@ -56,7 +56,7 @@ from gateway.telemetry.errors import (
     unknown_request,
 )
 from gateway.telemetry.metrics import GatewayMetrics, QoESummary, series
-from qos.metrics import andes_qoe, freezes, monotone_qoe, user_idle_latency
+from qos.metrics import reply_qoe
 
 log = logging.getLogger("tokenpace.gateway.telemetry")
 
@@ -113,13 +113,13 @@ def _measure(
     if not timeline:
         return {"andes": 0.0, "monotone": 0.0}
     try:
-        frozen = freezes(timeline, tds)
+        qoe = reply_qoe(timeline, ttft, tds)
         out: dict[str, Any] = {
-            "andes": andes_qoe(timeline, ttft, tds),
-            "monotone": monotone_qoe(timeline, ttft, tds),
-            "longest_freeze_s": frozen.longest_s,
-            "freezes": frozen.count,
-            "idle_s": user_idle_latency(timeline, ttft, tds),
+            "andes": qoe.andes,
+            "monotone": qoe.monotone,
+            "longest_freeze_s": qoe.freezes.longest_s,
+            "freezes": qoe.freezes.count,
+            "idle_s": qoe.idle_s,
         }
     except ValueError as exc:
         raise _invalid_timeline(name, f"is not a timeline: {exc}") from None
@@ -195,7 +195,7 @@ class Telemetry:
             await stop(self._task)
             self._task = None
         with contextlib.suppress(Exception):
-            await self._flush()
+            await self.flush()
 
     # -- gateway side ------------------------------------------------------------------
     def record_stream(self, ctx: RequestContext, result: StreamOutcome) -> None:
@@ -224,7 +224,8 @@ class Telemetry:
             self._freeze(rec.tenant, rec.tier, rec.side).observe(rec.longest_freeze_s)
             self._idle(rec.tenant, rec.tier, rec.side).observe(rec.idle_s)
 
-    async def _flush(self) -> None:
+    async def flush(self) -> None:
+        """Write the queued records now (the flush loop does every ``FLUSH_INTERVAL_S``)."""
         if not self._pending:
             return
         batch, self._pending = self._pending, []
@@ -237,7 +238,7 @@ class Telemetry:
         while True:
             await asyncio.sleep(FLUSH_INTERVAL_S)
             try:
-                await self._flush()
+                await self.flush()
             except Exception:
                 log.warning("writing QoE records failed", exc_info=True)
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from qos.metrics import FREEZE_THRESHOLDS_S, Freezes, andes_qoe, freezes, reader_summary
+from qos.metrics import (
+    FREEZE_THRESHOLDS_S,
+    Freezes,
+    ReplyQoE,
+    andes_qoe,
+    freezes,
+    monotone_qoe,
+    reader_summary,
+    reply_qoe,
+    user_idle_latency,
+)
 
 
 def test_a_reply_faster_than_its_reader_never_freezes():
@@ -54,3 +64,36 @@ def test_reader_summary_bad_input():
         reader_summary([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="expected_tds"):
         freezes([(1.0, 1)], 0.0)
+
+
+@pytest.mark.parametrize(
+    ("timeline", "ttft", "tds"),
+    [
+        ([(0.2, 1), (0.25, 3), (1.9, 2), (2.0, 40)], 0.5, 10.0),  # early, then a stall
+        ([(3.0, 5), (3.1, 5)], 1.0, 4.0),  # late first token
+        ([(0.1, 1)], 0.0, 20.0),  # one token
+        ([0.4 + k / 8.0 for k in range(50)], 1.0, 5.0),  # per-token, ahead of the reader
+    ],
+)
+def test_reply_qoe_is_the_four_measures_at_once(timeline, ttft, tds):
+    got = reply_qoe(timeline, ttft, tds)
+    assert got == ReplyQoE(
+        andes_qoe(timeline, ttft, tds),
+        monotone_qoe(timeline, ttft, tds),
+        freezes(timeline, tds),
+        user_idle_latency(timeline, ttft, tds),
+    )
+
+
+@pytest.mark.parametrize(
+    ("timeline", "ttft", "tds"),
+    [
+        ([], 1.0, 5.0),
+        ([(1.0, 2), (0.5, 1)], 1.0, 5.0),
+        ([(1.0, 2)], -1.0, 5.0),
+        ([(1.0, 2)], 1.0, 0.0),
+    ],
+)
+def test_reply_qoe_refuses_what_the_measures_refuse(timeline, ttft, tds):
+    with pytest.raises(ValueError):
+        reply_qoe(timeline, ttft, tds)

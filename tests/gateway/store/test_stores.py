@@ -179,6 +179,19 @@ async def test_leases_lapse_and_renew_recreates(store: Store) -> None:
     assert await store.in_flight("b1") == 1
 
 
+async def test_each_lease_lapses_when_it_ends_not_before(store: Store) -> None:
+    # the store checks leases only once the earliest may have ended: the next earliest,
+    # and a lease renewed past its end, still lapse on time, not before
+    assert (await store.arrive(arrival("a", "t"), [Slot("b1", 1)], 0.05)).status == "admitted"
+    assert (await store.arrive(arrival("b", "t"), [Slot("b2", 1)], 0.4)).status == "admitted"
+    assert (await store.arrive(arrival("c", "t"), [Slot("b3", 1)], 0.05)).status == "admitted"
+    await store.renew([("b3", "c")], [], 0.4)
+    await asyncio.sleep(0.15)
+    assert [await store.in_flight(b) for b in ("b1", "b2", "b3")] == [0, 1, 1]
+    await asyncio.sleep(0.4)
+    assert [await store.in_flight(b) for b in ("b1", "b2", "b3")] == [0, 0, 0]
+
+
 async def test_queue_bound(store: Store) -> None:
     lim = Limits(max_queued=2)
     statuses = [
