@@ -139,8 +139,9 @@ class Router:
         self.cache_aware = routing.policy == "cache_aware"
 
     def routed(self, body: dict[str, Any], ctx: RequestContext) -> Routed | None:
-        """What cache-aware routing reads of a request (None under ``least_waiting``)."""
-        if not self.cache_aware:
+        """What cache-aware routing reads of a request: None under ``least_waiting``, and
+        where one backend alone serves its model (there is no choice to make)."""
+        if not self.cache_aware or sum(s.backend.serves(ctx.model) for s in self.states) < 2:
             return None
         prompt = prompt_chain(body, self._routing.prefix_block_chars)
         demand = PromptDemand(

@@ -232,19 +232,24 @@ async def test_a_failed_preferred_backend_falls_over_as_before() -> None:
 
 
 async def test_estimated_hits_are_in_the_metrics() -> None:
-    async with upstream(n_tokens=2) as a:
-        config = make_config([backend_entry(a, "a")])
+    async with upstream(n_tokens=2) as a, upstream(n_tokens=2) as b:
+        config = make_config([backend_entry(a, "a"), backend_entry(b, "b")])
         async with gateway(config) as gw, gw.client() as client:
             for turn in (1, 2):
                 body = {**conversation(1, turn), "stream": False}
                 assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
             text = (await httpx.AsyncClient(base_url=gw.url).get("/metrics")).text
-    prompt = next(
-        line for line in text.splitlines() if line.startswith("tokenpace_backend_prompt_tokens{")
+
+    def total(series: str) -> float:
+        return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(series + "{"))
+
+    prompt, cached = (
+        total("tokenpace_backend_prompt_tokens"),
+        total("tokenpace_backend_prefix_cached_tokens"),
     )
-    cached = next(
-        line
-        for line in text.splitlines()
-        if line.startswith("tokenpace_backend_prefix_cached_tokens{")
-    )
-    assert float(cached.split()[-1]) > 0.3 * float(prompt.split()[-1]) > 0
+    assert prompt > 0 and cached > 0.3 * prompt  # turn 2 found turn 1 (half the prompts)
+
+
+def test_one_backend_alone_leaves_the_prompt_unread() -> None:
+    assert router(1).routed(conversation(1, 2), ctx()) is None  # no choice to make
+    assert router(2).routed(conversation(1, 2), ctx()) is not None
