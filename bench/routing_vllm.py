@@ -7,7 +7,9 @@ with ``least_waiting`` (today's) and one with ``cache_aware``. The official ``op
 client drives multi-turn conversations through a gateway: each conversation belongs to
 one of two apps, whose system prompt it starts with; every turn resends the history (the
 earlier user messages and the replies as they came back) and a new user message; the
-user thinks ``THINK_S`` between turns. ``CONVERSATIONS`` conversations run at once.
+user thinks between turns; the conversations run at once (:data:`WORKLOADS`: ``shared``,
+a long system prompt, most of every prompt; ``history``, a short one and long
+conversations, whose history is most of every prompt).
 
 Every run uses texts of its own (a run number leads every system prompt), so no run finds
 another's prompts in a cache; the two policies run alternately, ``--repeats`` times each,
@@ -20,7 +22,7 @@ does), output tokens/s over the run, and the prefix-cache hit rate each server c
 ``routing.prefill_tps`` of the cache-aware gateway is measured first: the extra TTFT of
 a long prompt over a short one, in the gateway's estimated tokens (chars / 4).
 
-    .venv/bin/python bench/routing_vllm.py --repeats 3 --out /tmp/routing_vllm
+    .venv/bin/python bench/routing_vllm.py --workload shared --repeats 3 --out /tmp/routing_vllm
 
 About 4-6 minutes here (two servers' start-up included, ~3 GB each). The machine is
 shared: compare only the figures of one run.
@@ -35,7 +37,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +53,28 @@ from qos.metrics import andes_qoe
 
 MODEL = "small"
 TIER = {"ttft": 0.5, "tds": 40.0, "priority": 1}  # the engine streams ~100-400 tokens/s
-CONVERSATIONS = 12
-TURNS = 6
-THINK_S = 0.3
-REPLY_TOKENS = 32
-SYSTEM_CHARS = 900  # ~700 tokens of this model's tokenizer (~1.3 characters a token)
-USER_CHARS = 150
+
+
+@dataclass(frozen=True)
+class ChatWorkload:
+    """Conversations run at once, their turns, the user's think time and the lengths."""
+
+    conversations: int = 12
+    turns: int = 6
+    think_s: float = 0.3
+    reply_tokens: int = 32
+    system_chars: int = 900  # ~700 tokens of this model's tokenizer (~1.3 characters a token)
+    user_chars: int = 150
+
+
+WORKLOADS = {
+    # a long system prompt shared by every conversation of an app: most of each prompt
+    "shared": ChatWorkload(),
+    # a short system prompt and long conversations: most of each prompt is its history
+    "history": ChatWorkload(
+        conversations=8, turns=7, reply_tokens=64, system_chars=120, user_chars=200
+    ),
+}
 POLICIES = ("least_waiting", "cache_aware")
 _WORDS = [
     "account",
@@ -189,22 +207,22 @@ async def chat_turn(
 
 
 async def conversation(
-    client: openai.AsyncOpenAI, run: str, n: int, turns: int, start_s: float
+    client: openai.AsyncOpenAI, run: str, n: int, w: ChatWorkload, start_s: float
 ) -> list[Reply]:
-    """Conversation ``n`` of run ``run``: ``turns`` turns, each resending the history."""
+    """Conversation ``n`` of run ``run``: ``w.turns`` turns, each resending the history."""
     await asyncio.sleep(start_s)
     app = n % 2
-    messages = [{"role": "system", "content": text(f"{run}/app{app}", SYSTEM_CHARS)}]
+    messages = [{"role": "system", "content": text(f"{run}/app{app}", w.system_chars)}]
     replies = []
-    for t in range(turns):
-        messages.append({"role": "user", "content": text(f"{run}/{n}/{t}", USER_CHARS)})
-        answer, times = await chat_turn(client, messages, REPLY_TOKENS)
+    for t in range(w.turns):
+        messages.append({"role": "user", "content": text(f"{run}/{n}/{t}", w.user_chars)})
+        answer, times = await chat_turn(client, messages, w.reply_tokens)
         chars = sum(len(m["content"]) for m in messages)
         qoe = andes_qoe(times, TIER["ttft"], TIER["tds"]) if times else 0.0
         tokens = sum(k for _, k in times)
         replies.append(Reply(n, t, chars, times[0][0] if times else np.nan, times, tokens, qoe))
         messages.append({"role": "assistant", "content": answer})
-        await asyncio.sleep(THINK_S)
+        await asyncio.sleep(w.think_s)
     return replies
 
 
@@ -220,15 +238,13 @@ def client_for(base_url: str) -> openai.AsyncOpenAI:
     )
 
 
-async def run_conversations(
-    base_url: str, run: str, conversations: int = CONVERSATIONS, turns: int = TURNS
-) -> tuple[list[Reply], float]:
+async def run_conversations(base_url: str, run: str, w: ChatWorkload) -> tuple[list[Reply], float]:
     """Every conversation of run ``run`` through the gateway at ``base_url``; the replies
     and the run's wall time."""
     async with client_for(base_url) as client:
         started = time.perf_counter()
         done = await asyncio.gather(
-            *(conversation(client, run, n, turns, 0.1 * n) for n in range(conversations))
+            *(conversation(client, run, n, w, 0.1 * n) for n in range(w.conversations))
         )
         return [r for conv in done for r in conv], time.perf_counter() - started
 
@@ -269,11 +285,11 @@ def summary(replies: list[Reply], wall_s: float, engines: list[dict[str, float]]
     }
 
 
-async def bench(engines: list[VllmServer], repeats: int) -> dict[str, Any]:
+async def bench(engines: list[VllmServer], repeats: int, w: ChatWorkload) -> dict[str, Any]:
     urls = [s.url for s in engines]
     async with serve_gateway(routing_config(engines, {"policy": "least_waiting"})) as probe:
         for i in range(4):  # warm-up: both engines compile their batch shapes
-            await run_conversations(probe, f"warm{i}", conversations=4, turns=2)
+            await run_conversations(probe, f"warm{i}", replace(w, conversations=4, turns=2))
         prefill_tps = await measure_prefill_tps(probe)
     configs = {
         "least_waiting": {"policy": "least_waiting"},
@@ -284,7 +300,7 @@ async def bench(engines: list[VllmServer], repeats: int) -> dict[str, Any]:
         for policy in POLICIES:
             async with serve_gateway(routing_config(engines, configs[policy])) as url:
                 before = [await engine_counters(u) for u in urls]
-                replies, wall = await run_conversations(url, f"{rep}/{policy}")
+                replies, wall = await run_conversations(url, f"{rep}/{policy}", w)
                 await asyncio.sleep(1.0)  # the engines' last counters reach /metrics
                 after = [await engine_counters(u) for u in urls]
             diff = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
@@ -349,8 +365,10 @@ def report(results: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="shared")
     ap.add_argument("--out", default="/tmp/routing_vllm")
     args = ap.parse_args()
+    workload = WORKLOADS[args.workload]
     started = time.monotonic()
     python = str(ROOT / ".venv-vllm" / "bin" / "python")
     model = str(ROOT / ".models" / "small-llama")
@@ -361,19 +379,11 @@ def main() -> None:
                 s.start()
             for s in engines:
                 s.wait_ready(420.0)
-            results = asyncio.run(bench(engines, args.repeats))
+            results = asyncio.run(bench(engines, args.repeats, workload))
         finally:
             for s in engines:
                 s.stop()
-    results["workload"] = {
-        "conversations": CONVERSATIONS,
-        "turns": TURNS,
-        "think_s": THINK_S,
-        "reply_tokens": REPLY_TOKENS,
-        "system_chars": SYSTEM_CHARS,
-        "user_chars": USER_CHARS,
-        "tier": TIER,
-    }
+    results["workload"] = {"name": args.workload, **asdict(workload), "tier": TIER}
     print(report(results))
     print(f"wrote {save(results, args.out, started)}")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tests.support.paths import ROOT
@@ -23,6 +24,7 @@ from tests.support.vllm import local_model, vllm_python
 
 sys.path.insert(0, str(ROOT / "bench"))
 from routing_vllm import (
+    WORKLOADS,
     client_for,
     conversation,
     engine_counters,
@@ -36,11 +38,12 @@ async def drive(urls: list[str], base: str) -> list[list[dict[str, float]]]:
     """For each conversation: what each engine's counters gained over it."""
     out = []
     async with client_for(base) as client:
-        await conversation(client, "warm", 99, 1, 0.0)  # both engines answer once
-        await conversation(client, "warm", 98, 1, 0.0)
+        one, two = replace(WORKLOADS["shared"], turns=1), replace(WORKLOADS["shared"], turns=2)
+        await conversation(client, "warm", 99, one, 0.0)  # both engines answer once
+        await conversation(client, "warm", 98, one, 0.0)
         for n in range(4):
             before = [await engine_counters(u) for u in urls]
-            await conversation(client, "e2e", n, 2, 0.0)
+            await conversation(client, "e2e", n, two, 0.0)
             await asyncio.sleep(1.0)  # the engines' counters reach /metrics
             after = [await engine_counters(u) for u in urls]
             out.append([{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)])
