@@ -131,6 +131,9 @@ def targets(points: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+COLORS = {"round_robin": "tab:blue", "least_waiting": "tab:orange", "cache_aware": "tab:green"}
+
+
 def figure(points: list[dict[str, Any]], path: str) -> None:
     import matplotlib
 
@@ -143,18 +146,16 @@ def figure(points: list[dict[str, Any]], path: str) -> None:
         mine = sorted((p for p in points if p["replicas"] == n), key=lambda p: p["load"])
         loads = [p["load"] for p in mine]
         for routing in mine[0]["routing"]:
-            axes[0][col].plot(
-                loads, [p["routing"][routing]["ttft_p90_s"] for p in mine], "o-", label=routing
-            )
-            axes[1][col].plot(
-                loads, [p["routing"][routing]["hit_rate"] for p in mine], "o-", label=routing
-            )
+            style: dict[str, Any] = {"color": COLORS[routing], "label": routing, "marker": "o"}
+            axes[0][col].plot(loads, [p["routing"][routing]["ttft_p90_s"] for p in mine], **style)
+            axes[1][col].plot(loads, [p["routing"][routing]["hit_rate"] for p in mine], **style)
         axes[0][col].set_title(f"{n} replicas")
         axes[0][col].set_ylabel("p90 TTFT (s)")
         axes[0][col].set_yscale("log")
         axes[1][col].set_ylabel("prefix-cache hit rate")
         axes[1][col].set_xlabel("load (share of capacity)")
-    axes[0][0].legend()
+    for ax in axes.flat:
+        ax.legend(fontsize=8)
     fig.suptitle("SIMULATED: multi-turn chat, replicas with prefix caches")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
