@@ -10,17 +10,24 @@ time per request (``time.process_time``) of ``cache_aware`` against ``least_wait
 counts while it fills.
 
     .venv/bin/python bench/routing_cost.py --backends 2,8 --conversations 100000
+
+``--chain-only``: the CPU time of naming one 2.4 KB chat's blocks
+(:func:`gateway.backends.prefix.prompt_chain`), the chat
+``bench/precise_index_cost.py`` names as vLLM does.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 from gateway.backends import Backend
+from gateway.backends.prefix import prompt_chain
 from gateway.backends.routing import Router
 from gateway.config.loader import parse_config
 from gateway.context import RequestContext, ResolvedTier
@@ -100,13 +107,30 @@ def measure(backends: int, conversations: int, history: int, requests: int) -> d
     return out
 
 
+def chain_cost(repeats: int = 20_000) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from precise_index_cost import chat  # the same chat (needs nothing of vLLM's)
+
+    request = {"model": MODEL, "messages": chat()}
+    started = time.process_time()
+    for _ in range(repeats):
+        prompt_chain(request, 256)
+    per = (time.process_time() - started) / repeats
+    chars = sum(len(m["content"]) for m in request["messages"])
+    print(f"{chars} characters: {per * 1e6:.1f} µs of CPU per prompt (256-byte blocks)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="2,8")
     ap.add_argument("--conversations", type=int, default=100_000)
     ap.add_argument("--history", type=int, default=2000, help="characters of earlier turns")
     ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--chain-only", action="store_true", help="time the prompt chain alone")
     args = ap.parse_args()
+    if args.chain_only:
+        chain_cost()
+        return
     print(
         "| backends | conversations | index blocks | index MiB | bytes/block "
         "| least_waiting µs/req | cache_aware µs/req | added µs/req | est. hit rate |"
