@@ -76,6 +76,7 @@ class VllmServer:
     extra_args: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     dummy_weights: bool = True
+    log_stats: bool = False  # keep vLLM's statistics: its /metrics counters (prefix cache)
     nice: int = 0  # niceness of the engine's processes (> 0: API server, gateway, client first)
     port: int = field(default_factory=free_port)
     server: Server | None = None
@@ -115,8 +116,9 @@ class VllmServer:
             str(self.max_num_seqs),
             "--scheduler-cls",
             PLUGIN if self.mode == "andes" else TIMED_STOCK,
-            "--disable-log-stats",
         ]
+        if not self.log_stats:
+            cmd.append("--disable-log-stats")
         if self.kv_blocks > 0:  # shrink the cache so that requests contend (0: vLLM sizes it)
             cmd += ["--num-gpu-blocks-override", str(self.kv_blocks)]
         if self.dummy_weights:

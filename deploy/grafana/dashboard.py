@@ -328,6 +328,24 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 width=6,
             ),
             Panel(
+                "Prefix-cache hit rate (estimated)",
+                "Cache-aware routing: of the prompt tokens routed to each backend over the "
+                "interval, the share its index estimated the backend's prefix cache held "
+                "(all gateway replicas). vLLM's own count is on the engine's /metrics: "
+                "vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total.",
+                (
+                    Query(
+                        "sum by (backend) (delta(tokenpace_backend_prefix_cached_tokens"
+                        f'{{backend=~"$backend"}}{RATE})) / sum by (backend) '
+                        f'(delta(tokenpace_backend_prompt_tokens{{backend=~"$backend"}}{RATE}))',
+                        "{{backend}}",
+                    ),
+                ),
+                unit="percentunit",
+                width=6,
+                bounds=(0, 1),
+            ),
+            Panel(
                 "Failovers per second",
                 "Attempts that failed before the first byte and were retried on another "
                 "backend, by the backend that failed.",

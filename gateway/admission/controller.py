@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from gateway.admission.errors import overloaded, queue_full, queue_timeout, rate_limited
-from gateway.backends.routing import BackendState, Lease, Router
+from gateway.backends.routing import BackendState, Lease, Routed, Router
 from gateway.background import stop
 from gateway.config.schema import AdmissionConfig, TenantConfig
 from gateway.context import RequestContext
@@ -119,6 +119,7 @@ class _Waiter:
     future: asyncio.Future[Admission]
     position: int  # where the store last said it stands (1: next)
     wait_s: float  # ... and its estimated wait
+    routed: Routed | None  # what cache-aware routing reads of it
     # resolved (and replaced by the waiting request) when a new standing comes
     update: asyncio.Future[None] | None = None
 
@@ -178,7 +179,7 @@ class Waiting:
                 await self.abandon()
         self._done = True
         c.unregister(w)
-        return c.ticket(ctx, self._tenant, result, self.rate)
+        return c.ticket(ctx, self._tenant, result, self.rate, w.routed)
 
     async def abandon(self) -> None:
         """Leave the queue (or give back the slot granted at that very moment); once."""
@@ -244,14 +245,14 @@ class AdmissionController:
             await self._flush_usage()
 
     # -- backends -------------------------------------------------------------------------
-    def slots_for(self, model: str) -> list[Slot]:
+    def slots_for(self, model: str, routed: Routed | None = None) -> list[Slot]:
         """The backends serving ``model``, in routing order; all count in the model's
         slots (the plans' shares), and the store grants the first *candidate* with a free
         slot, which is the backend the request goes to (the one place a backend is
         chosen; failover goes on in the router's order). Candidates have room by their
         own report, and are healthy unless none serving the model is: a slot on an
         unhealthy one while the healthy ones are full would fail over into no room."""
-        ranked = self.router.ranked(model)
+        ranked = self.router.ranked(model, routed=routed)
         any_healthy = any(s.healthy for s in ranked)
         return [
             Slot(
@@ -264,10 +265,15 @@ class AdmissionController:
 
     # -- admission ------------------------------------------------------------------------
     async def arrive(
-        self, ctx: RequestContext, tenant: TenantConfig, prompt_tokens: int
+        self,
+        ctx: RequestContext,
+        tenant: TenantConfig,
+        prompt_tokens: int,
+        routed: Routed | None = None,
     ) -> Ticket | Waiting:
         """The request's ticket if admitted at once, else its place in the queue; raise
-        429 (limits, queue bound) or 503 ``overloaded`` (module doc)."""
+        429 (limits, queue bound) or 503 ``overloaded`` (module doc). ``routed``: what
+        cache-aware routing reads of it (:meth:`Router.routed`)."""
         arrival = Arrival(
             request_id=ctx.request_id,
             tenant=tenant.name,
@@ -280,7 +286,7 @@ class AdmissionController:
             expected_tokens=ctx.expected_tokens,
             limits=tenant_limits(tenant),
         )
-        slots = self.slots_for(ctx.model)
+        slots = self.slots_for(ctx.model, routed)
         try:
             result = await self.store.arrive(arrival, slots, self.cfg.lease_s)
         except BaseException as exc:
@@ -299,7 +305,7 @@ class AdmissionController:
             raise queue_full(tenant.max_queued, result.retry_after_ms, rate)
         if result.status == "admitted":
             self.m_admissions(tenant.name, "admitted").inc()
-            return self.ticket(ctx, tenant, result, rate)
+            return self.ticket(ctx, tenant, result, rate, routed)
         self.m_admissions(tenant.name, "queued").inc()
         bound = ctx.tier.wait_bound_s
         if bound <= 0 or (self.cfg.overload == "reject" and result.wait_s > bound):
@@ -317,6 +323,7 @@ class AdmissionController:
             loop.create_future(),
             result.position,
             result.wait_s,
+            routed,
         )
         self._waiters.setdefault(arrival.model, {})[arrival.request_id] = waiter
         self._queued.set()
@@ -324,13 +331,19 @@ class AdmissionController:
         return Waiting(self, waiter, ctx, tenant, rate)
 
     def ticket(
-        self, ctx: RequestContext, tenant: TenantConfig, result: Admission, rate: RateState
+        self,
+        ctx: RequestContext,
+        tenant: TenantConfig,
+        result: Admission,
+        rate: RateState,
+        routed: Routed | None = None,
     ) -> Ticket:
         """The ticket of a request the store admitted (``result``); ``rate``: its tenant's
         rate-limit state at its arrival."""
         if result.status != "admitted" or result.backend is None:
             raise ValueError(f"not admitted: {result}")
-        lease = self.router.acquire(self.router.state(result.backend), ctx.expected_tokens)
+        state = self.router.state(result.backend)
+        lease = self.router.acquire(state, ctx.expected_tokens, routed)
         ticket = Ticket(
             self,
             ctx.request_id,
@@ -416,13 +429,12 @@ class AdmissionController:
                     queue.pop(rid, None)
                     continue
                 try:
-                    result = await self.store.retry(rid, self.slots_for(model), self.cfg.lease_s)
+                    slots = self.slots_for(model, waiter.routed)
+                    result = await self.store.retry(rid, slots, self.cfg.lease_s)
                     if result.status == "gone" and not waiter.future.done():
                         # lost (its lease lapsed, or the store restarted empty): queue again
                         again = dataclasses.replace(waiter.arrival, limits=Limits())
-                        result = await self.store.arrive(
-                            again, self.slots_for(model), self.cfg.lease_s
-                        )
+                        result = await self.store.arrive(again, slots, self.cfg.lease_s)
                 except StoreUnavailable:
                     return  # the store is down (fail closed); the next poll tries again
                 if waiter.future.done():  # the client left during the call: undo it

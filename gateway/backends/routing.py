@@ -1,17 +1,24 @@
 """Routing: backend health, load, and the order in which backends are tried.
 
-A request goes to the healthy backend with the least outstanding work, measured as
-QLM's request waiting time estimate (Patke et al., §6, Eq. 2;
-:func:`qos.queueing.request_waiting_time`): the output tokens still expected from the
-requests already on that backend, divided by its token throughput Θ. A request's
+A backend's outstanding work is QLM's request waiting time estimate (Patke et al., §6,
+Eq. 2; :func:`qos.queueing.request_waiting_time`): the output tokens still expected from
+the requests already on that backend, divided by its token throughput Θ. A request's
 expected output is its ``max_tokens`` capped by ``routing.expected_output_tokens``
 (QLM uses the mean output length for the queue), and shrinks as its tokens stream back.
-Ties go to the backend with fewer requests in flight, then round robin.
+
+``routing.policy: cache_aware`` (the default) ranks the backends by the QoE of the
+request's first token, counting the prefill each one saves with what its prefix cache
+holds (:func:`qos.routing.cache_aware_order`; this replica's estimate of the caches:
+a :class:`~qos.prefix_cache.BlockLRU` per backend of the prompts sent there, read as
+:mod:`gateway.backends.prefix` chains), within a bound on each backend's share of the
+requests in flight. ``least_waiting``: the least waiting time, then fewer requests in
+flight, then round robin. Failover goes on in the ``least_waiting`` order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
@@ -21,10 +28,22 @@ from typing import Any
 import anyio
 
 from gateway.backends import Backend, BackendError
+from gateway.backends.prefix import PromptChain, prompt_chain
 from gateway.config.schema import GatewayConfig
+from gateway.context import RequestContext
+from qos.prefix_cache import BlockLRU
 from qos.queueing import request_waiting_time
+from qos.routing import Candidate, PromptDemand, cache_aware_order
 
 log = logging.getLogger("tokenpace.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A request as cache-aware routing reads it: its prompt, and what its reader expects."""
+
+    prompt: PromptChain
+    demand: PromptDemand
 
 
 @dataclass(eq=False)
@@ -32,16 +51,25 @@ class BackendState:
     backend: Backend
     index: int
     throughput_tps: float
+    cache: BlockLRU  # the prompt blocks this replica sent there, as an estimate of its cache
     healthy: bool = True
     saturated: bool = False  # the engine's own report: no room (Backend.saturated)
     in_flight: int = 0
     outstanding_tokens: int = 0
     last_error: str | None = None
     checked_at: float | None = None
+    prompt_tokens: int = 0  # of the requests sent here (cache_aware), all together
+    cached_tokens: int = 0  # ... of those, the estimate said the backend held
 
     @property
     def name(self) -> str:
         return self.backend.name
+
+    def sent(self, prompt: PromptChain) -> None:
+        """``prompt`` goes to this backend: count what it held, then hold it."""
+        self.prompt_tokens += prompt.tokens
+        self.cached_tokens += prompt.tokens_of(self.cache.matched(prompt.blocks))
+        self.cache.touch(prompt.blocks)
 
     def waiting_time(self) -> float:
         return request_waiting_time(self.outstanding_tokens, self.throughput_tps)
@@ -57,6 +85,7 @@ class Lease:
 
     state: BackendState
     remaining: int
+    prompt: PromptChain | None = None  # cache_aware: sent on with the request on failover
     released: bool = field(default=False)
 
     def tokens(self, n: int) -> None:
@@ -76,6 +105,8 @@ class Lease:
         state.in_flight += 1
         state.outstanding_tokens += self.remaining
         self.state = state
+        if self.prompt is not None:
+            state.sent(self.prompt)
 
     def release(self) -> None:
         if self.released:
@@ -90,13 +121,37 @@ class Router:
     """Backend health, local load, and the order in which backends are tried."""
 
     def __init__(self, backends: Sequence[Backend], config: GatewayConfig) -> None:
-        default_tps = config.routing.throughput_tps
+        routing = config.routing
         self.states = [
-            BackendState(b, i, b.throughput_tps or default_tps) for i, b in enumerate(backends)
+            BackendState(
+                b,
+                i,
+                b.throughput_tps or routing.throughput_tps,
+                BlockLRU(routing.prefix_index_blocks),
+            )
+            for i, b in enumerate(backends)
         ]
         self._by_name = {s.name: s for s in self.states}
+        self._names = [s.name.encode() for s in self.states]
         self._rr = 0
         self._health = config.health
+        self._routing = routing
+        self.cache_aware = routing.policy == "cache_aware"
+
+    def routed(self, body: dict[str, Any], ctx: RequestContext) -> Routed | None:
+        """What cache-aware routing reads of a request: None under ``least_waiting``, and
+        where one backend alone serves its model (there is no choice to make)."""
+        if not self.cache_aware or sum(s.backend.serves(ctx.model) for s in self.states) < 2:
+            return None
+        prompt = prompt_chain(body, self._routing.prefix_block_chars)
+        demand = PromptDemand(
+            prompt_tokens=prompt.tokens,
+            history_tokens=prompt.tokens_of(prompt.history_blocks),
+            output_tokens=ctx.expected_tokens,
+            ttft=ctx.tier.ttft,
+            tds=ctx.tier.tds,
+        )
+        return Routed(prompt, demand)
 
     def model_cards(self) -> list[dict[str, Any]]:
         """``/v1/models`` entries: each named model once, described by its first backend."""
@@ -120,21 +175,45 @@ class Router:
     def serving(self, model: str) -> list[BackendState]:
         return [s for s in self.states if s.backend.serves(model)]
 
-    def ranked(self, model: str, exclude: Iterable[str] = ()) -> list[BackendState]:
+    def ranked(
+        self, model: str, exclude: Iterable[str] = (), routed: Routed | None = None
+    ) -> list[BackendState]:
         """The backends serving ``model`` outside ``exclude``, best first: the one order.
 
-        Healthy before unhealthy (tried only when no healthy one is left), then least
+        With ``routed`` (``cache_aware``): :func:`qos.routing.cache_aware_order`. Without:
+        healthy before unhealthy (tried only when no healthy one is left), then least
         waiting time, fewest in flight, round robin: from the backend after the last one
         chosen, one further at each call (concurrent arrivals, admitted before any of them
         is sent, spread over equals).
         """
         excluded = set(exclude)
+        serving = [s for s in self.states if s.name not in excluded and s.backend.serves(model)]
+        if routed is not None:
+            return self._cache_aware(serving, routed)
         n, rr = len(self.states), self._rr
         self._rr = (rr + 1) % max(n, 1)
         return sorted(
-            (s for s in self.states if s.name not in excluded and s.backend.serves(model)),
+            serving,
             key=lambda s: (not s.healthy, s.waiting_time(), s.in_flight, (s.index - rr) % n),
         )
+
+    def _cache_aware(self, serving: list[BackendState], routed: Routed) -> list[BackendState]:
+        prompt = routed.prompt
+        candidates = [
+            Candidate(
+                healthy=s.healthy,
+                waiting_s=s.waiting_time(),
+                in_flight=s.in_flight,
+                cached_tokens=prompt.tokens_of(s.cache.matched(prompt.blocks)),
+                prefill_tps=self._routing.prefill_tps,
+                affinity=int.from_bytes(
+                    hashlib.blake2b(prompt.anchor, digest_size=8, key=self._names[s.index]).digest()
+                ),
+            )
+            for s in serving
+        ]
+        order = cache_aware_order(candidates, routed.demand, self._routing.load_factor)
+        return [serving[i] for i in order]
 
     def choose(
         self, model: str, exclude: Collection[str] = (), prefer: str | None = None
@@ -151,10 +230,15 @@ class Router:
             self._rr = (best.index + 1) % len(self.states)  # round robin: start after it
         return best
 
-    def acquire(self, state: BackendState, expected_tokens: int) -> Lease:
+    def acquire(
+        self, state: BackendState, expected_tokens: int, routed: Routed | None = None
+    ) -> Lease:
         state.in_flight += 1
         state.outstanding_tokens += expected_tokens
-        return Lease(state, expected_tokens)
+        prompt = routed.prompt if routed is not None else None
+        if prompt is not None:
+            state.sent(prompt)
+        return Lease(state, expected_tokens, prompt)
 
     def report_failure(self, state: BackendState, exc: BackendError) -> None:
         state.last_error = exc.message

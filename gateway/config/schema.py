@@ -289,12 +289,49 @@ class LimitsConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
+    """How a backend is chosen (docs/architecture/cache-aware-routing.md)."""
+
+    policy: Literal["cache_aware", "least_waiting"] = Field(
+        "cache_aware",
+        description="'cache_aware': the first token's QoE with each backend's prefix cache; "
+        "'least_waiting': least waiting time, then fewest in flight, then round robin",
+    )
     expected_output_tokens: int = Field(
         256, ge=1, description="output length assumed for a request without max_tokens"
     )
     throughput_tps: float = Field(
         1000.0, gt=0, description="default backend token throughput (QLM's Θ)"
     )
+    prefill_tps: float = Field(
+        8000.0, gt=0, description="cache_aware: prompt tokens per second a backend prefills"
+    )
+    prefix_block_chars: int = Field(
+        256, ge=16, le=65536, description="cache_aware: bytes of prompt text per indexed block"
+    )
+    prefix_index_blocks: int = Field(
+        65536, ge=1, description="cache_aware: blocks remembered per backend (LRU)"
+    )
+    load_factor: float = Field(
+        1.25,
+        ge=1.0,
+        description="cache_aware: no backend takes more than this times the mean in flight",
+    )
+
+    @model_validator(mode="after")
+    def _cache_aware_keys(self) -> RoutingConfig:
+        if self.policy != "cache_aware":
+            unused = sorted(CACHE_AWARE_KEYS & self.model_fields_set)
+            if unused:
+                raise ValueError(
+                    f"{', '.join(unused)}: only read by policy 'cache_aware' "
+                    f"(policy is '{self.policy}'); remove them or set policy: cache_aware"
+                )
+        return self
+
+
+CACHE_AWARE_KEYS = frozenset(
+    {"prefill_tps", "prefix_block_chars", "prefix_index_blocks", "load_factor"}
+)
 
 
 class LoggingConfig(_Strict):

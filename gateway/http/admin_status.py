@@ -48,6 +48,8 @@ async def status(
                 "healthy": s.healthy,
                 "in_flight": s.in_flight,
                 "outstanding_tokens": s.outstanding_tokens,
+                "prompt_tokens": s.prompt_tokens,
+                "prefix_cached_tokens": s.cached_tokens,
                 "last_error": s.last_error,
             }
             for s in router.states

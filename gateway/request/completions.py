@@ -158,7 +158,9 @@ class CompletionService:
     ) -> Response:
         """Admission, then the backend; ``headers`` gain the admission's."""
         token = await self.tokens.header(ctx.request_id, tenant.name)
-        arrive = self.admission.arrive(ctx, tenant, estimate_prompt_tokens(raw))
+        routed = self.router.routed(raw, ctx)
+        prompt_tokens = routed.prompt.tokens if routed is not None else estimate_prompt_tokens(raw)
+        arrive = self.admission.arrive(ctx, tenant, prompt_tokens, routed)
         queued_stream = ctx.stream and self.config.admission.overload == "queue"
         try:
             with span_of(trace, "tokenpace.admission"):

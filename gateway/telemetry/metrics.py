@@ -20,8 +20,11 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   the first byte and were retried elsewhere.
 - ``tokenpace_backend_healthy{backend}``, ``tokenpace_backend_in_flight{backend}``,
   ``tokenpace_backend_outstanding_tokens{backend}``,
-  ``tokenpace_backend_waiting_time_seconds{backend}`` (the routing estimate): read
-  from the router at scrape time.
+  ``tokenpace_backend_waiting_time_seconds{backend}`` (the routing estimate),
+  ``tokenpace_backend_prompt_tokens{backend}`` and
+  ``tokenpace_backend_prefix_cached_tokens{backend}`` (cache-aware routing: prompt
+  tokens sent, and those its index estimated cached; their ratio is the estimated
+  hit rate): read from the router at scrape time.
 - ``tokenpace_admissions_total{tenant,outcome}``, ``tokenpace_queue_waiting``,
   ``tokenpace_vtc_counter{tenant}``: admission (:mod:`gateway.admission.controller`).
 - ``tokenpace_queued_with_notice_total{tenant,tier}``: streams answered 200 at once
@@ -186,6 +189,18 @@ _BACKEND_SERIES: tuple[tuple[str, str, _Combine, Callable[[BackendState], float]
         "QLM request waiting time estimate used for routing",
         "livesum",
         lambda s: s.waiting_time(),
+    ),
+    (
+        "tokenpace_backend_prompt_tokens",
+        "prompt tokens of the requests routed to the backend (cache_aware), since start",
+        "livesum",
+        lambda s: float(s.prompt_tokens),
+    ),
+    (
+        "tokenpace_backend_prefix_cached_tokens",
+        "of those, the ones the router's index estimated the backend's prefix cache held",
+        "livesum",
+        lambda s: float(s.cached_tokens),
     ),
 )
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -188,7 +189,10 @@ class Engine:
     ``expose_output_len`` writes each request's true output length into the table's
     ``max_tokens`` column (an oracle; by default the policy does not know it, as in
     Andes). ``record`` keeps per-request results and per-iteration statistics (what
-    :func:`simulate` reports); leave it off in a long-running server.
+    :func:`simulate` reports); leave it off in a long-running server. ``cached_prefix``
+    (a prefix cache, :mod:`qos.sim.cluster`): the prompt tokens of a request it already
+    holds, asked at the request's first prefill, which then computes only the rest (at
+    least one token, as vLLM does).
     """
 
     def __init__(
@@ -202,6 +206,7 @@ class Engine:
         expose_output_len: bool = False,
         record: bool = False,
         pause: bool = False,
+        cached_prefix: Callable[[SimRequest], int] | None = None,
     ) -> None:
         if preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption: must be 'recompute' or 'swap', got {preemption!r}")
@@ -234,6 +239,7 @@ class Engine:
         )
         self.expose_output_len = expose_output_len
         self.record = record
+        self._cached_prefix = cached_prefix
 
         self.table = RequestTable()
         self.clock = 0.0  # end of the last iteration (or the last idle step's time)
@@ -394,9 +400,12 @@ class Engine:
                 resumed += 1
                 resumed_ctx += int(context[r])
             else:
-                prefill_tokens += int(context[r])
+                fresh = int(context[r])
                 if output[r] == 0:
                     first_prefill.append(r)
+                    if self._cached_prefix is not None:
+                        fresh -= min(self._cached_prefix(self._live[keys[r]]), fresh - 1)
+                prefill_tokens += fresh
             table.admit(r)
             self._adm_seq[r] = self._adm_counter
             self._adm_counter += 1

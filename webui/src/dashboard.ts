@@ -68,6 +68,8 @@ interface Status extends Load {
     healthy: boolean;
     in_flight: number;
     outstanding_tokens: number;
+    prompt_tokens: number; // routed there by cache-aware routing, this replica
+    prefix_cached_tokens: number; // ... of those, held there by the router's estimate
     last_error: string | null;
   }>;
   tenants: Record<string, { weight: number; vtc_counter: number; output_tokens: number; requests: number }>;
@@ -186,6 +188,10 @@ function showStatus(status: Status): void {
         ["healthy", b.healthy ? "healthy" : "DOWN"],
         ["in-flight", String(b.in_flight)],
         ["outstanding-tokens", String(b.outstanding_tokens)],
+        [
+          "cache-hits",
+          b.prompt_tokens > 0 ? `${fmt((100 * b.prefix_cached_tokens) / b.prompt_tokens, 1)} %` : "",
+        ],
         ["last-error", b.last_error ?? ""],
       ],
     })),

@@ -59,11 +59,13 @@ async def two_backends(
     **overrides: Any,
 ) -> AsyncIterator[tuple[Gateway, openai.AsyncOpenAI]]:
     """A gateway on Redis in front of ``backends`` (in that order: a fresh gateway's first
-    request is granted a slot on the first), each with ``cap`` slots."""
+    request is granted a slot on the first, by ``least_waiting``'s round robin), each with
+    ``cap`` slots."""
     config = make_config(
         [backend_entry(fake, name, max_concurrent=cap) for name, fake in backends.items()],
         store={"redis_url": redis_url, "key_prefix": prefix, **(store or {})},
         admission={"lease_s": LEASE_S, "poll_interval_s": 0.02},
+        routing={"policy": "least_waiting"},
         **overrides,
     )
     async with gateway(config) as gw:

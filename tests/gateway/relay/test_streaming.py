@@ -53,8 +53,10 @@ async def test_failover_before_first_byte(mode):
     async with upstream() as bad, upstream() as good:
         bad.mode = "hang_first" if mode == "no_done_first" else mode
         timeouts = {"first_byte_s": 0.3} if mode == "no_done_first" else {}
-        config = make_config(
-            [backend_entry(bad, "bad"), backend_entry(good, "good")], timeouts=timeouts
+        config = make_config(  # least_waiting: a fresh gateway tries the first backend first
+            [backend_entry(bad, "bad"), backend_entry(good, "good")],
+            timeouts=timeouts,
+            routing={"policy": "least_waiting"},
         )
         async with gateway(config) as gw:
             # both up, as their /health says: a start-up check that a loaded machine slowed
@@ -123,8 +125,10 @@ async def test_no_backend_left_gives_json_error():
 async def test_failure_after_first_byte_ends_with_error_event(mode, message):
     async with upstream() as a, upstream() as b:
         a.mode = mode
-        config = make_config(
-            [backend_entry(a, "a"), backend_entry(b, "b")], timeouts={"idle_s": 0.3}
+        config = make_config(  # least_waiting: a fresh gateway tries the first backend first
+            [backend_entry(a, "a"), backend_entry(b, "b")],
+            timeouts={"idle_s": 0.3},
+            routing={"policy": "least_waiting"},
         )
         async with gateway(config) as gw:
             started = time.monotonic()

@@ -39,7 +39,10 @@ async def traced_gateway(
     fakes: dict[str, FakeUpstream], tracing: Tracing
 ) -> AsyncIterator[Gateway]:
     """A gateway in front of ``fakes`` (in that order: the first is tried first)."""
-    config = make_config([backend_entry(fake, name) for name, fake in fakes.items()])
+    config = make_config(  # least_waiting: a fresh gateway tries the first backend first
+        [backend_entry(fake, name) for name, fake in fakes.items()],
+        routing={"policy": "least_waiting"},
+    )
     app = create_app(config, tracing=tracing)
     async with run_server(app, config) as url:
         yield Gateway(url, app)

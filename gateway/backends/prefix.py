@@ -1,0 +1,96 @@
+"""A request's prompt as the router reads it: a chain of block hashes and its conversation.
+
+The prompt's text (a chat's messages, each as its role and content; a completion's
+prompt) is cut into blocks of ``block_chars`` bytes of UTF-8, and block ``i`` named by
+BLAKE2b (8 bytes) of block ``i``'s bytes keyed with the name of block ``i - 1``: a name
+stands for the whole prefix to its end (:mod:`qos.prefix_cache`). A byte block is not a
+token block, so a name is a close estimate of what an engine holds, not its own block
+hash (llm-d's approximate prefix scorer works the same way).
+
+A conversation is named by the hash of its text up to the end of its first user
+message (``anchor``): every later turn resends that text unchanged. Its history, what
+the earlier turns computed, is its text up to the end of its last assistant message.
+A completion's prompt has no turns: its first block names it, and it has no history.
+Hashes are keyed by nothing else, so every gateway replica names a prompt the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from qos.prompt_tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
+
+_SEPARATOR = b"\x1e"  # between messages: no two message lists read as one text
+
+
+@dataclass(frozen=True, slots=True)
+class PromptChain:
+    """What the router reads of one prompt (the module docstring)."""
+
+    blocks: tuple[int, ...]  # the names of its whole blocks, first first
+    anchor: bytes  # its conversation's name
+    history_blocks: int  # whole blocks its conversation's earlier turns computed
+    tokens: int  # prompt tokens (estimated: :func:`qos.prompt_tokens.estimate_prompt_tokens`)
+    block_tokens: float  # tokens a block stands for (block_chars / 4)
+
+    def tokens_of(self, blocks: int) -> int:
+        """Prompt tokens in the first ``blocks`` blocks (at most the whole prompt's)."""
+        return min(round(blocks * self.block_tokens), self.tokens)
+
+
+def _text(value: object) -> bytes:
+    """A message content's text: a string, or the text of its parts."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if isinstance(value, list):
+        return b"".join(_text(v) for v in value)
+    if isinstance(value, dict):
+        return _text(value.get("text"))
+    return b""
+
+
+def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
+    """The chain of ``body``, a chat or completions request (validated)."""
+    parts: list[bytes] = []
+    anchor_end = history_end = 0
+    size = 0
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            role = message.get("role")
+            part = str(role).encode() + b":" + _text(message.get("content")) + _SEPARATOR
+            parts.append(part)
+            size += len(part)
+            if role == "user" and not anchor_end:
+                anchor_end = size
+            elif role == "assistant":
+                history_end = size
+    else:
+        prompt = body.get("prompt")
+        parts.append(_text(prompt if not isinstance(prompt, list) else prompt[:1]))
+    data = b"".join(parts)
+    blocks: list[int] = []
+    previous = b""
+    for start in range(0, len(data) - block_chars + 1, block_chars):
+        digest = hashlib.blake2b(
+            data[start : start + block_chars], digest_size=8, key=previous
+        ).digest()
+        blocks.append(int.from_bytes(digest))
+        previous = digest
+    if anchor_end:
+        anchor = hashlib.blake2b(data[:anchor_end], digest_size=8).digest()
+    elif blocks:
+        anchor = blocks[0].to_bytes(8)
+    else:
+        anchor = hashlib.blake2b(data, digest_size=8).digest()
+    return PromptChain(
+        blocks=tuple(blocks),
+        anchor=anchor,
+        history_blocks=history_end // block_chars,
+        tokens=estimate_prompt_tokens(body),
+        block_tokens=block_chars / CHARS_PER_TOKEN,
+    )

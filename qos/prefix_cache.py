@@ -1,0 +1,74 @@
+"""What a prefix cache holds: an LRU over prompt blocks named by a hash chain.
+
+A prompt is cut into fixed blocks; block ``i`` is named by a hash of block ``i`` and the
+name of block ``i - 1``, so a name stands for the whole prefix up to and including its
+block (vLLM's automatic prefix caching names its KV blocks this way). Only whole blocks
+count, as in vLLM.
+
+:class:`BlockLRU` keeps at most ``capacity`` names, least recently used out first. A
+prompt's blocks are touched last block first, so a prefix is always fresher than its
+extensions: whenever block ``i`` of a chain is held, blocks ``0..i-1`` are too (each
+touch of block ``i`` touched them after it, and eviction takes the stalest). The held
+part of a chain is therefore a prefix of it, found by bisection in ``O(log n)``
+look-ups. vLLM evicts in the same order (a freed request's tail blocks first).
+
+The simulator's engine replicas use it as their KV cache's prefix cache; the gateway
+uses it as its estimate of what each backend holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+
+class BlockLRU:
+    """At most ``capacity`` block names, least recently used evicted first."""
+
+    __slots__ = ("_held", "capacity", "evictions")
+
+    def __init__(self, capacity: int) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity: must be an integer >= 1, got {capacity!r}")
+        self.capacity = capacity
+        self._held: dict[Hashable, None] = {}  # insertion order = recency, oldest first
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, block: Hashable) -> bool:
+        return block in self._held
+
+    def matched(self, chain: Sequence[Hashable]) -> int:
+        """How many leading blocks of ``chain`` are held (the module docstring: a prefix)."""
+        held = self._held
+        lo, hi = 0, len(chain)  # chain[:lo] held; chain[hi:] not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if chain[mid] in held:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def touch(self, chain: Sequence[Hashable]) -> None:
+        """``chain``'s blocks were just used: hold them as the freshest, last block first."""
+        held = self._held
+        for block in reversed(chain[: self.capacity]):
+            held.pop(block, 0)
+            held[block] = None
+        excess = len(held) - self.capacity
+        if excess > 0:
+            for block in _oldest(held, excess):
+                del held[block]
+            self.evictions += excess
+
+
+def _oldest(held: dict[Hashable, None], n: int) -> list[Hashable]:
+    """The ``n`` least recently used names of ``held``."""
+    out: list[Hashable] = []
+    for block in held:
+        if len(out) == n:
+            break
+        out.append(block)
+    return out

@@ -1,0 +1,129 @@
+"""Which replica a request goes to, valued in what its reader experiences.
+
+A replica that already holds the start of a prompt (its prefix cache) skips that part of
+the prefill, so its first token comes sooner. For each candidate replica ``r``:
+
+    TTFT_r = W_r + (p - h_r) / P_r
+
+with ``W_r`` the wait before it starts the request (QLM's request waiting time, Patke
+et al. §6 Eq. 2), ``p`` the prompt's tokens, ``h_r`` those of them ``r`` holds and
+``P_r`` its prefill speed (prompt tokens/s).
+
+**Its QoE.** If the reply then streams at least at the reader's pace ``TDS``, every token
+is read ``δ_r = (TTFT_r - TTFT_tier)⁺`` late, so the digestion deficit of the monotone QoE
+(:func:`qos.metrics.monotone_qoe`, ``E / (E + deficit)`` with ``E = l² / (2·TDS)``) is
+``l·δ_r`` for a reply of ``l`` tokens, and
+
+    Q_r = l / (l + 2·TDS·δ_r)                                   (:func:`delayed_start_qoe`)
+
+1 while the first token comes within the tier's TTFT, falling as it comes later, faster
+for a short reply (a late start is a larger share of it) and a fast tier.
+
+**The order** (:func:`cache_aware_order`):
+
+1. healthy replicas first;
+2. replicas within the load bound first: consistent hashing with bounded loads
+   (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018)
+   lets no replica hold more than ``⌈c · (m + 1) / n⌉`` of the ``m + 1`` requests in
+   flight (this one included) over ``n`` replicas, ``c = 1 + ε``, so a hot conversation
+   or a shared system prompt cannot pile onto one replica;
+3. the higher ``Q_r``: what the reader gets comes first. The wait ``W_r`` counts only
+   here: a replica's queue matters when the reader would see it;
+4. fewer uncached prompt tokens ``p - h_r``: where every candidate meets the tier's TTFT
+   (all ``Q_r = 1``), the one that recomputes least, since a prefill is engine time taken
+   from every other request on that replica (the cluster's throughput);
+5. the conversation's rendezvous order (highest random weight: Thaler and Ravishankar,
+   "Using Name-Based Mappings to Increase Hit Rates", 1998): a hash of the conversation's
+   identity and the replica's name, the same at every router without a word between
+   them.
+
+**Routers that never see each other's requests** (gateway replicas) agree through step
+5 and one assumption: the *preferred* replica of a conversation, the first in rendezvous
+order among the healthy ones within the load bound, is taken to hold the conversation's
+history (``history_tokens``: what its earlier turns computed) and whatever prefix of the
+prompt any replica holds (a shared system prompt: the preferred replica computes it once
+and holds it from then on), as it does when every turn went there. So every router sends
+every turn of a conversation to its preferred replica, knowing its earlier turns or not,
+unless that replica is past the load bound or would start the reply late enough to cost
+QoE. Then the router's own index (``h_r``) picks the fallback that holds the most, and
+the rendezvous order the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def delayed_start_qoe(
+    ttft_s: float, expected_ttft: float, expected_tds: float, output_tokens: int
+) -> float:
+    """``Q = l / (l + 2·TDS·(TTFT - TTFT_expected)⁺)``: the monotone QoE of a reply of
+    ``output_tokens`` whose first token comes at ``ttft_s`` and the rest at the reader's
+    pace (the module docstring's derivation)."""
+    late = ttft_s - expected_ttft
+    if late <= 0:
+        return 1.0
+    n = max(output_tokens, 1)
+    return n / (n + 2.0 * expected_tds * late)
+
+
+def load_bound(in_flight_total: int, replicas: int, factor: float) -> int:
+    """Most requests one of ``replicas`` may hold once the next arrives:
+    ``⌈factor · (in_flight_total + 1) / replicas⌉`` (Mirrokni et al., bounded loads)."""
+    if replicas < 1:
+        raise ValueError(f"replicas: must be >= 1, got {replicas}")
+    if not factor >= 1.0:
+        raise ValueError(f"factor: must be >= 1, got {factor}")
+    return math.ceil(factor * (in_flight_total + 1) / replicas - 1e-9)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """What a router knows of one replica when a request arrives."""
+
+    healthy: bool
+    waiting_s: float  # W_r
+    in_flight: int
+    cached_tokens: int  # h_r, from the router's own index
+    prefill_tps: float  # P_r
+    affinity: int  # the conversation's rendezvous weight on this replica (higher first)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptDemand:
+    """What a request asks of the replica that serves it."""
+
+    prompt_tokens: int  # p
+    history_tokens: int  # of those, computed by the conversation's earlier turns
+    output_tokens: int  # l: the reply expected
+    ttft: float  # the tier's expected TTFT (s)
+    tds: float  # the tier's expected token delivery speed (tokens/s)
+
+
+def cache_aware_order(
+    candidates: Sequence[Candidate], demand: PromptDemand, load_factor: float
+) -> list[int]:
+    """The indices of ``candidates``, best first (the module docstring's order)."""
+    n = len(candidates)
+    if n == 0:
+        return []
+    bound = load_bound(sum(c.in_flight for c in candidates), n, load_factor)
+    within = [c.in_flight + 1 <= bound for c in candidates]
+    any_healthy = any(c.healthy for c in candidates)
+    preferred = max(
+        (i for i, c in enumerate(candidates) if within[i] and (c.healthy or not any_healthy)),
+        key=lambda i: candidates[i].affinity,
+        default=None,
+    )
+    p = demand.prompt_tokens
+    anywhere = max(demand.history_tokens, max(c.cached_tokens for c in candidates))
+    keys = []
+    for i, c in enumerate(candidates):
+        held = anywhere if i == preferred else c.cached_tokens
+        uncached = max(p - min(held, p), 0)
+        ttft = c.waiting_s + uncached / c.prefill_tps
+        q = delayed_start_qoe(ttft, demand.ttft, demand.tds, demand.output_tokens)
+        keys.append((not c.healthy, not within[i], -q, uncached, -c.affinity))
+    return sorted(range(n), key=keys.__getitem__)

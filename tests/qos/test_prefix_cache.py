@@ -1,0 +1,56 @@
+"""The block LRU behind both the simulator's prefix caches and the gateway's index."""
+
+from __future__ import annotations
+
+import pytest
+
+from qos.prefix_cache import BlockLRU
+
+
+def test_a_chain_is_held_up_to_its_first_missing_block() -> None:
+    lru = BlockLRU(100)
+    assert lru.matched([1, 2, 3]) == 0  # empty: a miss
+    lru.touch([1, 2, 3])
+    assert lru.matched([1, 2, 3]) == 3  # the whole chain
+    assert lru.matched([1, 2, 3, 4, 5]) == 3  # the next turn: its history is held
+    # (a name stands for its whole prefix: a chain that parts never meets again)
+    assert lru.matched([1, 9, 10]) == 1  # a chain that parts after its first block
+    assert lru.matched([7, 8, 9]) == 0
+    assert lru.matched([]) == 0
+
+
+def test_the_least_recently_used_blocks_go_first_and_prefixes_outlive_their_tails() -> None:
+    lru = BlockLRU(5)
+    lru.touch([1, 2, 3])  # conversation a
+    lru.touch([10, 11])  # conversation b: full
+    assert len(lru) == 5 and lru.evictions == 0
+    lru.touch([1, 2])  # a's first two blocks used again (another turn sharing them)
+    lru.touch([20])  # one more: the stalest goes, a's tail block 3
+    assert 3 not in lru and lru.evictions == 1
+    assert lru.matched([1, 2, 3]) == 2
+    lru.touch([30, 31])  # two more: b's blocks, the stalest, tail first order kept
+    assert lru.matched([10, 11]) == 0
+    assert lru.matched([1, 2]) == 2
+    # within one touch the tail is older than the head: evicting one block leaves a prefix
+    lru.touch([40, 41, 42, 43, 44])
+    lru.touch([50])
+    assert lru.matched([40, 41, 42, 43, 44]) == 4
+
+
+def test_memory_is_bounded_by_the_capacity() -> None:
+    lru = BlockLRU(1000)
+    for conv in range(500):
+        lru.touch([conv * 100 + i for i in range(8)])
+    assert len(lru) == 1000
+    assert lru.evictions == 500 * 8 - 1000
+    assert lru.matched([499 * 100 + i for i in range(8)]) == 8  # the newest is whole
+    assert lru.matched([0 * 100 + i for i in range(8)]) == 0  # the oldest is gone
+    lru.touch(list(range(10_000, 13_000)))  # a chain longer than the whole index
+    assert len(lru) == 1000
+    assert lru.matched(list(range(10_000, 13_000))) == 1000
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 1.5, True])
+def test_capacity_must_be_a_positive_integer(capacity: object) -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        BlockLRU(capacity)  # type: ignore[arg-type]
