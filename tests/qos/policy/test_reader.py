@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from qos.latency import LatencyProfile
 from qos.metrics import freezes
 from qos.policy.andes import tokenpace_andes
-from qos.policy.reader import ReaderGuard
+from qos.policy.reader import NOTICEABLE_GAP_S, ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 from qos.sim.engine import simulate
 from qos.sim.workload import SimRequest
@@ -58,19 +58,22 @@ def test_slack_is_the_time_left_before_the_reader_runs_out():
     guard = ReaderGuard(SMALL)
     slack = guard.slack(table, 1.0, TAU)
     # 10 tokens from 0.5 s, read at 5 tokens/s: the reader runs out at 0.5 + 10/5 = 2.5 s
-    assert slack[row] == pytest.approx(2.5 - 1.0 - TAU)
+    # and notices it NOTICEABLE_GAP_S later
+    assert slack[row] == pytest.approx(2.5 + NOTICEABLE_GAP_S - 1.0 - TAU)
     fresh(table, "b", arrival=0.9)
     assert guard.slack(table, 1.0, TAU)[1] == np.inf  # no token yet: no reader to keep
     table.preempt(row, 1.0)  # the KV is gone: its next token waits for a recompute too
     recompute = SMALL.prefill_s(int(table.context[row]))
-    assert guard.slack(table, 1.0, TAU)[row] == pytest.approx(2.5 - 1.0 - TAU - recompute)
+    expected = 2.5 + NOTICEABLE_GAP_S - 1.0 - TAU - recompute
+    assert guard.slack(table, 1.0, TAU)[row] == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("pauses", [True, False])
 def test_a_reply_whose_reader_is_running_out_runs_though_fresh_requests_wait(pauses):
-    """One slot: the paused reply is due (its reader has 0.05 s of text left), so it runs
-    and the fresh request, which the solver would rather admit, waits."""
-    now = 2.45
+    """One slot: the paused reply is due (its reader ran out of text 0.05 s ago and
+    notices the wait NOTICEABLE_GAP_S after that), so it runs and the fresh request,
+    which the solver would rather admit, waits."""
+    now = 2.55
     table = RequestTable()
     row = started(table, "due", tokens=10, last_at=0.5, now=now)  # reader out at 2.5 s
     table.pause(row, now) if pauses else table.preempt(row, now)
