@@ -203,8 +203,10 @@ class ReaderGuard:
             weight, tenant = float(table.col("weight")[row]), int(table.col("tenant")[row])
             kv = int(table.demand[row])
             reads = table.tier_names[int(table.col("tier")[row])] not in self.non_reader_tiers
-            # the most one sequence ever receives: the engine's pace at a batch of one
-            tds = min(float(table.col("tds")[row]), 1.0 / float(self.profile.decode_s(1)))
+            # what it takes of the readers' rate (:meth:`asks`): at most one slot's share
+            # of the full batch's decode rate
+            full = self.profile.max_batch
+            tds = min(float(table.col("tds")[row]), 1.0 / float(self.profile.decode_s(full)))
             self.recent.add(now, tenant, weight, kv, tds if reads else 0.0)
 
     def reader_rate(
