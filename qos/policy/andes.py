@@ -61,6 +61,7 @@ import numpy as np
 from qos.fairness import VirtualTokenCounter
 from qos.latency import LatencyProfile
 from qos.policy.base import Policy, pack_in_order
+from qos.policy.decision import Decision, Ranking
 from qos.policy.fair import TenantShares, pack_by_level
 from qos.policy.forecast import Forecast, QoEKind
 from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, ReaderGuard
@@ -223,58 +224,59 @@ class Andes(Policy):
         return float(reachable.max()) if reachable.size else None
 
     def schedule(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
+        return self.decide(table, capacity, now).run
+
+    def decide(self, table: RequestTable, capacity: Capacity, now: float) -> Decision:
+        """This iteration's decision as a typed value: with the reader guard, the ranking
+        stage (:meth:`rank`) and then the guard's stage (:mod:`qos.policy.reader`);
+        without it, the solver's batch, its preemptions capped and made for claims."""
         n = table.n
+        running = table.running
         if n == 0:
-            return np.zeros(0, dtype=bool)
+            return Decision.of(np.zeros(0, dtype=bool), running)
         demand = capacity.demand(table)
         if not self.triggered(table, capacity, demand):
-            if self.guard is None or table.running.all():
-                return np.ones(n, dtype=bool)
+            if self.guard is None or running.all():
+                return Decision.of(np.ones(n, dtype=bool), running)
             # Everyone fits; the guard only spreads admissions' prefills so that none
             # freezes a reader (rule 3), in arrival order.
-            waiting = (~table.running).nonzero()[0]
+            waiting = (~running).nonzero()[0]
             order = waiting[np.argsort(table.col("arrival")[waiting], kind="stable")]
-            tau = float(self.profile.decode_s(n))
+            ranking = Ranking(order, float(self.profile.decode_s(n)))
             return self.guard.apply(
-                table, capacity, demand, order, now, tau, 1.0, reply_s=self.horizon_s
+                table, capacity, demand, ranking, now, kv_watermark=1.0, reply_s=self.horizon_s
             )
         self.solves += 1
         if self.guard is not None:
-            self._solve(table, capacity, demand, now, batch=False)
-            return self._guarded(table, capacity, demand, now)
+            return self.guard.apply(
+                table,
+                capacity,
+                demand,
+                self.rank(table, capacity, demand, now),
+                now,
+                kv_watermark=self.kv_watermark,
+                room_wait_s=self.room_wait_s(now) or 0.0,
+                reply_s=self.horizon_s,
+            )
         chosen = self._solve(table, capacity, demand, now)
         assert chosen is not None
         if self.wait_for_room and self.preemption_budget > 0:  # else the cap keeps them all
             chosen = self._preempting_only_for_claims(table, capacity, demand, chosen)
-        return self._cap_preemptions(table, capacity, demand, chosen)
+        return Decision.of(self._cap_preemptions(table, capacity, demand, chosen), running)
 
-    def _guarded(
+    def rank(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, now: float
-    ) -> np.ndarray:
-        """The reader guard's decision (:mod:`qos.policy.reader`): replies by their
-        readers' deadlines, requests with no token yet in this solve's priority order
-        (Eq. 5); tenant weights act through the plans of :mod:`qos.policy.plans` on
-        admissions, and through the VTC levels only on which due replies run first
-        when the engine cannot run them all (service itself is then the bottleneck)."""
-        assert self.guard is not None and self._forecast is not None
-        running = table.running
-        fresh = ~running & (table.col("output") == 0)
-        rows = fresh.nonzero()[0]
-        rows = rows[np.argsort(-self._priority[rows], kind="stable")]
-        run = self.guard.apply(
-            table,
-            capacity,
-            demand,
-            rows,
-            now,
-            self._forecast[1],
-            self.kv_watermark,
-            levels=self._levels,
-            room_wait_s=self.room_wait_s(now) or 0.0,
-            reply_s=self.horizon_s,
-        )
-        self.preemptions += int(np.count_nonzero(running & ~run))
-        return run
+    ) -> Ranking:
+        """The ranking stage the reader guard decides on: the requests with no token yet
+        in this solve's priority order (Eq. 5), the decode latency τ at B_max, and the
+        tenants' VTC levels where weights act (:mod:`qos.policy.fair`: they then order
+        the due replies when the engine cannot run them all; on admissions weights act
+        through the plans of :mod:`qos.policy.plans`)."""
+        self._solve(table, capacity, demand, now, batch=False)
+        assert self._forecast is not None
+        fresh = (~table.running & (table.col("output") == 0)).nonzero()[0]
+        order = fresh[np.argsort(-self._priority[fresh], kind="stable")]
+        return Ranking(order, self._forecast[1], self._levels)
 
     def forecast(self, table: RequestTable, now: float) -> Forecast:
         """Q_wait / Q_serve forecaster for this decision (waiting requests pay a prefill first)."""

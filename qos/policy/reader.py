@@ -74,6 +74,7 @@ import numpy as np
 from qos.latency import LatencyProfile
 from qos.policy import plans
 from qos.policy.base import pack_in_order
+from qos.policy.decision import Decision, Hold, Ranking
 from qos.policy.table import Capacity, RequestTable
 
 GROWTH_HORIZON_S = 2.0
@@ -157,8 +158,6 @@ class ReaderGuard:
         self.weights = weights  # False: tenants' weights ignored (every plan alike)
         self.non_reader_tiers = frozenset(non_reader_tiers)
         self.recent = plans.RecentDemand()  # each tenant's recent requests (plans' headroom)
-        self.forced = 0  # due rows the decision had left out
-        self.held = 0  # fresh admissions deferred to keep a reader's deadline
 
     def set_profile(self, profile: LatencyProfile) -> None:
         self.profile = profile
@@ -272,21 +271,21 @@ class ReaderGuard:
         table: RequestTable,
         capacity: Capacity,
         demand: np.ndarray,
-        admissions_in_order: np.ndarray,
+        ranking: Ranking,
         now: float,
-        tau: float,
-        kv_watermark: float,
         *,
-        levels: np.ndarray | None = None,
+        kv_watermark: float,
         room_wait_s: float = 0.0,
         reply_s: float = plans.PLAN_MEMORY_S,
-    ) -> np.ndarray:
-        """The rows that run next under rules 1-3 (module doc). ``admissions_in_order``:
-        the requests the policy would admit, in its order of preference; ``levels``:
-        tenants' VTC levels (:mod:`qos.policy.fair`), which order the due replies,
-        lowest level first, should more be due than the engine can run; ``room_wait_s``:
-        the expected time until a running reply ends (1/λ, λ the completion rate); ``reply_s``:
-        how long a reply holds its room (the mean time from arrival to completion)."""
+    ) -> Decision:
+        """The decision under rules 1-3 (module doc) on ``ranking``: the requests the
+        ranking stage would admit, in its order of preference, the τ it expects and the
+        tenants' VTC levels (:mod:`qos.policy.fair`), which order the due replies, lowest
+        level first, should more be due than the engine can run. ``kv_watermark``: the
+        share of the cache admissions may fill; ``room_wait_s``: the expected time until
+        a running reply ends (1/λ, λ the completion rate); ``reply_s``: how long a reply
+        holds its room (the mean time from arrival to completion)."""
+        tau, levels, admissions_in_order = ranking.tau, ranking.levels, ranking.admissions
         running = table.running
         started = table.col("output") > 0
         committed = started | running
@@ -298,7 +297,7 @@ class ReaderGuard:
         if not capacity.pauses:  # a running reply left out would be recomputed first
             must |= running & started & (slack - recompute <= margin)
         must |= running & ~started  # a prefill under way (the engine's own chunking)
-        self.forced += _count(must & ~running)
+        forced = _count(must & ~running)
         fresh = admissions_in_order[~committed[admissions_in_order]]
         overdue, fresh = self.overdue(table, fresh, now, room_wait_s)
         waiting = np.concatenate((overdue, fresh))
@@ -378,8 +377,10 @@ class ReaderGuard:
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
         if not committed.any() and not batch.keep.any():
             _admit_first(batch, lines, watermark)
-        self.held += int(waiting.size - np.count_nonzero(batch.keep[waiting]))
-        return batch.keep
+        holds = np.zeros(table.n, dtype=np.int8)
+        held = waiting[~batch.keep[waiting]]
+        holds[held] = batch.holds[held]
+        return Decision(batch.keep, holds, forced, _count(running & ~batch.keep))
 
     def overdue(
         self, table: RequestTable, rows: np.ndarray, now: float, room_wait_s: float = 0.0
@@ -536,6 +537,7 @@ class _Batch:
         self.slots = max_batch
         self.profile = profile
         self.keep = np.zeros(table.n, dtype=bool)
+        self.holds = np.full(table.n, Hold.LINE, dtype=np.int8)  # why a row was left out
         self.taken = 0  # rows in keep
         self.kv = 0
         self.tds = 0.0  # new readers' rate taken
@@ -547,6 +549,8 @@ class _Batch:
         slots = self.slots - self.taken
         need = np.cumsum(self.demand[order])
         line = order[: min(int(np.searchsorted(need, kv_tokens, side="right")), max(slots, 0))]
+        if line.size < order.size:  # the first left out holds the line behind it
+            self.holds[order[line.size]] = Hold.SLOTS if line.size >= slots else Hold.KV
         before = self.taken
         self.take(line, kv_tokens, tds)
         return self.taken - before == order.size
@@ -556,13 +560,19 @@ class _Batch:
         readers only while their TDS, summed, stays within ``tds`` (the first that does
         not fit stops the new ones after it)."""
         slots = self.slots - self.taken
-        if not order.size or kv_tokens <= 0 or slots <= 0:
+        if not order.size:
+            return
+        if kv_tokens <= 0 or slots <= 0:
+            self.holds[order] = Hold.SLOTS if slots <= 0 else Hold.KV
             return
         taken = pack_in_order(order, self.demand, kv_tokens, slots, self.keep.size)
+        full = np.count_nonzero(taken) == slots
+        self.holds[order[~taken[order]]] = Hold.SLOTS if full else Hold.KV
         rows = order[taken[order]]
         reads = self.reads[rows]
         if reads.any():
             within = (np.cumsum(self.asks[rows]) <= tds + 1e-9) & (tds > 0)
+            self.holds[rows[reads & ~within]] = Hold.READERS_RATE
             rows = rows[~reads | within]
         prefill = self.uncomputed[rows]
         if prefill.any():  # within the budget; the first prefill of a batch always fits
@@ -572,6 +582,7 @@ class _Batch:
             fits = (cost <= self.budget) | (prefill == 0)
             if not self.prefilled:
                 fits[int(np.argmax(prefill > 0))] = True
+            self.holds[rows[~fits]] = Hold.PREFILL
             rows = rows[fits]
             spent = prefill[fits]
             if spent.any():

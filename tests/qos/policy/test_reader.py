@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from qos.latency import LatencyProfile
 from qos.metrics import freezes
 from qos.policy.andes import tokenpace_andes
+from qos.policy.decision import Hold
 from qos.policy.reader import NOTICEABLE_GAP_S, ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 from qos.sim.engine import simulate
@@ -79,9 +80,10 @@ def test_a_reply_whose_reader_is_running_out_runs_though_fresh_requests_wait(pau
     table.pause(row, now) if pauses else table.preempt(row, now)
     newcomer = fresh(table, "new", arrival=now - 1.5)  # past its TTFT: Andes wants it
     policy = tokenpace_andes(SMALL, fair_share_slack=None)
-    run = policy.schedule(table, Capacity(2_000, 1, pauses=pauses), now)
-    assert run[row] and not run[newcomer]
-    assert policy.guard is not None and policy.guard.forced == 1
+    decision = policy.decide(table, Capacity(2_000, 1, pauses=pauses), now)
+    assert decision.run[row] and not decision.run[newcomer]
+    assert decision.forced == 1  # the solver would have left it out
+    assert decision.holds[newcomer] == Hold.SLOTS and decision.held == 1
 
 
 def test_a_reply_ahead_of_its_reader_gives_its_slot_to_a_fresh_request():
@@ -143,8 +145,9 @@ def test_fresh_requests_wait_while_the_readers_ask_all_the_engine_decodes(reader
         table.pause(row, now)
     newcomer = fresh(table, "new", arrival=0.0)
     policy = tokenpace_andes(SMALL, fair_share_slack=None)
-    run = policy.schedule(table, Capacity(2_000, 1, pauses=True), now)
-    assert bool(run[newcomer]) == (readers == 9)
+    decision = policy.decide(table, Capacity(2_000, 1, pauses=True), now)
+    assert bool(decision.run[newcomer]) == (readers == 9)
+    assert decision.held_for(Hold.READERS_RATE) == (readers == 10)
 
 
 @pytest.mark.parametrize("swap_s_per_token", [1e-4, 1e-2])

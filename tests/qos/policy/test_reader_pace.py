@@ -12,6 +12,7 @@ import pytest
 
 from qos.latency import LatencyProfile
 from qos.policy.andes import tokenpace_andes
+from qos.policy.decision import Hold
 from qos.policy.reader import NOTICEABLE_GAP_S, ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 
@@ -93,3 +94,20 @@ def test_which_tiers_are_readers_is_a_setting():
     assert ReaderGuard(SMALL).readers(table)[[job, bulk]].tolist() == [False, True]
     custom = ReaderGuard(SMALL, non_reader_tiers=frozenset({"bulk"}))
     assert custom.readers(table)[[job, bulk]].tolist() == [True, False]
+
+
+def test_a_prefill_that_would_freeze_a_reader_is_held_and_named():
+    """A reader at 4 tokens/s, fed at the engine's pace and out of text 0.2 s from now
+    (notices 0.3 s from now), and two requests waiting: the first prefill always goes
+    in (progress); a second of 2,000 tokens (0.4 s) would make the reader wait past
+    NOTICEABLE_GAP_S, so it is held, for that reason."""
+    now = 10.0
+    table = RequestTable()
+    reader = reply(table, "reader", tds=4.0, tier="chat", now=now - 4.04)
+    first = fresh(table, "first", now=now)
+    big = table.add("big", arrival=now - 1.0, prompt_tokens=2_000, ttft=1.0, tds=5.0)
+    decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(
+        table, Capacity(4_000, 8, pauses=True), now
+    )
+    assert decision.run[reader] and decision.run[first] and not decision.run[big]
+    assert decision.holds[big] == Hold.PREFILL and decision.held == 1
