@@ -52,7 +52,9 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    prefills admitted in one iteration stay within the slack of every reply that runs in
    it and of every reply left out beyond the next iteration, so an admission never
    freezes a reader (the first prefill of an iteration always goes in, and an engine
-   with nothing committed admits the first request that fits the cache: progress).
+   with nothing committed admits the first request that fits the cache: progress; the
+   prefill of a request that would pass its TTFT before the next decision goes in too:
+   its user is about to notice a wait as well).
    Among fresh requests, the policy's order, except that requests overdue (waiting
    more than ``overdue_after_ttfts`` times their TTFT, and under sustained overload
    more than OVERDUE_AFTER_FCFS_WAITS times what FCFS would make a new request wait)
@@ -310,6 +312,11 @@ class ReaderGuard:
         readers = self.readers(table)
         asks = self.asks(table, reader_rate / capacity.max_batch)
         batch = _Batch(table, demand, committed, asks, readers, capacity.max_batch, self.profile)
+        # a request that would pass its TTFT before the next decision has a user about to
+        # notice a wait too (the wait for the first token is idle latency, Wang et al. Eq.
+        # 9): its prefill goes in whatever the budget, and counts against it
+        waited = now + margin - table.col("arrival")
+        batch.first_due = ~committed & (waited > table.col("ttft"))
         due = _by(slack, must)
         if levels is not None:
             due = due[np.argsort(levels[due], kind="stable")]
@@ -536,6 +543,7 @@ class _Batch:
         self.uncomputed = table.context - table.col("computed")
         self.slots = max_batch
         self.profile = profile
+        self.first_due = np.zeros(table.n, dtype=bool)  # held, they would pass their TTFT
         self.keep = np.zeros(table.n, dtype=bool)
         self.holds = np.full(table.n, Hold.LINE, dtype=np.int8)  # why a row was left out
         self.taken = 0  # rows in keep
@@ -579,7 +587,7 @@ class _Batch:
             p = self.profile
             cost = np.cumsum(np.where(prefill > 0, p.prefill_per_token_s * prefill, 0.0))
             cost += p.prefill_base_s
-            fits = (cost <= self.budget) | (prefill == 0)
+            fits = (cost <= self.budget) | (prefill == 0) | self.first_due[rows]
             if not self.prefilled:
                 fits[int(np.argmax(prefill > 0))] = True
             self.holds[rows[~fits]] = Hold.PREFILL

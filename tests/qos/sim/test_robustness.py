@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from qos.sim.workload import load_andes_trace
@@ -30,6 +30,7 @@ def test_a_seeded_point_of_the_sweep_meets_fcfs(index: int) -> None:
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(index=st.integers(0, 10**6))
+@example(index=427549)  # a burst on the slow engine: its prefills once held past TTFTs
 def test_the_shipped_policy_is_never_worse_than_fcfs_on_small_random_workloads(index: int):
     row = run_point(draw_point(index, 7, 120, ENTRIES), ENTRIES)
     assert row[SHIPPED]["qoe"] >= row[BASELINE]["qoe"] - 0.01, row["point"]
