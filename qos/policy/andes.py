@@ -590,25 +590,19 @@ def _in_priority_order(rows: np.ndarray, key: np.ndarray, running: np.ndarray) -
 
 TOKENPACE_ANDES: dict[str, Any] = {
     "preemption_cost": 4.0,
-    "kv_watermark": 0.98,
+    "kv_watermark": 0.95,
     "fair_share_slack": 8192.0,
     "reader_guard": True,
 }
 
-UNGUARDED: dict[str, Any] = {
-    "reader_guard": False,
-    "preemption_cap": 0.3,
-    "wait_for_room": True,
-    "kv_watermark": 0.95,
-}
+UNGUARDED: dict[str, Any] = {"reader_guard": False, "preemption_cap": 0.3, "wait_for_room": True}
 """What ``andes-tp-unguarded`` sets instead of the guard: the solver's decision, its
-preemptions capped at P = 0.3 and made only for a claim (module doc), packing to 95 %
-of the KV cache (:func:`tokenpace_andes`)."""
+preemptions capped at P = 0.3 and made only for a claim (module doc)."""
 
 
 def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     """Andes as tokenpace ships it: the reader guard (:mod:`qos.policy.reader`) deciding
-    who runs on the solver's ranking, stall charge k = 4, admitting up to 98 % of the KV
+    who runs on the solver's ranking, stall charge k = 4, admitting up to 95 % of the KV
     cache, tenant weights acting with a slack of 8,192 service units (4,096 output
     tokens of a weight-1 tenant, ~5 s of the OPT-66B profile's output;
     ``fair_share_slack=None`` ignores weights). docs/benchmarks.md measures the slack.
@@ -618,11 +612,10 @@ def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     the two side by side. The watermark only has to leave room for a few iterations of
     growth, since a triggered solver re-plans every iteration: without the guard, 0.95
     served more than the paper's 0.9 at nearly every rate measured, with no forced
-    preemption (1.0 does force them). The guard keeps the running replies' growth free
-    itself, so it needs less: on the robustness sweep's KV-bound points
-    (``bench/robustness.py``) 0.95 held admissions FCFS made without a freeze (QoE up to
-    0.01 below FCFS's, user idle latency p99 up to 11 s above), 0.98 and 0.99 did not,
-    and 1.0 forced preemptions (tokens/s 2-4 % lower). ``overrides`` are :class:`Andes`
-    keyword arguments.
+    preemption (1.0 does force them). With the guard, 0.98 admitted what FCFS admits on
+    most of the robustness sweep's KV-bound points (``bench/robustness.py``), but where
+    fast readers' replies grew into it, paused replies lost their KV and were recomputed
+    (a point at 0.98 of the ceiling: 1.0 recompute a request, tokens/s 16 % below
+    FCFS's, against 8 % at 0.95). ``overrides`` are :class:`Andes` keyword arguments.
     """
     return Andes(profile, **{**TOKENPACE_ANDES, **overrides})
