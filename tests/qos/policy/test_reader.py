@@ -200,18 +200,23 @@ def test_a_lender_halfway_due_comes_back_into_the_kv_of_one_that_would_lend(
     assert (bool(run[lent]), bool(run[ahead])) == (back, not back)
 
 
-def test_an_admission_waits_when_its_prefill_would_freeze_a_running_reply():
-    """A running reply with 0.05 s of slack cannot wait for a 0.2 s prefill: the first
-    admission of an iteration always goes in, the next one waits."""
+@pytest.mark.parametrize("waited", [0.1, 1.1])
+def test_an_admission_waits_when_its_prefill_would_freeze_a_running_reply(waited):
+    """A running reply with 0.2 s of slack (its reader out of text at 2.5 s, noticing
+    at 2.6 s) cannot wait for a 0.2 s prefill beside another: the first admission of an
+    iteration always goes in, the next one waits, unless it has waited past its TTFT
+    (1 s): its user is waiting too, and it goes in all the same."""
     now = 2.4
     table = RequestTable()
     reply = started(table, "tight", tokens=10, last_at=0.5, now=now)  # out at 2.5 s
     first = fresh(table, "first", arrival=now - 1.2, prompt=100)
-    second = fresh(table, "second", arrival=now - 1.1, prompt=1_000)
-    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(
+    second = fresh(table, "second", arrival=now - waited, prompt=1_000)
+    decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(
         table, Capacity(2_000, 8, pauses=True), now
     )
-    assert run[reply] and run[first] and not run[second]
+    assert decision.run[reply] and decision.run[first]
+    assert bool(decision.run[second]) == (waited > 1.0)
+    assert decision.held_for(Hold.PREFILL) == (waited < 1.0)
 
 
 def test_overdue_requests_go_first_oldest_first():

@@ -105,7 +105,7 @@ def test_a_prefill_that_would_freeze_a_reader_is_held_and_named():
     table = RequestTable()
     reader = reply(table, "reader", tds=4.0, tier="chat", now=now - 4.04)
     first = fresh(table, "first", now=now)
-    big = table.add("big", arrival=now - 1.0, prompt_tokens=2_000, ttft=1.0, tds=5.0)
+    big = table.add("big", arrival=now - 0.2, prompt_tokens=2_000, ttft=1.0, tds=5.0)
     decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(
         table, Capacity(4_000, 8, pauses=True), now
     )
