@@ -203,7 +203,7 @@ class ReaderGuard:
         if self.weights:
             weight, tenant = float(table.col("weight")[row]), int(table.col("tenant")[row])
             kv = int(table.demand[row])
-            reads = table.tier_names[int(table.col("tier")[row])] not in self.non_reader_tiers
+            reads = bool(self.readers(table)[row])
             # what it takes of the readers' rate (:meth:`asks`): at most one slot's share
             # of the full batch's decode rate
             full = self.profile.max_batch
