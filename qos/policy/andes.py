@@ -27,7 +27,9 @@ preempt, then its other admissions into the room left. Near capacity this remove
 nearly every preemption; under overload waits are long, most waiting requests have a
 claim, and the solver's decision stands. Tenant weights give no claim of their own: they
 act through the order of admissions, as VTC's do. Once the preemption budget is spent
-the cap keeps every running request, and claims are not computed.
+the cap keeps every running request, and claims are not computed. Neither the cap nor
+the claims act with the reader guard (``reader_guard``), which decides who runs on the
+solver's ranking; they are refused there (``andes-tp-unguarded`` keeps them).
 
 tokenpace extension, off by default (``preemption_cost = 0`` is the paper's Andes): the
 gain of a request that must be (re)computed before it decodes is charged for the stall
@@ -36,7 +38,8 @@ about (p_i / Δt)·G of its gain, G = Σ of the running requests' positive gains
 charge is k·(p_i / Δt)·G with k = ``preemption_cost``. k > 1 because the stall is paid
 twice when an admission displaces a running request (that one recomputes on resume) and
 outlives the horizon. :func:`tokenpace_andes` is the configuration tokenpace ships
-(k = 4, P = 0.3: docs/benchmarks.md measures it against the paper's settings).
+(k = 4 and the reader guard: docs/benchmarks.md measures it against the paper's
+settings).
 
 Tenant weights (tokenpace extension, ``fair_share_slack``): packing goes by the levels
 of :mod:`qos.policy.fair`, so each backlogged tenant gets its weighted fair share of
@@ -58,6 +61,7 @@ import numpy as np
 from qos.fairness import VirtualTokenCounter
 from qos.latency import LatencyProfile
 from qos.policy.base import Policy, pack_in_order
+from qos.policy.decision import Decision, Ranking
 from qos.policy.fair import TenantShares, pack_by_level
 from qos.policy.forecast import Forecast, QoEKind
 from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, ReaderGuard
@@ -83,7 +87,7 @@ class Andes(Policy):
         horizon_s: float | None = None,
         initial_horizon_s: float = 10.0,
         kv_watermark: float = 0.9,
-        preemption_cap: float = 1.0,
+        preemption_cap: float | None = None,
         preemption_cost: float = 0.0,
         batch_candidates: int = 4,
         solver: Solver | None = None,
@@ -101,7 +105,16 @@ class Andes(Policy):
             raise ValueError(f"qoe: unknown {qoe!r}; use andes or monotone")
         if not 0 < kv_watermark <= 1:
             raise ValueError(f"kv_watermark: must be in (0, 1], got {kv_watermark}")
-        if preemption_cap < 0:
+        if reader_guard and (preemption_cap is not None or wait_for_room):
+            raise ValueError(
+                "preemption_cap, wait_for_room: they act on the solver's preemptions, and "
+                "with the reader guard (andes-tp) the guard decides who runs and leaves a "
+                "reply out only with slack to spare; unset them, or pick a policy without "
+                "the guard (andes, andes-p0.3, andes-tp-unguarded)"
+            )
+        if preemption_cap is None and not reader_guard:
+            preemption_cap = 1.0  # the paper's P: at most one preemption a request
+        if preemption_cap is not None and preemption_cap < 0:
             raise ValueError(f"preemption_cap: must be >= 0, got {preemption_cap}")
         if not preemption_cost >= 0:
             raise ValueError(f"preemption_cost: must be >= 0, got {preemption_cost}")
@@ -114,7 +127,7 @@ class Andes(Policy):
         self.qoe: QoEKind = qoe
         self.fixed_horizon = horizon_s
         self.kv_watermark = kv_watermark
-        self.preemption_cap = preemption_cap
+        self.preemption_cap = preemption_cap  # None: the guard decides (no cap)
         self.preemption_cost = preemption_cost
         self.batch_candidates = batch_candidates
         self.solver = solver
@@ -211,58 +224,59 @@ class Andes(Policy):
         return float(reachable.max()) if reachable.size else None
 
     def schedule(self, table: RequestTable, capacity: Capacity, now: float) -> np.ndarray:
+        return self.decide(table, capacity, now).run
+
+    def decide(self, table: RequestTable, capacity: Capacity, now: float) -> Decision:
+        """This iteration's decision as a typed value: with the reader guard, the ranking
+        stage (:meth:`rank`) and then the guard's stage (:mod:`qos.policy.reader`);
+        without it, the solver's batch, its preemptions capped and made for claims."""
         n = table.n
+        running = table.running
         if n == 0:
-            return np.zeros(0, dtype=bool)
+            return Decision.of(np.zeros(0, dtype=bool), running)
         demand = capacity.demand(table)
         if not self.triggered(table, capacity, demand):
-            if self.guard is None or table.running.all():
-                return np.ones(n, dtype=bool)
+            if self.guard is None or running.all():
+                return Decision.of(np.ones(n, dtype=bool), running)
             # Everyone fits; the guard only spreads admissions' prefills so that none
             # freezes a reader (rule 3), in arrival order.
-            waiting = (~table.running).nonzero()[0]
+            waiting = (~running).nonzero()[0]
             order = waiting[np.argsort(table.col("arrival")[waiting], kind="stable")]
-            tau = float(self.profile.decode_s(n))
+            ranking = Ranking(order, float(self.profile.decode_s(n)))
             return self.guard.apply(
-                table, capacity, demand, order, now, tau, 1.0, reply_s=self.horizon_s
+                table, capacity, demand, ranking, now, kv_watermark=1.0, reply_s=self.horizon_s
             )
         self.solves += 1
         if self.guard is not None:
-            self._solve(table, capacity, demand, now, batch=False)
-            return self._guarded(table, capacity, demand, now)
+            return self.guard.apply(
+                table,
+                capacity,
+                demand,
+                self.rank(table, capacity, demand, now),
+                now,
+                kv_watermark=self.kv_watermark,
+                room_wait_s=self.room_wait_s(now) or 0.0,
+                reply_s=self.horizon_s,
+            )
         chosen = self._solve(table, capacity, demand, now)
         assert chosen is not None
         if self.wait_for_room and self.preemption_budget > 0:  # else the cap keeps them all
             chosen = self._preempting_only_for_claims(table, capacity, demand, chosen)
-        return self._cap_preemptions(table, capacity, demand, chosen)
+        return Decision.of(self._cap_preemptions(table, capacity, demand, chosen), running)
 
-    def _guarded(
+    def rank(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, now: float
-    ) -> np.ndarray:
-        """The reader guard's decision (:mod:`qos.policy.reader`): replies by their
-        readers' deadlines, requests with no token yet in this solve's priority order
-        (Eq. 5); tenant weights act through the plans of :mod:`qos.policy.plans` on
-        admissions, and through the VTC levels only on which due replies run first
-        when the engine cannot run them all (service itself is then the bottleneck)."""
-        assert self.guard is not None and self._forecast is not None
-        running = table.running
-        fresh = ~running & (table.col("output") == 0)
-        rows = fresh.nonzero()[0]
-        rows = rows[np.argsort(-self._priority[rows], kind="stable")]
-        run = self.guard.apply(
-            table,
-            capacity,
-            demand,
-            rows,
-            now,
-            self._forecast[1],
-            self.kv_watermark,
-            levels=self._levels,
-            room_wait_s=self.room_wait_s(now) or 0.0,
-            reply_s=self.horizon_s,
-        )
-        self.preemptions += int(np.count_nonzero(running & ~run))
-        return run
+    ) -> Ranking:
+        """The ranking stage the reader guard decides on: the requests with no token yet
+        in this solve's priority order (Eq. 5), the decode latency τ at B_max, and the
+        tenants' VTC levels where weights act (:mod:`qos.policy.fair`: they then order
+        the due replies when the engine cannot run them all; on admissions weights act
+        through the plans of :mod:`qos.policy.plans`)."""
+        self._solve(table, capacity, demand, now, batch=False)
+        assert self._forecast is not None
+        fresh = (~table.running & (table.col("output") == 0)).nonzero()[0]
+        order = fresh[np.argsort(-self._priority[fresh], kind="stable")]
+        return Ranking(order, self._forecast[1], self._levels)
 
     def forecast(self, table: RequestTable, now: float) -> Forecast:
         """Q_wait / Q_serve forecaster for this decision (waiting requests pay a prefill first)."""
@@ -521,6 +535,7 @@ class Andes(Policy):
     @property
     def preemption_budget(self) -> int:
         """Preemptions optimisation #4 still allows: P per request so far, less those made."""
+        assert self.preemption_cap is not None  # set wherever the solver decides
         return int(self.preemption_cap * self.arrivals) - self.preemptions
 
     def _cap_preemptions(
@@ -574,26 +589,33 @@ def _in_priority_order(rows: np.ndarray, key: np.ndarray, running: np.ndarray) -
 
 
 TOKENPACE_ANDES: dict[str, Any] = {
-    "preemption_cap": 0.3,
     "preemption_cost": 4.0,
     "kv_watermark": 0.95,
     "fair_share_slack": 8192.0,
-    "wait_for_room": True,
     "reader_guard": True,
 }
 
+UNGUARDED: dict[str, Any] = {"reader_guard": False, "preemption_cap": 0.3, "wait_for_room": True}
+"""What ``andes-tp-unguarded`` sets instead of the guard: the solver's decision, its
+preemptions capped at P = 0.3 and made only for a claim (module doc)."""
+
 
 def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
-    """Andes as tokenpace ships it: preemption cap 0.3, stall charge k = 4, packing to
-    95 % of the KV cache, tenant weights acting with a slack of 8,192 service units
-    (4,096 output tokens of a weight-1 tenant, ~5 s of the OPT-66B profile's output;
+    """Andes as tokenpace ships it: the reader guard (:mod:`qos.policy.reader`) deciding
+    who runs on the solver's ranking, stall charge k = 4, admitting up to 95 % of the KV
+    cache, tenant weights acting with a slack of 8,192 service units (4,096 output
+    tokens of a weight-1 tenant, ~5 s of the OPT-66B profile's output;
     ``fair_share_slack=None`` ignores weights). docs/benchmarks.md measures the slack.
 
-    The paper's defaults (P = 1, no stall charge) lose a quarter of the engine's token
+    The paper's defaults (no stall charge) lose a quarter of the engine's token
     throughput to recompute prefills on a KV-bound engine; docs/benchmarks.md compares
     the two side by side. The watermark only has to leave room for a few iterations of
-    growth, since a triggered solver re-plans every iteration: 0.95 served more than the
-    paper's 0.9 at nearly every rate measured, with no forced preemption (1.0 does
-    force them). ``overrides`` are :class:`Andes` keyword arguments.
+    growth, since a triggered solver re-plans every iteration: without the guard, 0.95
+    served more than the paper's 0.9 at nearly every rate measured, with no forced
+    preemption (1.0 does force them). With the guard, 0.98 admitted what FCFS admits on
+    most of the robustness sweep's KV-bound points (``bench/robustness.py``), but where
+    fast readers' replies grew into it, paused replies lost their KV and were recomputed
+    (a point at 0.98 of the ceiling: 1.0 recompute a request, tokens/s 16 % below
+    FCFS's, against 8 % at 0.95). ``overrides`` are :class:`Andes` keyword arguments.
     """
     return Andes(profile, **{**TOKENPACE_ANDES, **overrides})

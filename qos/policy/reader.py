@@ -9,7 +9,14 @@ started reply runs out of tokens at
 
 Its next token comes ``lead_i`` after the decision that runs it: one iteration τ, plus
 the prefill of whatever of its context is not in the KV cache (a recompute after it
-lost its KV). Its *slack* s_i = D_i - now - lead_i is how long it can still wait.
+lost its KV). Its *slack* s_i = D_i + g - now - lead_i is how long it can still wait.
+
+What is protected is what a reader can notice and the engine can give. The pace is at
+most 1/τ, what the engine gives one sequence at the batch it runs: a deadline the
+engine cannot meet for anyone buys nothing by holding others back. A wait past D_i
+shorter than g = NOTICEABLE_GAP_S is not noticed. A consumer that does not watch the
+text (a tier of ``non_reader_tiers``, by default ``batch``) has no deadline and takes
+nothing of the readers' rate: its QoE is about when it finishes.
 
 Wang et al., "Revisiting SLOs and System Level Metrics in LLM Serving" §4.3: users feel
 the longest wait (user idle latency, Eq. 9), since "once the slowdown has occurred,
@@ -45,7 +52,9 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    prefills admitted in one iteration stay within the slack of every reply that runs in
    it and of every reply left out beyond the next iteration, so an admission never
    freezes a reader (the first prefill of an iteration always goes in, and an engine
-   with nothing committed admits the first request that fits the cache: progress).
+   with nothing committed admits the first request that fits the cache: progress; the
+   prefill of a request that would pass its TTFT before the next decision goes in too:
+   its user is about to notice a wait as well).
    Among fresh requests, the policy's order, except that requests overdue (waiting
    more than ``overdue_after_ttfts`` times their TTFT, and under sustained overload
    more than OVERDUE_AFTER_FCFS_WAITS times what FCFS would make a new request wait)
@@ -67,6 +76,7 @@ import numpy as np
 from qos.latency import LatencyProfile
 from qos.policy import plans
 from qos.policy.base import pack_in_order
+from qos.policy.decision import Decision, Hold, Ranking
 from qos.policy.table import Capacity, RequestTable
 
 GROWTH_HORIZON_S = 2.0
@@ -100,6 +110,20 @@ once when due. Of 0.25, 0.5 and 0.75 (docs/benchmarks.md, "Lending paused replie
 to host memory"), 0.25 still let a burst of returns stall a reply 1.6 s, and 0.75
 shortened the loans so much that the trace's stall-free rate fell by a third."""
 
+NOTICEABLE_GAP_S = 0.1
+"""How late past its reader's deadline a token may come before the reader can notice: a
+wait shorter than this is not a freeze worth holding an admission for. 0.1 s is the
+perceptual processor's cycle (Card, Moran and Newell, "The Psychology of Human-Computer
+Interaction", ch. 2: events within one ~100 ms cycle, range 50-200 ms, fuse into one
+percept) and the limit under which a system is felt to react at once (Miller, "Response
+time in man-computer conversational transactions"; Nielsen, "Usability Engineering" §5.5).
+A reader at the shipped chat pace, 4.8 tokens/s, takes 0.21 s a token: such a wait
+is half a token's reading, within the spread of a reader's own fixations."""
+
+NON_READER_TIERS = frozenset({"batch"})
+"""Tiers whose consumer does not watch the text appear (a job that reads the whole reply
+once it ends): not guarded as readers, their QoE is about when they finish."""
+
 MAX_PREFILL_SHARE = 0.5
 """The most of the engine's time the rate room sets aside for admissions' prefills (an
 estimate above it comes from a completion rate measured over too few replies)."""
@@ -117,6 +141,7 @@ class ReaderGuard:
         overdue_after_fcfs_waits: float = OVERDUE_AFTER_FCFS_WAITS,
         lend_after_s: float | None = None,
         weights: bool = True,
+        non_reader_tiers: frozenset[str] = NON_READER_TIERS,
     ) -> None:
         if margin_s is not None and not margin_s > 0:
             raise ValueError(f"margin_s: must be > 0 seconds, got {margin_s}")
@@ -133,9 +158,8 @@ class ReaderGuard:
         self.overdue_after_ttfts = overdue_after_ttfts
         self.overdue_after_fcfs_waits = overdue_after_fcfs_waits
         self.weights = weights  # False: tenants' weights ignored (every plan alike)
+        self.non_reader_tiers = frozenset(non_reader_tiers)
         self.recent = plans.RecentDemand()  # each tenant's recent requests (plans' headroom)
-        self.forced = 0  # due rows the decision had left out
-        self.held = 0  # fresh admissions deferred to keep a reader's deadline
 
     def set_profile(self, profile: LatencyProfile) -> None:
         self.profile = profile
@@ -149,25 +173,42 @@ class ReaderGuard:
             return self.fixed_margin
         return 2.0 * (tau + self.profile.prefill_base_s) + capacity.decision_interval_s
 
+    def readers(self, table: RequestTable) -> np.ndarray:
+        """Which rows have a reader watching the text appear: all but those of the
+        ``non_reader_tiers``, whose QoE is about when the reply ends, not its pace."""
+        skip = [i for i, name in enumerate(table.tier_names) if name in self.non_reader_tiers]
+        if not skip:
+            return np.ones(table.n, dtype=bool)
+        readers: np.ndarray = ~np.isin(table.col("tier"), skip)
+        return readers
+
     def slack(self, table: RequestTable, now: float, tau: float) -> np.ndarray:
-        """s_i = D_i - now - lead_i for every row (+inf for rows with no token yet)."""
-        step = 1.0 / table.col("tds")
+        """s_i = D_i + NOTICEABLE_GAP_S - now - lead_i for every reader's row, D_i at its
+        protected pace, min(TDS_i, 1/τ): no faster than the engine gives one sequence
+        at the batch it runs (+inf for rows with no token yet and for non-readers)."""
+        step = np.maximum(1.0 / table.col("tds"), tau)
         uncomputed = table.context - table.col("computed")
         lead = tau + np.where(
             uncomputed > 0,
             self.profile.prefill_base_s + self.profile.prefill_per_token_s * uncomputed,
             0.0,
         )
-        started = table.col("output") > 0
-        slack: np.ndarray = np.where(started, table.col("dig_last") + step - now - lead, np.inf)
+        watched = (table.col("output") > 0) & self.readers(table)
+        deadline = table.col("dig_last") + step + NOTICEABLE_GAP_S
+        slack: np.ndarray = np.where(watched, deadline - now - lead, np.inf)
         return slack
 
     def on_arrival(self, table: RequestTable, row: int, now: float) -> None:
         """Remember what a tenant's new request needs (the plans' headroom)."""
         if self.weights:
-            tds, weight = float(table.col("tds")[row]), float(table.col("weight")[row])
-            tenant, kv = int(table.col("tenant")[row]), int(table.demand[row])
-            self.recent.add(now, tenant, weight, kv, tds)
+            weight, tenant = float(table.col("weight")[row]), int(table.col("tenant")[row])
+            kv = int(table.demand[row])
+            reads = bool(self.readers(table)[row])
+            # what it takes of the readers' rate (:meth:`asks`): at most one slot's share
+            # of the full batch's decode rate
+            full = self.profile.max_batch
+            tds = min(float(table.col("tds")[row]), 1.0 / float(self.profile.decode_s(full)))
+            self.recent.add(now, tenant, weight, kv, tds if reads else 0.0)
 
     def reader_rate(
         self,
@@ -184,9 +225,9 @@ class ReaderGuard:
         share of time left to decoding, 1 - λ·p̄ - ``loan_share`` (λ = 1/``room_wait_s``,
         the completion rate, which in steady state is the admission rate; p̄ the mean
         prefill of the ``waiting`` rows; ``loan_share``: :meth:`loan_share`). Readers
-        asking more than that, Σ TDS, cannot all be paced, whichever of them the slots
-        go to (Wang et al., "Revisiting SLOs and System Level Metrics in LLM Serving"
-        §4.3: the reader feels the longest wait)."""
+        asking more than that (:meth:`asks`, summed) cannot all be paced, whichever of
+        them the slots go to (Wang et al., "Revisiting SLOs and System Level Metrics in
+        LLM Serving" §4.3: the reader feels the longest wait)."""
         p, b = self.profile, capacity.max_batch
         replies = _count(committed)
         context = b * float(demand @ committed) / replies if replies else 0.0
@@ -198,6 +239,17 @@ class ReaderGuard:
             prefill = p.prefill_base_s + p.prefill_per_token_s * prefill_tokens
             share = min(prefill / room_wait_s, MAX_PREFILL_SHARE)
         return full * max(1.0 - share - loan_share, 0.0)
+
+    def asks(self, table: RequestTable, sequence_rate: float) -> np.ndarray:
+        """What each row's reader takes of the rate room: min(TDS_i, r), 0 for
+        non-readers, who watch no pace. r = R/B, what one of the full batch's B slots
+        receives of its rate R (:meth:`reader_rate`): no sequence in that batch decodes
+        faster, so a reader asking more is paced at the engine's speed by any slot, and
+        B such readers fill the batch, never the room before it."""
+        asks: np.ndarray = np.where(
+            self.readers(table), np.minimum(table.col("tds"), sequence_rate), 0.0
+        )
+        return asks
 
     def loan_share(self, kv_committed: float, kv_watermark: float, margin: float) -> float:
         """The share of the engine's time the loans take (rule 3), where replies lend
@@ -221,21 +273,21 @@ class ReaderGuard:
         table: RequestTable,
         capacity: Capacity,
         demand: np.ndarray,
-        admissions_in_order: np.ndarray,
+        ranking: Ranking,
         now: float,
-        tau: float,
-        kv_watermark: float,
         *,
-        levels: np.ndarray | None = None,
+        kv_watermark: float,
         room_wait_s: float = 0.0,
         reply_s: float = plans.PLAN_MEMORY_S,
-    ) -> np.ndarray:
-        """The rows that run next under rules 1-3 (module doc). ``admissions_in_order``:
-        the requests the policy would admit, in its order of preference; ``levels``:
-        tenants' VTC levels (:mod:`qos.policy.fair`), which order the due replies,
-        lowest level first, should more be due than the engine can run; ``room_wait_s``:
-        the expected time until a running reply ends (1/λ, λ the completion rate); ``reply_s``:
-        how long a reply holds its room (the mean time from arrival to completion)."""
+    ) -> Decision:
+        """The decision under rules 1-3 (module doc) on ``ranking``: the requests the
+        ranking stage would admit, in its order of preference, the τ it expects and the
+        tenants' VTC levels (:mod:`qos.policy.fair`), which order the due replies, lowest
+        level first, should more be due than the engine can run. ``kv_watermark``: the
+        share of the cache admissions may fill; ``room_wait_s``: the expected time until
+        a running reply ends (1/λ, λ the completion rate); ``reply_s``: how long a reply
+        holds its room (the mean time from arrival to completion)."""
+        tau, levels, admissions_in_order = ranking.tau, ranking.levels, ranking.admissions
         running = table.running
         started = table.col("output") > 0
         committed = started | running
@@ -247,14 +299,7 @@ class ReaderGuard:
         if not capacity.pauses:  # a running reply left out would be recomputed first
             must |= running & started & (slack - recompute <= margin)
         must |= running & ~started  # a prefill under way (the engine's own chunking)
-        self.forced += _count(must & ~running)
-        batch = _Batch(table, demand, committed, capacity.max_batch, self.profile)
-        due = _by(slack, must)
-        if levels is not None:
-            due = due[np.argsort(levels[due], kind="stable")]
-        batch.take(due, capacity.kv_tokens)
-        batch.budget = self._prefill_budget(slack, batch.keep, committed, tau)
-        rest = committed & ~batch.keep
+        forced = _count(must & ~running)
         fresh = admissions_in_order[~committed[admissions_in_order]]
         overdue, fresh = self.overdue(table, fresh, now, room_wait_s)
         waiting = np.concatenate((overdue, fresh))
@@ -264,7 +309,21 @@ class ReaderGuard:
         reader_rate = self.reader_rate(
             table, capacity, demand, committed, waiting, room_wait_s, loans
         )
-        rate = reader_rate - float(table.col("tds")[committed].sum())  # the rate room
+        readers = self.readers(table)
+        asks = self.asks(table, reader_rate / capacity.max_batch)
+        batch = _Batch(table, demand, committed, asks, readers, capacity.max_batch, self.profile)
+        # a request that would pass its TTFT before the next decision has a user about to
+        # notice a wait too (the wait for the first token is idle latency, Wang et al. Eq.
+        # 9): its prefill goes in whatever the budget, and counts against it
+        waited = now + margin - table.col("arrival")
+        batch.first_due = ~committed & (waited > table.col("ttft"))
+        due = _by(slack, must)
+        if levels is not None:
+            due = due[np.argsort(levels[due], kind="stable")]
+        batch.take(due, capacity.kv_tokens)
+        batch.budget = self._prefill_budget(slack, batch.keep, committed, tau)
+        rest = committed & ~batch.keep
+        rate = reader_rate - float(asks[committed].sum())  # the rate room
         lines = [_Line(overdue, fresh)]
         if self.weights:
             # replies that can give their KV back where pausing keeps it: started, with it
@@ -279,6 +338,7 @@ class ReaderGuard:
                 committed,
                 demand,
                 watermark,
+                asks,
                 reader_rate,
                 now,
                 reply_s,
@@ -324,8 +384,10 @@ class ReaderGuard:
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
         if not committed.any() and not batch.keep.any():
             _admit_first(batch, lines, watermark)
-        self.held += int(waiting.size - np.count_nonzero(batch.keep[waiting]))
-        return batch.keep
+        holds = np.zeros(table.n, dtype=np.int8)
+        held = waiting[~batch.keep[waiting]]
+        holds[held] = batch.holds[held]
+        return Decision(batch.keep, holds, forced, _count(running & ~batch.keep))
 
     def overdue(
         self, table: RequestTable, rows: np.ndarray, now: float, room_wait_s: float = 0.0
@@ -355,6 +417,7 @@ class ReaderGuard:
         committed: np.ndarray,
         demand: np.ndarray,
         room: int,
+        asks: np.ndarray,
         reader_rate: float,
         now: float,
         reply_s: float,
@@ -365,7 +428,8 @@ class ReaderGuard:
         tenants' guarantees; those beyond them but within plan (borrowing what another
         tenant does not use); the rest, the higher weights first. The last two leave the
         tenants' headroom free. Each rule holds for both resources, the cache (``room``)
-        and the readers' rate (``reader_rate``, tokens a second). Once a request within
+        and the readers' rate (``reader_rate``, tokens a second, of which each row
+        takes ``asks``). Once a request within
         its guarantee has waited RECLAIM_AFTER_TTFTS, the first line may also take the
         KV of the replies of mask ``lenders`` that run on borrowed room
         (:func:`~qos.policy.plans.reclaimable`): the engine drops it and they are
@@ -382,7 +446,7 @@ class ReaderGuard:
         guaranteed = np.ones(waiting.size, dtype=bool)
         resources = (
             (demand, float(room), kv_demand),
-            (table.col("tds"), reader_rate, tds_demand),
+            (asks, reader_rate, tds_demand),
         )
         guarantees = []
         for need, total, _ in resources:
@@ -461,22 +525,27 @@ class _Line(NamedTuple):
 class _Batch:
     """The batch being built: rows taken in turn, each within the KV given, the batch
     limit, the prefill budget (what taken rows must (re)compute, in seconds) and, for
-    rows not yet committed, the readers' rate given (their TDS, summed)."""
+    rows not yet committed, the readers' rate given (what each asks of it, summed)."""
 
     def __init__(
         self,
         table: RequestTable,
         demand: np.ndarray,
         committed: np.ndarray,
+        asks: np.ndarray,
+        readers: np.ndarray,
         max_batch: int,
         profile: LatencyProfile,
     ) -> None:
         self.demand = demand
-        self.asks = np.where(committed, 0.0, table.col("tds"))  # a new reader's rate
+        self.reads = readers & ~committed  # new readers: they take of the rate room
+        self.asks = np.where(self.reads, asks, 0.0)
         self.uncomputed = table.context - table.col("computed")
         self.slots = max_batch
         self.profile = profile
+        self.first_due = np.zeros(table.n, dtype=bool)  # held, they would pass their TTFT
         self.keep = np.zeros(table.n, dtype=bool)
+        self.holds = np.full(table.n, Hold.LINE, dtype=np.int8)  # why a row was left out
         self.taken = 0  # rows in keep
         self.kv = 0
         self.tds = 0.0  # new readers' rate taken
@@ -488,6 +557,8 @@ class _Batch:
         slots = self.slots - self.taken
         need = np.cumsum(self.demand[order])
         line = order[: min(int(np.searchsorted(need, kv_tokens, side="right")), max(slots, 0))]
+        if line.size < order.size:  # the first left out holds the line behind it
+            self.holds[order[line.size]] = Hold.SLOTS if line.size >= slots else Hold.KV
         before = self.taken
         self.take(line, kv_tokens, tds)
         return self.taken - before == order.size
@@ -497,21 +568,29 @@ class _Batch:
         readers only while their TDS, summed, stays within ``tds`` (the first that does
         not fit stops the new ones after it)."""
         slots = self.slots - self.taken
-        if not order.size or kv_tokens <= 0 or slots <= 0:
+        if not order.size:
+            return
+        if kv_tokens <= 0 or slots <= 0:
+            self.holds[order] = Hold.SLOTS if slots <= 0 else Hold.KV
             return
         taken = pack_in_order(order, self.demand, kv_tokens, slots, self.keep.size)
+        full = np.count_nonzero(taken) == slots
+        self.holds[order[~taken[order]]] = Hold.SLOTS if full else Hold.KV
         rows = order[taken[order]]
-        asks = self.asks[rows]
-        if asks.any():
-            rows = rows[(asks == 0) | (np.cumsum(asks) <= tds + 1e-9)]
+        reads = self.reads[rows]
+        if reads.any():
+            within = (np.cumsum(self.asks[rows]) <= tds + 1e-9) & (tds > 0)
+            self.holds[rows[reads & ~within]] = Hold.READERS_RATE
+            rows = rows[~reads | within]
         prefill = self.uncomputed[rows]
         if prefill.any():  # within the budget; the first prefill of a batch always fits
             p = self.profile
             cost = np.cumsum(np.where(prefill > 0, p.prefill_per_token_s * prefill, 0.0))
             cost += p.prefill_base_s
-            fits = (cost <= self.budget) | (prefill == 0)
+            fits = (cost <= self.budget) | (prefill == 0) | self.first_due[rows]
             if not self.prefilled:
                 fits[int(np.argmax(prefill > 0))] = True
+            self.holds[rows[~fits]] = Hold.PREFILL
             rows = rows[fits]
             spent = prefill[fits]
             if spent.any():

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qos.latency import LatencyProfile
-from qos.policy.andes import Andes, tokenpace_andes
+from qos.policy.andes import UNGUARDED, Andes, tokenpace_andes
 from qos.policy.base import Policy
 from qos.policy.fcfs import FCFS
 from qos.policy.round_robin import RoundRobin
@@ -31,9 +31,7 @@ POLICIES: dict[str, Callable[..., Policy]] = {
         profile,
         **{**kw, "fair_share_slack": None},  # weights ignored, whatever the options
     ),
-    "andes-tp-unguarded": lambda profile, **kw: tokenpace_andes(
-        profile, **{"reader_guard": False, **kw}
-    ),
+    "andes-tp-unguarded": lambda profile, **kw: tokenpace_andes(profile, **{**UNGUARDED, **kw}),
     "vtc": lambda profile, **_: VTC(),
 }
 

@@ -5,7 +5,7 @@ requests arrive, are admitted, emit tokens, are preempted and finish. Rows are d
 (removal swaps the last row in), so every column is a plain numpy slice and a policy
 decision over thousands of requests is a handful of vectorised operations.
 
-Besides the raw facts (tenant, weight, expected TTFT/TDS, arrival, prompt and output
+Besides the raw facts (tenant, tier, weight, expected TTFT/TDS, arrival, prompt and output
 tokens, context length, running or waiting, preemptions) the table keeps, per request,
 the running sums of the user's digestion schedule (:mod:`qos.timeline`, recursion D),
 so a policy can predict QoE in closed form without re-reading every token time:
@@ -39,7 +39,7 @@ _FLOAT_COLUMNS = (
     "held_sum",
     "held_last",
 )
-_INT_COLUMNS = ("tenant", "prompt", "max_tokens", "output", "computed", "preemptions")
+_INT_COLUMNS = ("tenant", "tier", "prompt", "max_tokens", "output", "computed", "preemptions")
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ class RequestTable:
         self._row: dict[str, int] = {}
         self.tenant_names: list[str] = []
         self._tenant_index: dict[str, int] = {}
+        self.tier_names: list[str] = []
+        self._tier_index: dict[str, int] = {}
         self._cols: dict[str, np.ndarray] = {}
         for name in _FLOAT_COLUMNS:
             self._cols[name] = np.zeros(self._cap, dtype=float)
@@ -121,6 +123,14 @@ class RequestTable:
             self.tenant_names.append(name)
         return idx
 
+    def tier_id(self, name: str) -> int:
+        """Stable small integer for a tier name."""
+        idx = self._tier_index.get(name)
+        if idx is None:
+            idx = self._tier_index[name] = len(self.tier_names)
+            self.tier_names.append(name)
+        return idx
+
     # -- lifecycle -------------------------------------------------------------------
     def add(
         self,
@@ -133,8 +143,10 @@ class RequestTable:
         tenant: str = "default",
         weight: float = 1.0,
         max_tokens: int | None = None,
+        tier: str = "default",
     ) -> int:
-        """Add a waiting request; return its row."""
+        """Add a waiting request; return its row. ``tier``: the name of its QoE tier
+        (policies may treat tiers differently, e.g. the reader guard's non-readers)."""
         if key in self._row:
             raise ValueError(f"key: request {key!r} is already in the table")
         if prompt_tokens < 0:
@@ -163,6 +175,7 @@ class RequestTable:
             ("held_sum", 0.0),
             ("held_last", arrival + ttft - 1.0 / tds),  # first token held until TTFT
             ("tenant", self.tenant_id(tenant)),
+            ("tier", self.tier_id(tier)),
             ("prompt", prompt_tokens),
             ("max_tokens", -1 if max_tokens is None else max_tokens),
             ("output", 0),

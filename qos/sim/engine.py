@@ -563,6 +563,7 @@ class Engine:
                 tenant=req.tenant,
                 weight=req.weight,
                 max_tokens=req.output_tokens if self.expose_output_len else None,
+                tier=req.tier,
             )
             if r >= self._cap:
                 self._grow(max(2 * self._cap, r + 1))

@@ -5,7 +5,7 @@ its settings from the engine's environment (defaults in brackets):
 
 - ``TOKENPACE_POLICY``: the qos policy asked each iteration, by its name in
   :data:`qos.policy.registry.POLICIES`: ``andes-tp`` (default: Andes as tokenpace ships
-  it, :func:`qos.policy.andes.tokenpace_andes`, preemption cap 0.3, stall charge 4 and
+  it, :func:`qos.policy.andes.tokenpace_andes`, the reader guard, stall charge 4 and
   the ``tp_weight`` tags acting as tenant weights), ``andes`` (the paper's settings),
   ``andes-tp-unweighted``, ``fcfs``, ``vtc``, ``round-robin``, ...
 - ``TOKENPACE_OBJECTIVE``: Andes objective, ``average``, ``max-min`` or ``perfect``
@@ -14,7 +14,8 @@ its settings from the engine's environment (defaults in brackets):
   own step times with ``qos.latency.fit_profile``, :mod:`qos.vllm.online`) or the name
   of a shipped profile (``qos.latency.PROFILES``).
 - ``TOKENPACE_KV_WATERMARK``, ``TOKENPACE_PREEMPTION_CAP`` (P, preemptions per
-  request on average), ``TOKENPACE_PREEMPTION_COST`` (the stall charge k),
+  request on average; refused with the reader guard, which makes no preemption for the
+  solver to cap), ``TOKENPACE_PREEMPTION_COST`` (the stall charge k),
   ``TOKENPACE_HORIZON_S`` (a fixed Δt; default the running mean completion time, §4.1):
   the Andes options of the same names, for the Andes policies; unset, the named
   policy's own settings apply. ``TOKENPACE_FAIR_SHARE_SLACK``: how far (in VTC service

@@ -314,6 +314,7 @@ class AndesScheduler(TimedScheduler):
             tenant=tags.tenant,
             weight=tags.weight,
             max_tokens=request.max_tokens,
+            tier=tags.tier,
         )
         self.qos_policy.on_arrival(self.table, row, self.clock())
         self._dirty = True

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qos.latency import get_profile
-from qos.policy.andes import Andes, tokenpace_andes
+from qos.policy.andes import UNGUARDED, Andes, tokenpace_andes
 from qos.policy.base import pack_in_order
 from qos.policy.exact import exact_k_knapsack
 from qos.policy.table import Capacity, RequestTable
@@ -213,7 +213,7 @@ def assert_same_decisions(
 def solver_of(profile, **options):
     """tokenpace's Andes without the reader guard: the solver's decision, which the
     reference states (the guard that reshapes it has tests of its own)."""
-    return tokenpace_andes(profile, reader_guard=False, **options)
+    return tokenpace_andes(profile, **{**UNGUARDED, **options})
 
 
 POLICIES = {

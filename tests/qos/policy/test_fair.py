@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from qos.fairness import W_OUTPUT, W_PROMPT
 from qos.latency import LatencyProfile
-from qos.policy.andes import Andes, tokenpace_andes
+from qos.policy.andes import UNGUARDED, Andes, tokenpace_andes
 from qos.policy.base import Policy
 from qos.policy.table import Capacity, RequestTable
 from qos.policy.vtc import VTC
@@ -287,7 +287,8 @@ def fair_run():
     andes-tp-unguarded packs by."""
     return run_backlogged(
         tokenpace_andes(
-            BACKLOG_PROFILE, fair_share_slack=500.0, preemption_cap=100.0, reader_guard=False
+            BACKLOG_PROFILE,
+            **{**UNGUARDED, "fair_share_slack": 500.0, "preemption_cap": 100.0},
         )
     )
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qos.latency import get_profile
-from qos.policy.andes import tokenpace_andes
+from qos.policy.andes import UNGUARDED, tokenpace_andes
 from qos.policy.forecast import Forecast, _fresh_hurt
 from qos.policy.table import NO_TOKEN, Capacity, RequestTable
 
@@ -148,7 +148,7 @@ def test_the_closed_form_decides_every_claim_of_the_benchmark_decision():
                 break
             table.record_tokens(row, now - 30.0 + k * 0.15)
     capacity = Capacity(kv_tokens=int(table.demand[table.running].sum()), max_batch=256)
-    policy = tokenpace_andes(get_profile("opt-66b-4xa100"), reader_guard=False)
+    policy = tokenpace_andes(get_profile("opt-66b-4xa100"), **UNGUARDED)
     for row in range(table.n):
         policy.on_arrival(table, row, now)
     for k in range(10):

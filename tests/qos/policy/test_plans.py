@@ -8,6 +8,7 @@ import pytest
 from qos.latency import LatencyProfile
 from qos.policy import plans
 from qos.policy.andes import tokenpace_andes
+from qos.policy.reader import NOTICEABLE_GAP_S
 from qos.policy.table import Capacity, RequestTable
 from qos.sim.engine import SimResult, simulate
 from qos.sim.workload import SimRequest
@@ -111,7 +112,8 @@ def test_a_tenant_within_its_plan_is_served_whatever_a_flood_of_another_sends(pa
     if pause:  # without pausing, the replies' growth eats the room
         assert all(r.actual_ttft < 1.5 for r in ent.values())
     assert sum(r.andes_qoe for r in ent.values()) > sum(r.andes_qoe for r in blind_ent.values())
-    assert all(r.freezes.count == 0 for r in weighted.requests)  # nobody pays with a freeze
+    # nobody pays with a freeze a reader could notice
+    assert all(r.freezes.longest_s <= NOTICEABLE_GAP_S for r in weighted.requests)
 
 
 def borrowed_cache(*, waited: float, unread: int) -> tuple[bool, list[int]]:

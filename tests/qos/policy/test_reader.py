@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from qos.latency import LatencyProfile
 from qos.metrics import freezes
 from qos.policy.andes import tokenpace_andes
-from qos.policy.reader import ReaderGuard
+from qos.policy.decision import Hold
+from qos.policy.reader import NOTICEABLE_GAP_S, ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 from qos.sim.engine import simulate
 from qos.sim.workload import SimRequest
@@ -58,27 +59,31 @@ def test_slack_is_the_time_left_before_the_reader_runs_out():
     guard = ReaderGuard(SMALL)
     slack = guard.slack(table, 1.0, TAU)
     # 10 tokens from 0.5 s, read at 5 tokens/s: the reader runs out at 0.5 + 10/5 = 2.5 s
-    assert slack[row] == pytest.approx(2.5 - 1.0 - TAU)
+    # and notices it NOTICEABLE_GAP_S later
+    assert slack[row] == pytest.approx(2.5 + NOTICEABLE_GAP_S - 1.0 - TAU)
     fresh(table, "b", arrival=0.9)
     assert guard.slack(table, 1.0, TAU)[1] == np.inf  # no token yet: no reader to keep
     table.preempt(row, 1.0)  # the KV is gone: its next token waits for a recompute too
     recompute = SMALL.prefill_s(int(table.context[row]))
-    assert guard.slack(table, 1.0, TAU)[row] == pytest.approx(2.5 - 1.0 - TAU - recompute)
+    expected = 2.5 + NOTICEABLE_GAP_S - 1.0 - TAU - recompute
+    assert guard.slack(table, 1.0, TAU)[row] == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("pauses", [True, False])
 def test_a_reply_whose_reader_is_running_out_runs_though_fresh_requests_wait(pauses):
-    """One slot: the paused reply is due (its reader has 0.05 s of text left), so it runs
-    and the fresh request, which the solver would rather admit, waits."""
-    now = 2.45
+    """One slot: the paused reply is due (its reader ran out of text 0.05 s ago and
+    notices the wait NOTICEABLE_GAP_S after that), so it runs and the fresh request,
+    which the solver would rather admit, waits."""
+    now = 2.55
     table = RequestTable()
     row = started(table, "due", tokens=10, last_at=0.5, now=now)  # reader out at 2.5 s
     table.pause(row, now) if pauses else table.preempt(row, now)
     newcomer = fresh(table, "new", arrival=now - 1.5)  # past its TTFT: Andes wants it
     policy = tokenpace_andes(SMALL, fair_share_slack=None)
-    run = policy.schedule(table, Capacity(2_000, 1, pauses=pauses), now)
-    assert run[row] and not run[newcomer]
-    assert policy.guard is not None and policy.guard.forced == 1
+    decision = policy.decide(table, Capacity(2_000, 1, pauses=pauses), now)
+    assert decision.run[row] and not decision.run[newcomer]
+    assert decision.forced == 1  # the solver would have left it out
+    assert decision.holds[newcomer] == Hold.SLOTS and decision.held == 1
 
 
 def test_a_reply_ahead_of_its_reader_gives_its_slot_to_a_fresh_request():
@@ -140,8 +145,9 @@ def test_fresh_requests_wait_while_the_readers_ask_all_the_engine_decodes(reader
         table.pause(row, now)
     newcomer = fresh(table, "new", arrival=0.0)
     policy = tokenpace_andes(SMALL, fair_share_slack=None)
-    run = policy.schedule(table, Capacity(2_000, 1, pauses=True), now)
-    assert bool(run[newcomer]) == (readers == 9)
+    decision = policy.decide(table, Capacity(2_000, 1, pauses=True), now)
+    assert bool(decision.run[newcomer]) == (readers == 9)
+    assert decision.held_for(Hold.READERS_RATE) == (readers == 10)
 
 
 @pytest.mark.parametrize("swap_s_per_token", [1e-4, 1e-2])
@@ -194,18 +200,23 @@ def test_a_lender_halfway_due_comes_back_into_the_kv_of_one_that_would_lend(
     assert (bool(run[lent]), bool(run[ahead])) == (back, not back)
 
 
-def test_an_admission_waits_when_its_prefill_would_freeze_a_running_reply():
-    """A running reply with 0.05 s of slack cannot wait for a 0.2 s prefill: the first
-    admission of an iteration always goes in, the next one waits."""
+@pytest.mark.parametrize("waited", [0.1, 1.1])
+def test_an_admission_waits_when_its_prefill_would_freeze_a_running_reply(waited):
+    """A running reply with 0.2 s of slack (its reader out of text at 2.5 s, noticing
+    at 2.6 s) cannot wait for a 0.2 s prefill beside another: the first admission of an
+    iteration always goes in, the next one waits, unless it has waited past its TTFT
+    (1 s): its user is waiting too, and it goes in all the same."""
     now = 2.4
     table = RequestTable()
     reply = started(table, "tight", tokens=10, last_at=0.5, now=now)  # out at 2.5 s
     first = fresh(table, "first", arrival=now - 1.2, prompt=100)
-    second = fresh(table, "second", arrival=now - 1.1, prompt=1_000)
-    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(
+    second = fresh(table, "second", arrival=now - waited, prompt=1_000)
+    decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(
         table, Capacity(2_000, 8, pauses=True), now
     )
-    assert run[reply] and run[first] and not run[second]
+    assert decision.run[reply] and decision.run[first]
+    assert bool(decision.run[second]) == (waited > 1.0)
+    assert decision.held_for(Hold.PREFILL) == (waited < 1.0)
 
 
 def test_overdue_requests_go_first_oldest_first():

@@ -14,8 +14,24 @@ def test_registry_builds_every_named_policy_and_names_the_choices():
     for name in POLICIES:
         assert isinstance(make_policy(name, FAST), Policy)
     shipped = make_policy("andes-tp", FAST)
-    assert (shipped.preemption_cap, shipped.preemption_cost) == (0.3, 4.0)
+    assert shipped.guard is not None and shipped.preemption_cost == 4.0
+    assert shipped.preemption_cap is None  # the guard decides who runs: no cap acts
+    unguarded = make_policy("andes-tp-unguarded", FAST)
+    assert (unguarded.preemption_cap, unguarded.wait_for_room) == (0.3, True)
     paper = make_policy("andes", FAST)
     assert (paper.preemption_cap, paper.preemption_cost) == (1.0, 0.0)
     with pytest.raises(ValueError, match="unknown 'lifo'; use one of fcfs, round-robin"):
         make_policy("lifo", FAST)
+
+
+@pytest.mark.parametrize("option", [{"preemption_cap": 0.3}, {"wait_for_room": True}])
+@pytest.mark.parametrize("name", ["andes-tp", "andes-tp-unweighted"])
+def test_a_setting_the_guarded_policy_would_ignore_is_refused(name, option):
+    """The cap and the claims act on the solver's preemptions; with the reader guard the
+    guard decides who runs, so either would change nothing: refused, naming the
+    policies where they act."""
+    from qos.policy.registry import make_policy
+
+    with pytest.raises(ValueError, match="andes-tp-unguarded") as refused:
+        make_policy(name, FAST, **option)
+    assert next(iter(option)) in str(refused.value)

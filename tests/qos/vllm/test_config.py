@@ -53,7 +53,10 @@ def test_config_from_environment() -> None:
     assert (policy.preemption_cap, policy.preemption_cost) == (0.5, 0.0)  # the paper's k
     shipped = PluginConfig.from_env({}).build_policy(policy.profile)
     assert isinstance(shipped, Andes)
-    assert (shipped.preemption_cap, shipped.preemption_cost) == (0.3, 4.0)  # tokenpace_andes
+    assert (shipped.preemption_cap, shipped.preemption_cost) == (None, 4.0)  # tokenpace_andes
+    refused = PluginConfig.from_env({"TOKENPACE_PREEMPTION_CAP": "0.5"})
+    with pytest.raises(ValueError, match="preemption_cap"):  # andes-tp: the guard decides
+        refused.build_policy(policy.profile)
     assert isinstance(
         PluginConfig.from_env({"TOKENPACE_POLICY": "fcfs"}).build_policy(policy.profile), FCFS
     )
@@ -101,7 +104,7 @@ def test_andes_options_apply_to_the_named_policy() -> None:
     policy = PluginConfig.from_env(env).build_policy(get_profile("llama-3.1-8b-h100"))
     assert isinstance(policy, Andes) and policy.shares is None
     assert (policy.objective, policy.kv_watermark, policy.horizon_s) == ("perfect", 0.7, 3.0)
-    assert (policy.preemption_cap, policy.preemption_cost) == (0.3, 2.0)  # cap: andes-tp's
+    assert (policy.preemption_cap, policy.preemption_cost) == (None, 2.0)  # guarded: no cap
 
 
 def test_overdue_bound_reaches_the_reader_guard() -> None:

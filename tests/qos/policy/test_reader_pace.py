@@ -1,0 +1,113 @@
+"""The pace the reader guard protects: what a reader can notice and the engine can give.
+
+A reader asking more than the engine gives one sequence is paced at the engine's speed
+and takes no more than that of the readers' rate; a consumer of a non-reader tier
+(``batch``) is not guarded at all; a wait shorter than NOTICEABLE_GAP_S is not a freeze.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qos.latency import LatencyProfile
+from qos.policy.andes import tokenpace_andes
+from qos.policy.decision import Hold
+from qos.policy.reader import NOTICEABLE_GAP_S, ReaderGuard
+from qos.policy.table import Capacity, RequestTable
+
+# 50 tokens/s per sequence at B=1, 25 at the full batch of 8: 200 tokens/s in all.
+SMALL = LatencyProfile(
+    name="small",
+    source="test",
+    batch_sizes=(1, 8),
+    decode_s_at=(0.02, 0.04),
+    kv_capacity_tokens=4_000,
+    max_batch=8,
+    prefill_per_token_s=2e-4,
+    prefill_base_s=0.005,
+)
+
+
+def reply(table: RequestTable, key: str, *, tds: float, tier: str, now: float) -> int:
+    """A running reply fed at the engine's pace at B=8 (a token every 0.04 s until now)."""
+    row = table.add(key, arrival=0.0, prompt_tokens=20, ttft=1.0, tds=tds, tier=tier)
+    table.admit(row)
+    for k in range(20):
+        table.record_tokens(row, now - 0.04 * (19 - k))
+    return row
+
+
+def fresh(table: RequestTable, key: str, *, now: float) -> int:
+    return table.add(key, arrival=now - 2.0, prompt_tokens=20, ttft=1.0, tds=5.0, tier="chat")
+
+
+@pytest.mark.parametrize("readers", [1, 7])
+def test_a_reader_faster_than_the_engine_does_not_block_an_admission(readers):
+    """Readers asking 100 tokens/s each, four times what a sequence gets at the full
+    batch: counted at their full TDS, one would take half the batch's 200 tokens/s and
+    two all of it. Each takes 25 (one slot's share), so seven leave room for a chat
+    reader in the eighth slot, and none is held back for a deadline the engine cannot
+    meet for anyone."""
+    now = 10.0
+    table = RequestTable()
+    rows = [reply(table, f"fast{i}", tds=100.0, tier="fast", now=now) for i in range(readers)]
+    newcomer = fresh(table, "new", now=now)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    run = policy.schedule(table, Capacity(4_000, 8, pauses=True), now)
+    assert run[rows].all() and run[newcomer]
+
+
+def test_the_protected_pace_is_at_most_what_the_engine_gives_one_sequence():
+    """A reader at 100 tokens/s fed every τ = 0.04 s is due a token τ after the last, not
+    1/100 s after it: slack = τ + NOTICEABLE_GAP_S - τ, not negative."""
+    now = 10.0
+    table = RequestTable()
+    row = reply(table, "fast", tds=100.0, tier="fast", now=now)
+    slack = ReaderGuard(SMALL).slack(table, now, 0.04)
+    assert slack[row] == pytest.approx(NOTICEABLE_GAP_S)
+
+
+@pytest.mark.parametrize("tier", ["batch", "chat"])
+def test_a_batch_consumer_is_not_guarded(tier):
+    """One slot. A reply whose 20 tokens, read at 4 tokens/s, ran out 0.26 s ago is due
+    if it is read (chat): it keeps the slot and the request waiting past its TTFT waits.
+    A batch job's reply has no reader to keep: the waiting request gets the slot, the
+    job is paused with its KV kept, and it takes nothing of the readers' rate."""
+    now = 10.0
+    table = RequestTable()
+    row = reply(table, "job", tds=4.0, tier=tier, now=now - 4.5)
+    newcomer = fresh(table, "new", now=now)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    run = policy.schedule(table, Capacity(4_000, 1, pauses=True), now)
+    assert bool(run[newcomer]) == (tier == "batch")
+    assert bool(run[row]) == (tier == "chat")
+    guard = ReaderGuard(SMALL)
+    assert np.isinf(guard.slack(table, now, 0.04)[row]) == (tier == "batch")
+    assert guard.asks(table, 25.0)[row] == (0.0 if tier == "batch" else 4.0)
+
+
+def test_which_tiers_are_readers_is_a_setting():
+    table = RequestTable()
+    job = table.add("job", arrival=0.0, prompt_tokens=5, ttft=60.0, tds=50.0, tier="batch")
+    bulk = table.add("bulk", arrival=0.0, prompt_tokens=5, ttft=60.0, tds=50.0, tier="bulk")
+    assert ReaderGuard(SMALL).readers(table)[[job, bulk]].tolist() == [False, True]
+    custom = ReaderGuard(SMALL, non_reader_tiers=frozenset({"bulk"}))
+    assert custom.readers(table)[[job, bulk]].tolist() == [True, False]
+
+
+def test_a_prefill_that_would_freeze_a_reader_is_held_and_named():
+    """A reader at 4 tokens/s, fed at the engine's pace and out of text 0.2 s from now
+    (notices 0.3 s from now), and two requests waiting: the first prefill always goes
+    in (progress); a second of 2,000 tokens (0.4 s) would make the reader wait past
+    NOTICEABLE_GAP_S, so it is held, for that reason."""
+    now = 10.0
+    table = RequestTable()
+    reader = reply(table, "reader", tds=4.0, tier="chat", now=now - 4.04)
+    first = fresh(table, "first", now=now)
+    big = table.add("big", arrival=now - 0.2, prompt_tokens=2_000, ttft=1.0, tds=5.0)
+    decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(
+        table, Capacity(4_000, 8, pauses=True), now
+    )
+    assert decision.run[reader] and decision.run[first] and not decision.run[big]
+    assert decision.holds[big] == Hold.PREFILL and decision.held == 1
