@@ -110,7 +110,9 @@ def create_app(
     store = build_store(config, metrics.store)
     keys = KeyCache(store, config.store.key_cache_s)
     caps = {b.name: b.max_concurrent or 0 for b in config.backends}
-    admission = AdmissionController(config.admission, caps, store, router, metrics)
+    admission = AdmissionController(
+        config.admission, caps, store, router, metrics, tenants=len(config.tenants)
+    )
     telemetry = Telemetry(config.telemetry, config.limits, store, metrics)
     telemetry_tokens = TelemetryTokens(config.telemetry, store, tenants)
     history = LoadHistory(metrics, tenants)

@@ -43,6 +43,7 @@ from gateway.store import (
     StoreBusy,
     StoreUnavailable,
 )
+from gateway.store.queue import capacity_of, concurrency_cap
 from gateway.store.ratelimit import RateState
 from gateway.telemetry.metrics import GatewayMetrics, series
 
@@ -53,13 +54,16 @@ STANDING_INTERVAL_S = 1.0
 Notify = Callable[[int, float], Awaitable[None]]  # (position, estimated wait in s)
 
 
-def tenant_limits(t: TenantConfig) -> Limits:
+def tenant_limits(t: TenantConfig, max_concurrent: int) -> Limits:
+    """``t``'s limits, with ``max_concurrent`` its cap on the model asked for
+    (:func:`gateway.store.queue.concurrency_cap`)."""
     return Limits(
         requests_per_minute=t.requests_per_minute or 0,
         tokens_per_minute=t.tokens_per_minute or 0,
         token_budget=t.token_budget or 0,
         budget_period_s=t.budget_period_s,
         max_queued=t.max_queued,
+        max_concurrent=max_concurrent,
     )
 
 
@@ -199,8 +203,10 @@ class AdmissionController:
         store: Store,
         router: Router,
         metrics: GatewayMetrics,
+        tenants: int,
     ) -> None:
         self.cfg = cfg
+        self.tenants = tenants  # how many are configured (the default concurrency cap)
         self.store = store
         self.router = router
         self._caps = dict(caps)  # backend -> max_concurrent (0: no cap)
@@ -274,6 +280,10 @@ class AdmissionController:
         """The request's ticket if admitted at once, else its place in the queue; raise
         429 (limits, queue bound) or 503 ``overloaded`` (module doc). ``routed``: what
         cache-aware routing reads of it (:meth:`Router.routed`)."""
+        slots = self.slots_for(ctx.model, routed)
+        cap = concurrency_cap(
+            tenant.max_concurrent, capacity_of([s.capacity for s in slots]), self.tenants
+        )
         arrival = Arrival(
             request_id=ctx.request_id,
             tenant=tenant.name,
@@ -284,9 +294,8 @@ class AdmissionController:
             tds=ctx.tier.tds,
             prompt_tokens=prompt_tokens,
             expected_tokens=ctx.expected_tokens,
-            limits=tenant_limits(tenant),
+            limits=tenant_limits(tenant, cap),
         )
-        slots = self.slots_for(ctx.model, routed)
         try:
             result = await self.store.arrive(arrival, slots, self.cfg.lease_s)
         except BaseException as exc:
@@ -432,8 +441,12 @@ class AdmissionController:
                     slots = self.slots_for(model, waiter.routed)
                     result = await self.store.retry(rid, slots, self.cfg.lease_s)
                     if result.status == "gone" and not waiter.future.done():
-                        # lost (its lease lapsed, or the store restarted empty): queue again
-                        again = dataclasses.replace(waiter.arrival, limits=Limits())
+                        # lost (its lease lapsed, or the store restarted empty): queue
+                        # again, within its cap (its other limits were passed already)
+                        cap = waiter.arrival.limits.max_concurrent
+                        again = dataclasses.replace(
+                            waiter.arrival, limits=Limits(max_concurrent=cap)
+                        )
                         result = await self.store.arrive(again, slots, self.cfg.lease_s)
                 except StoreUnavailable:
                     return  # the store is down (fail closed); the next poll tries again

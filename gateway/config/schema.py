@@ -171,6 +171,13 @@ class TenantConfig(_Strict):
     max_queued: int = Field(
         64, ge=0, description="requests waiting in the gateway's queue; past it 429; 0 = none"
     )
+    max_concurrent: int | None = Field(
+        None,
+        ge=1,
+        description="requests of this plan holding slots of a model's backends at once, all "
+        "replicas together (more wait in the queue); omitted = all but one of the slots "
+        "where the backends are capped and other tenants are configured, else no cap",
+    )
     max_body_bytes: int | None = Field(
         None, ge=1024, description="this plan's request body limit (413); omitted = limits'"
     )

@@ -78,6 +78,7 @@ class Limits:
     token_budget: int = 0
     budget_period_s: int = 86400
     max_queued: int = 0
+    max_concurrent: int = 0  # slots held on the model's backends at once (queue.concurrency_cap)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,9 @@ from gateway.store.queue import (
     Queued,
     admission_interval,
     admission_order,
+    at_cap,
     capacity_of,
+    capped_last,
 )
 from gateway.store.ratelimit import RateState, estimate, reset_ms, wait_ms, window_position
 from qos.fairness import VirtualTokenCounter
@@ -67,6 +69,7 @@ class MemoryStore(Store):
         self._holders: dict[str, str] = {}  # request id -> tenant, of every slot granted
         self._expires_at = math.inf  # no lease ends before this (ms): nothing to expire
         self._weights: dict[str, float] = {}  # tenant -> weight, as last seen
+        self._caps: dict[tuple[str, str], int] = {}  # (tenant, model) -> cap, as last seen
         self._admitted: dict[str, deque[float]] = {}  # model -> recent admission times (ms)
         self._windows: dict[str, float] = {}  # "kind:tenant:index" -> count
         self._requests: OrderedDict[str, RequestInfo] = OrderedDict()
@@ -155,8 +158,9 @@ class MemoryStore(Store):
             self.vtc.dequeue(w.tenant)
         return w
 
-    def _order(self, model: str, slots: Sequence[Slot]) -> list[str]:
-        """The model's queued requests in admission order (gateway.store.queue)."""
+    def _order(self, model: str, slots: Sequence[Slot]) -> tuple[list[str], bool]:
+        """The model's queued requests in admission order (gateway.store.queue), and
+        whether the first may be admitted (its tenant is below its cap)."""
         holds: dict[str, int] = {}
         for slot in slots:
             for rid in self._slots.get(slot.backend, {}):
@@ -169,16 +173,22 @@ class MemoryStore(Store):
             if w.model == model
         ]
         capacity = capacity_of([s.capacity for s in slots])
-        return admission_order(queued, holds, self._weights, self.vtc.counters, capacity)
+        order = admission_order(queued, holds, self._weights, self.vtc.counters, capacity)
+        tenant_of = {q.request_id: q.tenant for q in queued}
+        caps = {t: cap for (t, m), cap in self._caps.items() if m == model}
+        order = capped_last(order, tenant_of, holds, caps)
+        return order, bool(order) and not at_cap(tenant_of[order[0]], holds, caps)
 
     def _try(self, rid: str, slots: Sequence[Slot], lease_s: float, now: float) -> Admission:
         w = self._waiters.get(rid)
         if w is None:
             return Admission("gone")
-        if len(self._waiters) > 1:  # alone, it is the head of its queue
-            order = self._order(w.model, slots)
-            if order[0] != rid:
-                return Admission("queued", head=order[0], counter=self.vtc.counter(w.tenant))
+        # alone and uncapped, it is the head of its queue: no order to compute
+        if len(self._waiters) > 1 or (w.tenant, w.model) in self._caps:
+            order, open_head = self._order(w.model, slots)
+            head = order[0] if open_head else None
+            if head != rid:
+                return Admission("queued", head=head, counter=self.vtc.counter(w.tenant))
         for slot in slots:
             held = self._slots.setdefault(slot.backend, {})
             if slot.candidate and (slot.capacity <= 0 or len(held) < slot.capacity):
@@ -239,6 +249,10 @@ class MemoryStore(Store):
         )
         self.vtc.enqueue(req.tenant)
         self._weights[req.tenant] = req.weight
+        if lim.max_concurrent:
+            self._caps[req.tenant, req.model] = lim.max_concurrent
+        else:
+            self._caps.pop((req.tenant, req.model), None)
         self._waiters[req.request_id] = _Waiter(
             req.request_id,
             req.tenant,
@@ -251,7 +265,7 @@ class MemoryStore(Store):
         result = self._try(req.request_id, slots, lease_s, now)
         position, wait_s = 0, 0.0
         if result.status != "admitted":
-            position = self._order(req.model, slots).index(req.request_id) + 1
+            position = self._order(req.model, slots)[0].index(req.request_id) + 1
             wait_s = position * admission_interval(self._admitted.get(req.model, ()), now)
         return Admission(
             result.status,
@@ -276,7 +290,7 @@ class MemoryStore(Store):
     ) -> Standing:
         now = _now_ms()
         self._expire(now)
-        place = {rid: i for i, rid in enumerate(self._order(model, slots), 1)}
+        place = {rid: i for i, rid in enumerate(self._order(model, slots)[0], 1)}
         asked = {rid: place[rid] for rid in request_ids if rid in place}
         return Standing(asked, admission_interval(self._admitted.get(model, ()), now))
 

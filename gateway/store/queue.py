@@ -25,6 +25,12 @@ class: beyond plan, lowest weight.
 Lua (``lua/prelude.lua``) is its atomic form, and both are checked against
 ``tests/vectors/admission.json``, generated from it (``scripts/make_admission_vectors.py``).
 
+A tenant may hold at most its *cap* of the model's slots (:func:`concurrency_cap`): while
+it holds that many, its queued requests are never the head and come last
+(:func:`capped_last`), so they wait for its own streams to end and never block the
+others'. The cap is no part of :func:`admission_order` (the queue's order among the
+tenants that may be admitted); it applies on top of it, in both stores alike.
+
 A place's wait is estimated from the recent admissions of the model, over every
 replica (:func:`admission_interval`): position × the interval between them.
 """
@@ -93,6 +99,48 @@ def admission_order(
                 keys.append((1, -weight[tenant], counter, q.deadline, q.request_id))
     keys.sort()
     return [key[-1] for key in keys]
+
+
+def concurrency_cap(configured: int | None, capacity: int | None, tenants: int) -> int:
+    """The slots of a model's backends one tenant may hold at once (0: no cap).
+
+    ``configured``: its plan's ``max_concurrent``, which applies as set; ``capacity``:
+    the model's slots (:func:`capacity_of`); ``tenants``: how many tenants are configured.
+
+    Unset, a tenant may hold all the slots but one of a capped model when other tenants
+    may want it. The queue already shares every slot that is released among the tenants
+    waiting (plans, then VTC); what it cannot share is a slot taken while nobody waited
+    and then held for long (a stream whose client reads slowly or not at all). Keeping
+    one slot out of any single tenant's reach means another tenant always has one to be
+    admitted to, whatever the first one's streams do; a tenant alone loses at most that
+    one slot. A cap that binds only while others wait would not do it: a slot already
+    granted cannot be taken back from a running stream.
+    """
+    if configured is not None:
+        return configured
+    if capacity is None or capacity < 2 or tenants < 2:
+        return 0
+    return capacity - 1
+
+
+def at_cap(tenant: str, holds: Mapping[str, int], caps: Mapping[str, int]) -> bool:
+    """Whether ``tenant`` holds as many slots as its cap allows (``caps``: 0 or missing
+    for no cap)."""
+    cap = caps.get(tenant, 0)
+    return 0 < cap <= holds.get(tenant, 0)
+
+
+def capped_last(
+    order: Sequence[str],
+    tenant_of: Mapping[str, str],
+    holds: Mapping[str, int],
+    caps: Mapping[str, int],
+) -> list[str]:
+    """``order`` (:func:`admission_order`'s) with the requests of the tenants at their
+    cap moved after the others, each part in its order: the head is the first unless
+    its tenant is at its cap too, then nobody is."""
+    free = [r for r in order if not at_cap(tenant_of[r], holds, caps)]
+    return free + [r for r in order if at_cap(tenant_of[r], holds, caps)]
 
 
 def capacity_of(caps: Sequence[int]) -> int | None:

@@ -329,6 +329,7 @@ class RedisStore(Store):
             repr(float(req.tds)),
             ADMISSIONS_KEPT,
             _HORIZON_MS,
+            lim.max_concurrent,
             *_slot_args(slots),
         ]
         r = await self._call(self._arrive, args=args)

@@ -3,7 +3,8 @@
 Real processes: ``redis-server``, ``tokenpace serve`` in front of
 ``bench/fixed_rate_upstream.py`` (a stand-in for vLLM) capped at 4 streams, and raw
 sockets with a small receive buffer that open streams of 20,000 tokens and stop reading,
-at once or after some of the stream.
+at once or after some of the stream; and a tenant on the default plan that tries the
+same while another tenant asks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.support.process import KEY, Process, gateway_process, upstream_proces
 from tests.support.redis_server import RedisServer
 
 HOG = "tp-slow-reader-hog-0001"
+GREEDY = "tp-slow-reader-greedy-0001"
 WRITE_TIMEOUT_S = 1.0
 CAPPED = 4
 
@@ -36,7 +38,12 @@ def gw() -> Iterator[tuple[Process, redis.Redis]]:
         server={"write_timeout_s": WRITE_TIMEOUT_S},
         store={"redis_url": server.url, "key_prefix": "slow"},
         backends=[{**backend, "max_concurrent": CAPPED}],
-        tenants=[{"name": "acme", "api_keys": [KEY]}, {"name": "hog", "api_keys": [HOG]}],
+        tenants=[
+            {"name": "acme", "api_keys": [KEY]},
+            # a plan allowed every slot: only the write timeout takes them back
+            {"name": "hog", "api_keys": [HOG], "max_concurrent": CAPPED},
+            {"name": "greedy", "api_keys": [GREEDY]},  # the default cap: all slots but one
+        ],
     )
     slots = redis.Redis.from_url(server.url)
     try:
@@ -109,3 +116,58 @@ def test_streams_nobody_reads_give_their_slots_back(
     finally:
         for sock in hogs:
             sock.close()
+
+
+def test_a_tenant_that_never_reads_leaves_a_slot_for_the_others(
+    gw: tuple[Process, redis.Redis],
+) -> None:
+    """On the default plan a tenant holds at most all the capped backend's slots but one:
+    its fourth never-reading stream waits in the queue behind the others' requests, and
+    another tenant's stream starts within its tier's TTFT (chat: 1 s) while the first
+    three still hold their slots, where before it waited until they were cut."""
+    gateway, slots = gw
+    greedy = [never_reading(gateway, GREEDY, 20_000) for _ in range(CAPPED)]
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+            slots.zcard("{slow}:s:up") == CAPPED - 1 and slots.hget("{slow}:wn", "greedy")
+        ):
+            time.sleep(0.05)
+        assert slots.zcard("{slow}:s:up") == CAPPED - 1  # three streaming, at its cap
+        assert slots.hget("{slow}:wn", "greedy") == b"1"  # the fourth queued
+        sent = time.monotonic()
+        with (
+            httpx.Client(base_url=gateway.url, timeout=20) as c,
+            c.stream(
+                "POST",
+                "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={
+                    "model": "bench",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 50,
+                    "stream": True,
+                },
+            ) as r,
+        ):
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            first = next(line for line in lines if '"content"' in line)
+            ttft = time.monotonic() - sent
+            holders = [
+                slots.hget(f"{{slow}}:req:{rid.decode()}", "tenant")
+                for rid in slots.zrange("{slow}:s:up", 0, -1)
+            ]
+            for _ in lines:
+                pass
+        assert first
+        assert ttft < 1.0, f"the other tenant's first token after {ttft:.2f} s"
+        assert holders.count(b"greedy") == CAPPED - 1, holders  # its streams were not cut
+    finally:
+        for sock in greedy:
+            sock.close()
+    # its queued stream is admitted once one of its own ends, never past its cap
+    deadline = time.monotonic() + 15
+    while slots.zcard("{slow}:s:up") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert slots.zcard("{slow}:s:up") == 0

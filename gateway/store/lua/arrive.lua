@@ -1,17 +1,18 @@
 -- ARGV: P, rid, tenant, weight, model, ttft_ms, prompt, expected, wp, rpm, tpm, budget,
 -- budget_period_s, max_queued, lease_ms, request ttl s, tier, ttft, tds, admissions kept,
--- their horizon (ms), slot triples (backend, cap, candidate 1/0)...
+-- their horizon (ms), max_concurrent (0: none), slot triples (backend, cap, candidate 1/0)...
 require_numbers(4, 4)
 if tonumber(ARGV[4]) <= 0 then error('argument 4 is not a weight') end
 require_numbers(6, 16)
-require_numbers(18, 21)
-require_numbers(23, #ARGV, 3)
+require_numbers(18, 22)
+require_numbers(24, #ARGV, 3)
 local rid, tenant, weight, model = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttft_ms, prompt, expected = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local wp, rpm, tpm = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local budget, period_s, max_queued = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local lease_ms, ttl = tonumber(ARGV[15]), tonumber(ARGV[16])
 local kept, horizon_ms = tonumber(ARGV[20]), tonumber(ARGV[21])
+local max_concurrent = tonumber(ARGV[22])
 local now = now_ms()
 expire_waiters(now)
 local idx = math.floor(now / W)
@@ -64,7 +65,12 @@ redis.call('SADD', P..'wt:'..model, tenant)
 redis.call('ZADD', P..'wl', now + lease_ms, rid)
 redis.call('HSET', P..'wr', rid, tenant..'\n'..weight..'\n'..prompt..'\n'..model)
 redis.call('HSET', P..'tw', tenant, weight)
-local slots = slot_list(22)
+if max_concurrent > 0 then
+  redis.call('HSET', P..'tc', tenant..'|'..model, max_concurrent)
+else
+  redis.call('HDEL', P..'tc', tenant..'|'..model)
+end
+local slots = slot_list(23)
 local r, v = try_admit(rid, now, lease_ms, wp, slots, kept, horizon_ms)
 if r[1] == 'admitted' then return answer(r[1], r[2], r[3], 0, '') end
 local position = 0

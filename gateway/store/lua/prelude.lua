@@ -99,24 +99,30 @@ local function slot_list(first)
   return out
 end
 -- gateway.store.queue.admission_order's view of a model's queue: the tenants queued
--- (sorted), their counters and weights, and, when the plans order it, holds and shares.
--- With fewer than two tenants queued the order is theirs by deadline either way: the
--- holds are not read.
+-- (sorted), their counters, weights and caps (0: none), and, when the plans order it or
+-- a cap applies, their holds; when the plans order it, their shares. With fewer than two
+-- tenants queued the order is theirs by deadline either way.
 local function queue_view(model, slots, now)
   local v = {tenants = redis.call('SMEMBERS', P..'wt:'..model), c = {}, w = {}, hold = {},
-    share = {}, plans = false}
+    share = {}, cap = {}, plans = false}
   table.sort(v.tenants)
   local function weight(t)
     if v.w[t] == nil then v.w[t] = tonumber(redis.call('HGET', P..'tw', t)) or 1 end
     return v.w[t]
   end
-  for _, t in ipairs(v.tenants) do v.c[t] = num(redis.call('HGET', P..'vtc', t)) end
+  local capped = false
+  for _, t in ipairs(v.tenants) do
+    v.c[t] = num(redis.call('HGET', P..'vtc', t))
+    v.cap[t] = num(redis.call('HGET', P..'tc', t..'|'..model))
+    capped = capped or v.cap[t] > 0
+  end
   local capacity = 0
   for _, s in ipairs(slots) do
-    if s[2] <= 0 then return v end  -- a backend without a cap: no plans
+    if s[2] <= 0 then capacity = nil; break end  -- a backend without a cap: no plans
     capacity = capacity + s[2]
   end
-  if #v.tenants < 2 then return v end
+  local plans = capacity ~= nil and #v.tenants >= 2
+  if not plans and not capped then return v end
   for _, s in ipairs(slots) do
     local skey = P..'s:'..s[1]
     redis.call('ZREMRANGEBYSCORE', skey, '-inf', now)
@@ -125,6 +131,7 @@ local function queue_view(model, slots, now)
       if t then v.hold[t] = (v.hold[t] or 0) + 1 end
     end
   end
+  if not plans then return v end
   local seen, present = {}, {}
   for _, t in ipairs(v.tenants) do seen[t] = true; present[#present + 1] = t end
   for t, _ in pairs(v.hold) do
@@ -156,29 +163,37 @@ local function before(a, b)
   end
   return false
 end
--- the head of a model's queue: the least key among the tenants' first requests (each
--- tenant's keys grow along its queue)
+-- gateway.store.queue.at_cap
+local function at_cap(v, t)
+  return v.cap[t] > 0 and (v.hold[t] or 0) >= v.cap[t]
+end
+-- the head of a model's queue: the least key among the first requests of the tenants
+-- below their cap (each tenant's keys grow along its queue; gateway.store.queue.capped_last)
 local function head(v, model)
   local best = nil
   for _, t in ipairs(v.tenants) do
     local first = redis.call('ZRANGE', P..'w:'..t..'|'..model, 0, 0, 'WITHSCORES')
-    if #first > 0 then
+    if #first > 0 and not at_cap(v, t) then
       local key = order_key(v, t, 1, tonumber(first[2]), first[1])
       if best == nil or before(key, best) then best = key end
     end
   end
   return best and best[5]
 end
--- every request queued for the model, in admission order
+-- every request queued for the model, in admission order, those of the tenants at their
+-- cap last (gateway.store.queue.capped_last)
 local function queue_order(v, model)
-  local keys = {}
+  local free, capped = {}, {}
   for _, t in ipairs(v.tenants) do
+    local keys = at_cap(v, t) and capped or free
     local q = redis.call('ZRANGE', P..'w:'..t..'|'..model, 0, -1, 'WITHSCORES')
     for i = 1, #q, 2 do keys[#keys + 1] = order_key(v, t, (i + 1) / 2, tonumber(q[i + 1]), q[i]) end
   end
-  table.sort(keys, before)
+  table.sort(free, before)
+  table.sort(capped, before)
   local out = {}
-  for i, key in ipairs(keys) do out[i] = key[5] end
+  for _, key in ipairs(free) do out[#out + 1] = key[5] end
+  for _, key in ipairs(capped) do out[#out + 1] = key[5] end
   return out
 end
 -- gateway.store.queue.admission_interval over the model's recent admissions (ms)

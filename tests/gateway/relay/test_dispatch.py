@@ -109,10 +109,14 @@ async def test_failover_never_takes_a_full_backend_past_its_cap(redis_server, ke
     async with (
         upstream(n_tokens=10_000, token_interval=0.01) as busy,
         upstream() as bad,
-        two_backends(redis_server.url, key_prefix, {"busy": busy, "bad": bad}, cap=1) as (
-            gw,
-            client,
-        ),
+        two_backends(
+            redis_server.url,
+            key_prefix,
+            {"busy": busy, "bad": bad},
+            cap=1,
+            # one tenant may hold both slots (a plan's default cap keeps one for others)
+            tenants=[{"name": "acme", "api_keys": [KEY], "max_concurrent": 2}],
+        ) as (gw, client),
     ):
         bad.mode = "http_500"
         long = await client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)

@@ -20,6 +20,8 @@ from gateway.store.queue import (
     admission_interval,
     admission_order,
     capacity_of,
+    capped_last,
+    concurrency_cap,
 )
 from tests.support.paths import VECTORS
 
@@ -29,6 +31,26 @@ LEASE = 30.0
 
 def q(rid: str, tenant: str, deadline: float) -> Queued:
     return Queued(rid, tenant, deadline)
+
+
+def test_the_requests_of_a_tenant_at_its_cap_come_last() -> None:
+    order = ["a1", "b1", "a2", "c1"]
+    tenant_of = {"a1": "a", "a2": "a", "b1": "b", "c1": "c"}
+    # a at its cap (3 of 3), b below (1 of 2), c without one
+    holds, caps = {"a": 3, "b": 1, "c": 7}, {"a": 3, "b": 2}
+    assert capped_last(order, tenant_of, holds, caps) == ["b1", "c1", "a1", "a2"]
+    assert capped_last(order, tenant_of, {"a": 2}, caps) == order
+
+
+def test_the_default_cap_keeps_one_slot_out_of_any_tenants_reach() -> None:
+    assert concurrency_cap(None, 4, tenants=2) == 3
+    # alone, or on a single slot, or on an uncapped backend: nothing to keep
+    assert concurrency_cap(None, 4, tenants=1) == 0
+    assert concurrency_cap(None, 1, tenants=5) == 0
+    assert concurrency_cap(None, None, tenants=5) == 0
+    # a plan's own cap applies as set, capped backends or not
+    assert concurrency_cap(2, 4, tenants=2) == 2
+    assert concurrency_cap(6, None, tenants=1) == 6
 
 
 def test_within_plan_first_then_beyond_by_weight() -> None:

@@ -136,6 +136,41 @@ async def test_head_is_least_counter_then_deadline(store: Store) -> None:
     assert (await store.retry("h2", ONE, LEASE)).head == "l1"
 
 
+async def test_a_tenant_at_its_cap_waits_behind_the_others(store: Store) -> None:
+    slots = [Slot("b1", 4)]
+    cap = Limits(max_concurrent=3)
+    hog = [
+        await store.arrive(arrival(f"h{i}", "hog", ttft_s=0.01, limits=cap), slots, LEASE)
+        for i in range(4)
+    ]
+    # a free slot, but the hog holds its 3: its 4th request is nobody's head
+    assert [h.status for h in hog] == ["admitted"] * 3 + ["queued"]
+    assert hog[3].head is None
+    # light is lifted to the hog's counter and its deadline is later: admission_order
+    # puts h3 first, yet h3's tenant is at its cap, so light takes the slot
+    light = await store.arrive(arrival("l1", "light", ttft_s=5.0, limits=cap), slots, LEASE)
+    assert (light.status, light.backend) == ("admitted", "b1")
+    full = await store.arrive(arrival("l2", "light", ttft_s=5.0, limits=cap), slots, LEASE)
+    assert (full.status, full.head) == ("full", "l2")
+    # the capped tenant's requests stand last, behind those that can be admitted
+    standing = await store.standing("m", ["h3", "l2"], slots)
+    assert standing.places == {"l2": 1, "h3": 2}
+    # one of the hog's streams ends: below its cap, its request is the head again
+    await store.release("h0", "b1")
+    assert (await store.retry("h3", slots, LEASE)).status == "admitted"
+    # a cap applies on a backend without one too; no cap (0) is none
+    free = [Slot("x", 0)]
+    one = Limits(max_concurrent=1)
+    assert (await store.arrive(arrival("o1", "t", model="o", limits=one), free, LEASE)).backend
+    second = await store.arrive(arrival("o2", "t", model="o", limits=one), free, LEASE)
+    assert (second.status, second.head) == ("queued", None)
+    other = await store.arrive(arrival("o3", "u", model="o"), free, LEASE)
+    assert other.status == "admitted"
+    await store.leave("o2")
+    again = await store.arrive(arrival("o4", "t", model="o"), free, LEASE)
+    assert again.status == "admitted"
+
+
 async def test_slots_by_capacity_and_order(store: Store) -> None:
     slots = [Slot("big", 2), Slot("small", 1)]
     got = [await store.arrive(arrival(f"r{i}", "t"), slots, LEASE) for i in range(4)]
@@ -398,7 +433,7 @@ async def test_every_script_checks_its_numbers_before_writing(redis_server, key_
         assert await store.request_info("r1") is None
         # a slot's cap, in the triples after the admission horizon: checked in each script
         bad = [Slot("b1", 1), Slot("b2", float("nan"))]  # type: ignore[arg-type]
-        with pytest.raises(ResponseError, match="argument 26 is not a finite number"):
+        with pytest.raises(ResponseError, match="argument 27 is not a finite number"):
             await store.arrive(arrival("r2", "acme"), bad, LEASE)
         assert await store.request_info("r2") is None
         with pytest.raises(ResponseError, match="argument 11 is not a finite number"):
