@@ -5,60 +5,28 @@
  * gateway accepts the QoE reports (with the telemetry token, and with the API key).
  */
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync } from "node:fs";
-import { createServer, type AddressInfo } from "node:net";
-import { join } from "node:path";
 import { after, before, test } from "node:test";
 import OpenAI from "openai";
 import { createClient } from "../src/client.js";
 import { paceOpenAI } from "../src/openai.js";
 import type { PacedStream } from "../src/stream.js";
 import type { ChatCompletionChunk } from "../src/types.js";
-import { REPO_ROOT } from "./helpers.js";
+import { KEY, startGateway, type Gateway } from "./gateway-process.js";
 
-const TOKENPACE = join(REPO_ROOT, ".venv", "bin", "tokenpace");
-const KEY = "tp-demo-sdk-web-integration-test";
 const TOKENS = 12;
 const FAST = { ttft: 0.5, tds: 25 };
 const messages = [{ role: "user" as const, content: "Tell me about pacing." }];
 
-let gateway: ChildProcess | undefined;
+let gateway: Gateway | undefined;
 let base = "";
-let log = "";
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 before(async () => {
-  if (!existsSync(TOKENPACE)) throw new Error(`${TOKENPACE} is missing: run \`make venv\` at the repository root first`);
-  const port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  const env: NodeJS.ProcessEnv = { ...process.env, TOKENPACE_DEMO_KEY: KEY };
-  delete env["TOKENPACE_CONFIG"];
-  gateway = spawn(TOKENPACE, ["serve", "--host", "127.0.0.1", "--port", String(port)], { env, stdio: ["ignore", "pipe", "pipe"] });
-  gateway.stdout?.on("data", (b: Buffer) => (log += b.toString()));
-  gateway.stderr?.on("data", (b: Buffer) => (log += b.toString()));
-  const deadline = Date.now() + 60_000;
-  for (;;) {
-    if (gateway.exitCode !== null) throw new Error(`tokenpace serve exited (${gateway.exitCode}):\n${log}`);
-    const ok = await fetch(`${base}/readyz`).then((r) => r.ok, () => false);
-    if (ok) return;
-    if (Date.now() > deadline) throw new Error(`tokenpace serve not ready in 60 s:\n${log}`);
-    await new Promise((resolve) => setTimeout(resolve, 200));
-  }
+  gateway = await startGateway();
+  base = gateway.base;
 });
 
 after(async () => {
-  if (gateway === undefined || gateway.exitCode !== null) return;
-  const exited = new Promise((resolve) => gateway?.once("exit", resolve));
-  gateway.kill("SIGTERM");
-  await exited;
+  await gateway?.stop();
 });
 
 /** Read a stream to its end; its text. */
