@@ -204,16 +204,19 @@ class ClusterSim:
     def _cache_aware(self, turn: Turn) -> int:
         chain = turn.blocks(self.block_size)
         p = turn.prompt_tokens
+        own_block = turn.system_tokens // self.block_size  # its first own block
+        matched = [r.index.matched(chain) for r in self.replicas]
         candidates = [
             Candidate(
                 healthy=True,
                 waiting_s=r.outstanding / self.theta,
                 in_flight=r.in_flight,
-                cached_tokens=min(r.index.matched(chain) * self.block_size, p),
+                cached_tokens=min(m * self.block_size, p),
                 prefill_tps=self.prefill_tps,
                 affinity=_mix(turn.conversation * 1_000_003 + j),
+                holds_conversation=m > own_block,
             )
-            for j, r in enumerate(self.replicas)
+            for j, (r, m) in enumerate(zip(self.replicas, matched, strict=True))
         ]
         history = turn.system_tokens + turn.history_tokens if turn.index else 0
         demand = PromptDemand(p, history, EXPECTED_OUTPUT, self._ttft, self._tds)
