@@ -19,7 +19,11 @@ filled up, and no conversation has yet stopped starting); tokens/s is their outp
 that span.
 
 **Single prompts** (``--single``): one turn per conversation and no system prompt, so no
-prefix is shared: cache-aware routing must not be worse there.
+prefix is shared: cache-aware routing must not be worse there. ``--no-system``:
+multi-turn chats without a shared system prompt (every first turn is cold).
+
+**Gateway replicas** (``--gateways N``): cache-aware routing by ``N`` routers, each with
+its own index, a turn at one of them by hash (:class:`qos.sim.cluster.ClusterSim`).
 
     nice -n 10 .venv/bin/python bench/routing_sim.py --replicas 2,4,8,16 \\
         --loads 0.6,0.75,0.9 --out /tmp/routing_sim
@@ -50,6 +54,7 @@ def run_point(
     window: tuple[float, float],
     seed: int,
     routings: tuple[Routing, ...] = ROUTINGS,
+    gateways: int = 1,
 ) -> dict[str, Any]:
     """Every routing on the same conversations at one (replicas, load)."""
     profile = get_profile(profile_name)
@@ -71,7 +76,8 @@ def run_point(
     }
     for routing in routings:
         started = time.monotonic()
-        run = ClusterSim(profile, replicas, routing).run(conversations, shape.ttft, shape.tds)
+        sim = ClusterSim(profile, replicas, routing, gateways=gateways)
+        run = sim.run(conversations, shape.ttft, shape.tds)
         s = run.steady(*window).summary()
         reader = s["reader"] or {}
         out["routing"][routing] = {
@@ -173,6 +179,12 @@ def main() -> None:
         "--round-robin-upto", type=int, default=4, help="round robin too, up to this many replicas"
     )
     ap.add_argument("--single", action="store_true", help="single prompts: no shared prefix")
+    ap.add_argument(
+        "--no-system", action="store_true", help="multi-turn chats without a shared system prompt"
+    )
+    ap.add_argument(
+        "--gateways", type=int, default=1, help="gateway replicas, each with its own index"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="/tmp/routing_sim")
     ap.add_argument("--figure", action="store_true")
@@ -181,12 +193,16 @@ def main() -> None:
     shape = ChatShape(think_s=args.think)
     if args.single:
         shape = replace(shape, system_tokens=0, turns=(1, 1), user_tokens=(200, 2000))
+    if args.no_system:
+        shape = replace(shape, system_tokens=0)
     points = []
     for n in (int(x) for x in args.replicas.split(",")):
         for load in (float(x) for x in args.loads.split(",")):
             routings = ROUTINGS if n <= args.round_robin_upto else ROUTINGS[1:]
             window = (args.warmup, args.window)
-            point = run_point(args.profile, shape, n, load, window, args.seed, routings)
+            point = run_point(
+                args.profile, shape, n, load, window, args.seed, routings, args.gateways
+            )
             points.append(point)
             print(table([point]).splitlines()[-3:], flush=True)
     print(table(points))
@@ -198,6 +214,7 @@ def main() -> None:
         "shape": shape.__dict__,
         "window_s": [args.warmup, args.window],
         "seed": args.seed,
+        "gateways": args.gateways,
         "points": points,
     }
     path = save(results, args.out, started)

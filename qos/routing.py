@@ -32,21 +32,34 @@ for a short reply (a late start is a larger share of it) and a fast tier.
 4. fewer uncached prompt tokens ``p - h_r``: where every candidate meets the tier's TTFT
    (all ``Q_r = 1``), the one that recomputes least, since a prefill is engine time taken
    from every other request on that replica (the cluster's throughput);
-5. the conversation's rendezvous order (highest random weight: Thaler and Ravishankar,
+5. a replica the router *knows* holds the conversation (``holds_conversation``: its
+   index holds the conversation's own text, so an earlier turn went there) before one
+   only *assumed* to (the preferred replica, below): the assumption fails whenever an
+   earlier turn went elsewhere;
+6. for a *cold* prompt (no history, and no replica known to hold any of it: a single
+   prompt), the shorter wait, then fewer requests in flight, as ``least_waiting``: no
+   replica saves any prefill, so the one that starts it soonest is the best, and the
+   rendezvous order would only spread cold prompts at random over idle and busy replicas;
+7. the conversation's rendezvous order (highest random weight: Thaler and Ravishankar,
    "Using Name-Based Mappings to Increase Hit Rates", 1998): a hash of the conversation's
    identity and the replica's name, the same at every router without a word between
    them.
 
 **Routers that never see each other's requests** (gateway replicas) agree through step
-5 and one assumption: the *preferred* replica of a conversation, the first in rendezvous
+7 and one assumption: the *preferred* replica of a conversation, the first in rendezvous
 order among the healthy ones within the load bound, is taken to hold the conversation's
 history (``history_tokens``: what its earlier turns computed) and whatever prefix of the
 prompt any replica holds (a shared system prompt: the preferred replica computes it once
 and holds it from then on), as it does when every turn went there. So every router sends
 every turn of a conversation to its preferred replica, knowing its earlier turns or not,
 unless that replica is past the load bound or would start the reply late enough to cost
-QoE. Then the router's own index (``h_r``) picks the fallback that holds the most, and
-the rendezvous order the rest.
+QoE. A replica this router knows holds the conversation (step 5) is taken to hold its
+history too (it computed the earlier turns' replies as well) and, holding as much, wins
+over the preferred one. Otherwise the router's own index (``h_r``) picks the fallback
+that holds the most, and the rendezvous order the rest. A cold prompt goes where it
+starts soonest (step 6), not to its preferred replica: if its next turn comes to
+another router, that router sends it to the preferred replica, which holds nothing of
+it, and the turn is computed again.
 """
 
 from __future__ import annotations
@@ -89,6 +102,7 @@ class Candidate:
     cached_tokens: int  # h_r, from the router's own index
     prefill_tps: float  # P_r
     affinity: int  # the conversation's rendezvous weight on this replica (higher first)
+    holds_conversation: bool = False  # the router's index holds its own text: a turn went there
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +133,23 @@ def cache_aware_order(
     )
     p = demand.prompt_tokens
     anywhere = max(demand.history_tokens, max(c.cached_tokens for c in candidates))
+    cold = anywhere == 0
     keys = []
     for i, c in enumerate(candidates):
-        held = anywhere if i == preferred else c.cached_tokens
+        held = anywhere if i == preferred or c.holds_conversation else c.cached_tokens
         uncached = max(p - min(held, p), 0)
         ttft = c.waiting_s + uncached / c.prefill_tps
         q = delayed_start_qoe(ttft, demand.ttft, demand.tds, demand.output_tokens)
-        keys.append((not c.healthy, not within[i], -q, uncached, -c.affinity))
+        soonest = (c.waiting_s, c.in_flight) if cold else (0.0, 0)
+        keys.append(
+            (
+                not c.healthy,
+                not within[i],
+                -q,
+                uncached,
+                not c.holds_conversation,
+                *soonest,
+                -c.affinity,
+            )
+        )
     return sorted(range(n), key=keys.__getitem__)

@@ -10,7 +10,11 @@ hash (llm-d's approximate prefix scorer works the same way).
 A conversation is named by the hash of its text up to the end of its first user
 message (``anchor``): every later turn resends that text unchanged. Its history, what
 the earlier turns computed, is its text up to the end of its last assistant message.
-A completion's prompt has no turns: its first block names it, and it has no history.
+Its own text starts with that first user message (``own_block``: the block where it
+starts); what comes before it (a system prompt) may be shared by many conversations, so
+a backend whose estimated cache reaches past ``own_block`` is one an earlier turn of
+this conversation (or the same prompt) went to. A completion's prompt has no turns: its
+first block names it, and it has no history and no text of its own.
 Hashes are keyed by nothing else, so every gateway replica names a prompt the same.
 """
 
@@ -32,6 +36,7 @@ class PromptChain:
     blocks: tuple[int, ...]  # the names of its whole blocks, first first
     anchor: bytes  # its conversation's name
     history_blocks: int  # whole blocks its conversation's earlier turns computed
+    own_block: int  # the first block with its conversation's own text (len(blocks): none)
     tokens: int  # prompt tokens (estimated: :func:`qos.prompt_tokens.estimate_prompt_tokens`)
     block_tokens: float  # tokens a block stands for (block_chars / 4)
 
@@ -55,6 +60,7 @@ def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
     """The chain of ``body``, a chat or completions request (validated)."""
     parts: list[bytes] = []
     anchor_end = history_end = 0
+    own_start: int | None = None
     size = 0
     messages = body.get("messages")
     if isinstance(messages, list):
@@ -63,6 +69,8 @@ def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
                 continue
             role = message.get("role")
             part = str(role).encode() + b":" + _text(message.get("content")) + _SEPARATOR
+            if role == "user" and not anchor_end:
+                own_start = size
             parts.append(part)
             size += len(part)
             if role == "user" and not anchor_end:
@@ -91,6 +99,7 @@ def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
         blocks=tuple(blocks),
         anchor=anchor,
         history_blocks=history_end // block_chars,
+        own_block=len(blocks) if own_start is None else own_start // block_chars,
         tokens=estimate_prompt_tokens(body),
         block_tokens=block_chars / CHARS_PER_TOKEN,
     )

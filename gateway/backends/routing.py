@@ -199,18 +199,20 @@ class Router:
 
     def _cache_aware(self, serving: list[BackendState], routed: Routed) -> list[BackendState]:
         prompt = routed.prompt
+        matched = [s.cache.matched(prompt.blocks) for s in serving]
         candidates = [
             Candidate(
                 healthy=s.healthy,
                 waiting_s=s.waiting_time(),
                 in_flight=s.in_flight,
-                cached_tokens=prompt.tokens_of(s.cache.matched(prompt.blocks)),
+                cached_tokens=prompt.tokens_of(m),
                 prefill_tps=self._routing.prefill_tps,
                 affinity=int.from_bytes(
                     hashlib.blake2b(prompt.anchor, digest_size=8, key=self._names[s.index]).digest()
                 ),
+                holds_conversation=m > prompt.own_block,
             )
-            for s in serving
+            for s, m in zip(serving, matched, strict=True)
         ]
         order = cache_aware_order(candidates, routed.demand, self._routing.load_factor)
         return [serving[i] for i in order]

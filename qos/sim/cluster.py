@@ -22,6 +22,12 @@ stream back, never the replicas' caches. Policies (``routing``):
     router's own index of the prompts it sent (one :class:`BlockLRU` per replica, the
     size of the replica's cache). The conversation's identity is its number.
 
+``gateways`` (cache_aware): that many gateway replicas, each with its own index, every
+turn at one of them by a hash of the conversation and the turn's number (a load balancer
+without session affinity): a later turn often comes to a router that never saw the
+earlier ones. They all read the replicas' load as one (the real gateway replicas each see
+only their own requests), so this measures what the split indexes cost, not split load.
+
 Conversations run closed-loop (:mod:`qos.sim.conversations`): a turn's reply ends, the
 user thinks, the next turn arrives. Events are processed in time order: an engine
 iteration's tokens reach the router when the iteration ends. Block names are token
@@ -78,7 +84,6 @@ class Replica:
 
     engine: Engine
     cache: BlockLRU  # what the engine holds
-    index: BlockLRU  # what the router thinks it holds
     busy: bool = False
     in_flight: int = 0
     outstanding: int = 0  # output tokens still expected (the router's estimate)
@@ -135,11 +140,14 @@ class ClusterSim:
         *,
         block_size: int = 16,
         load_factor: float = 1.25,
+        gateways: int = 1,
     ) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing: one of {', '.join(ROUTINGS)}, got {routing!r}")
         if replicas < 1:
             raise ValueError(f"replicas: must be >= 1, got {replicas}")
+        if gateways < 1:
+            raise ValueError(f"gateways: must be >= 1, got {gateways}")
         self.profile = profile
         self.routing: Routing = routing
         self.block_size = block_size
@@ -157,10 +165,11 @@ class ClusterSim:
                     cached_prefix=self._lookup(j),
                 ),
                 BlockLRU(blocks),
-                BlockLRU(blocks),
             )
             for j in range(replicas)
         ]
+        # what each gateway replica's router thinks each engine holds
+        self.indexes = [[BlockLRU(blocks) for _ in range(replicas)] for _ in range(gateways)]
         self._turns: dict[str, Turn] = {}
         self._remaining: dict[str, int] = {}  # output tokens still expected, per request
         self._rr = 0
@@ -204,21 +213,26 @@ class ClusterSim:
     def _cache_aware(self, turn: Turn) -> int:
         chain = turn.blocks(self.block_size)
         p = turn.prompt_tokens
+        own_block = turn.system_tokens // self.block_size  # its first own block
+        gateway = _mix(_mix(turn.conversation) ^ turn.index) % len(self.indexes)
+        index = self.indexes[gateway]
+        matched = [held.matched(chain) for held in index]
         candidates = [
             Candidate(
                 healthy=True,
                 waiting_s=r.outstanding / self.theta,
                 in_flight=r.in_flight,
-                cached_tokens=min(r.index.matched(chain) * self.block_size, p),
+                cached_tokens=min(m * self.block_size, p),
                 prefill_tps=self.prefill_tps,
                 affinity=_mix(turn.conversation * 1_000_003 + j),
+                holds_conversation=m > own_block,
             )
-            for j, r in enumerate(self.replicas)
+            for j, (r, m) in enumerate(zip(self.replicas, matched, strict=True))
         ]
         history = turn.system_tokens + turn.history_tokens if turn.index else 0
         demand = PromptDemand(p, history, EXPECTED_OUTPUT, self._ttft, self._tds)
         choice = cache_aware_order(candidates, demand, self.load_factor)[0]
-        self.replicas[choice].index.touch(chain)
+        index[choice].touch(chain)
         return choice
 
     # -- the run ----------------------------------------------------------------------

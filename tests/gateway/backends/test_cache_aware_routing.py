@@ -157,6 +157,53 @@ def test_unhealthy_backends_come_last_and_the_order_is_the_rendezvous_one() -> N
     assert cache_aware_order(slow, later, 1.25) == [1, 0]
 
 
+def test_a_cold_prompt_goes_where_it_starts_soonest() -> None:
+    # no history, nothing held anywhere: every replica meets the tier's TTFT and would
+    # compute the whole prompt; the wait decides, then the requests in flight, as
+    # least_waiting does, not the rendezvous weight
+    demand = PromptDemand(1000, 0, 256, 1.0, 4.8)
+    busy, idle = Candidate(True, 0.4, 2, 0, 8000.0, 9), Candidate(True, 0.1, 2, 0, 8000.0, 1)
+    assert cache_aware_order([busy, idle], demand, 4.0) == [1, 0]
+    fuller = Candidate(True, 0.1, 3, 0, 8000.0, 9)
+    assert cache_aware_order([fuller, idle], demand, 4.0) == [1, 0]
+    # a prompt held somewhere is not cold: the preferred replica keeps its turn
+    warm = PromptDemand(1000, 600, 256, 1.0, 4.8)
+    assert cache_aware_order([busy, idle], warm, 4.0) == [0, 1]
+    # through the router: a single prompt skips its preferred backend when it is busier
+    r = router(2)
+    single = {"model": MODEL, "messages": [{"role": "user", "content": "one question " * 200}]}
+    preferred, other = r.ranked(MODEL, routed=r.routed(single, ctx()))
+    preferred.outstanding_tokens = 200  # 0.2 s of work: well inside the tier's TTFT
+    assert r.ranked(MODEL, routed=r.routed(single, ctx()))[0] is other
+
+
+def test_a_backend_known_to_hold_the_conversation_beats_the_one_assumed_to() -> None:
+    # the preferred replica (weight 9) is only assumed to hold the 800 tokens of history;
+    # the router's index holds 600 of them on the other, its own text included
+    demand = PromptDemand(1000, 800, 256, 1.0, 4.8)
+    assumed = Candidate(True, 0.0, 0, 0, 8000.0, 9)
+    known = Candidate(True, 0.0, 0, 600, 8000.0, 1, holds_conversation=True)
+    assert cache_aware_order([assumed, known], demand, 1.25) == [1, 0]
+    # a replica holding only what many conversations share (a system prompt) is not known
+    # to hold this one: the preferred replica keeps the turn
+    shared = Candidate(True, 0.0, 0, 600, 8000.0, 1)
+    assert cache_aware_order([assumed, shared], demand, 1.25) == [0, 1]
+    # through the router: turn 1 spills from its preferred backend past the load bound;
+    # turn 2 goes where turn 1 was served, not back to the preferred one
+    r = router(2, load_factor=1.0)
+    preferred = r.ranked(MODEL, routed=r.routed(conversation(5, 1), ctx()))[0]
+    other = r.acquire(preferred, 256)  # another conversation's request fills it
+    routed = r.routed(conversation(5, 1), ctx())
+    served = r.ranked(MODEL, routed=routed)[0]
+    assert served is not preferred
+    turn_one = r.acquire(served, 256, routed)
+    other.release()
+    turn_one.release()
+    assert send(r, conversation(5, 2)) == served.name
+    # the system prompt alone (another conversation's turn) does not count as the history
+    assert prompt_chain(conversation(5, 2), 256).own_block == len(f"system:{SYSTEM}\x1e") // 256
+
+
 def test_least_waiting_ignores_prompts_and_refuses_cache_keys() -> None:
     r = router(2, policy="least_waiting")
     assert r.routed(conversation(1, 2), ctx()) is None

@@ -39,9 +39,10 @@ async def test_another_backend_serves_when_one_refuses_the_gateway() -> None:
         async with gateway(config) as gw:
             refusing.mode = "http_401"
             async with httpx.AsyncClient(base_url=gw.base_url, timeout=10) as client:
-                for _ in range(4):  # whichever the router tries first
+                for n in range(8):  # conversations of their own: some prefer either backend
+                    body = {**CHAT, "messages": [{"role": "user", "content": f"hi {n}"}]}
                     r = await client.post(
-                        "/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {KEY}"}
+                        "/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
                     )
                     assert r.status_code == 200, r.text
-    assert len(good.bodies) == 4 and refusing.bodies  # refused at least once, failed over
+    assert len(good.bodies) == 8 and refusing.bodies  # refused at least once, failed over

@@ -91,3 +91,19 @@ def test_every_turn_of_a_conversation_stays_on_one_replica(runs) -> None:
 def test_unknown_routing_is_refused() -> None:
     with pytest.raises(ValueError, match="routing"):
         ClusterSim(PROFILE, 2, "random")  # type: ignore[arg-type]
+
+
+def test_gateway_replicas_with_their_own_indexes_find_less_than_one() -> None:
+    # chats without a shared system prompt: every first turn is cold and goes where it
+    # starts soonest, so a second turn at the other gateway misses it
+    shape = ChatShape(apps=2, turns=(3, 5), think_s=2.0, system_tokens=0)
+    capacity = 1.0 / turn_seconds(PROFILE, *mean_turn(build_conversations(shape, 200, 1.0))[1:])
+    convs = build_conversations(shape, 60, 0.7 * 4 * capacity / 4, seed=3)
+    one, two = (
+        ClusterSim(PROFILE, 4, "cache_aware", gateways=g).run(convs, shape.ttft, shape.tds)
+        for g in (1, 2)
+    )
+    lw = ClusterSim(PROFILE, 4, "least_waiting").run(convs, shape.ttft, shape.tds)
+    assert lw.hit_rate < two.hit_rate < one.hit_rate
+    with pytest.raises(ValueError, match="gateways"):
+        ClusterSim(PROFILE, 2, "cache_aware", gateways=0)
