@@ -21,17 +21,21 @@ async def test_a_call_that_never_answers_times_out_on_a_responsive_loop() -> Non
 
 
 async def test_a_reply_that_came_while_the_loop_was_busy_is_not_cancelled() -> None:
-    """The reply is there after 10 ms; the loop is then blocked for 3 timeouts. An
-    ``asyncio.timeout`` cancels the call at its first turn after that."""
+    """The loop is blocked for 3 timeouts by other work, and the reply comes in
+    meanwhile: it is read at the loop's next turn, the turn at which an
+    ``asyncio.timeout`` cancels the call."""
     loop = asyncio.get_running_loop()
+
+    def busy_while_the_reply_comes(reply: asyncio.Future[str]) -> None:
+        time.sleep(0.3)  # the loop's other work, past the deadline
+        loop.call_soon(reply.set_result, "ok")  # what the socket got meanwhile
+
     reply: asyncio.Future[str] = loop.create_future()
-    loop.call_later(0.01, reply.set_result, "ok")
-    loop.call_later(0.005, time.sleep, 0.3)  # the loop's other work, past the deadline
+    loop.call_later(0.005, busy_while_the_reply_comes, reply)
     async with StoreDeadline(LoopLag(), 0.1, 2.0):
         assert await reply == "ok"
     reply = loop.create_future()
-    loop.call_later(0.01, reply.set_result, "ok")
-    loop.call_later(0.005, time.sleep, 0.3)
+    loop.call_later(0.005, busy_while_the_reply_comes, reply)
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.1):
             await reply
