@@ -117,19 +117,11 @@ class RequestTable:
 
     def tenant_id(self, name: str) -> int:
         """Stable small integer for a tenant name."""
-        idx = self._tenant_index.get(name)
-        if idx is None:
-            idx = self._tenant_index[name] = len(self.tenant_names)
-            self.tenant_names.append(name)
-        return idx
+        return _intern(self._tenant_index, self.tenant_names, name)
 
     def tier_id(self, name: str) -> int:
         """Stable small integer for a tier name."""
-        idx = self._tier_index.get(name)
-        if idx is None:
-            idx = self._tier_index[name] = len(self.tier_names)
-            self.tier_names.append(name)
-        return idx
+        return _intern(self._tier_index, self.tier_names, name)
 
     # -- lifecycle -------------------------------------------------------------------
     def add(
@@ -271,3 +263,12 @@ class RequestTable:
             grown = np.zeros(self._cap, dtype=arr.dtype)
             grown[: arr.size] = arr
             self._cols[name] = grown
+
+
+def _intern(index: dict[str, int], names: list[str], name: str) -> int:
+    """``name``'s position in ``names``, appended on first sight (``index`` maps back)."""
+    idx = index.get(name)
+    if idx is None:
+        idx = index[name] = len(names)
+        names.append(name)
+    return idx
