@@ -36,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.asgi import read_body, serve_lifespan
+
 ROOT = Path(__file__).resolve().parents[2]
 OWN = (str(ROOT / "gateway") + "/", str(ROOT / "qos") + "/")
 
@@ -99,9 +101,7 @@ class LockstepUpstream:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await serve_lifespan(receive, send)
             return
         if scope["method"] == "GET":
             models = {"object": "list", "data": [{"id": self.model, "object": "model"}]}
@@ -109,13 +109,7 @@ class LockstepUpstream:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": body})
             return
-        raw = b""
-        while True:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
-        request = json.loads(raw)
+        request = json.loads(await read_body(receive))
         n = int(request.get("max_tokens") or request.get("max_completion_tokens"))
         head = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": self.model}
         headers = [(b"content-type", b"text/event-stream")]

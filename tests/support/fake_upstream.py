@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from tests.support.asgi import read_body, serve_lifespan
 from tests.support.servers import run_server
 
 MODEL = "fake-model"
@@ -51,13 +52,8 @@ class FakeUpstream:
     # -- ASGI ----------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
+            return
         path, method = scope["path"], scope["method"]
         if method == "GET" and path in ("/health", "/v1/models"):
             if not self.healthy:
@@ -71,13 +67,7 @@ class FakeUpstream:
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
             await _json(send, 404, {"error": {"message": "not found"}})
             return
-        raw = b""
-        while True:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
-        body = json.loads(raw)
+        body = json.loads(await read_body(receive))
         self.bodies.append(body)
         self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         chat = path.endswith("chat/completions")

@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.app import create_app
 from gateway.telemetry.tracing import TRACING_OFF, Tracing, tracing_wanted
+from tests.support.asgi import read_body, serve_lifespan
 from tests.support.fake_upstream import MODEL, FakeUpstream, upstream
 from tests.support.gateway import KEY, Gateway, backend_entry, make_config
 from tests.support.servers import run_server
@@ -228,16 +229,9 @@ class Collector:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await serve_lifespan(receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["path"] == "/v1/traces":
             self.requests.append(ExportTraceServiceRequest.FromString(body))
         await send({"type": "http.response.start", "status": 200, "headers": []})
