@@ -45,7 +45,7 @@ import httpx
 import numpy as np
 import openai
 from result_files import save
-from vllm_harness import API_KEY, ROOT, VllmServer, serve_gateway
+from vllm_harness import API_KEY, ROOT, VllmServer, gateway_client, serve_gateway
 
 from gateway.config.loader import parse_config
 from gateway.config.schema import GatewayConfig
@@ -227,15 +227,7 @@ async def conversation(
 
 
 def client_for(base_url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=base_url,
-        api_key=API_KEY,
-        max_retries=0,
-        timeout=600.0,
-        http_client=openai.DefaultAsyncHttpxClient(
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=200)
-        ),
-    )
+    return gateway_client(base_url, timeout_s=600.0, connections=200)
 
 
 async def run_conversations(base_url: str, run: str, w: ChatWorkload) -> tuple[list[Reply], float]:

@@ -297,17 +297,23 @@ async def _one(client: openai.AsyncOpenAI, model: str, job: Job, t0: float) -> J
     return JobResult(job, ttft_expected, tds_expected, times, seen, qoe, elapsed, longest, idle)
 
 
-async def run_jobs(base_url: str, model: str, jobs: Sequence[Job]) -> list[JobResult]:
-    """Send every job at its time through the gateway; results in job order."""
-    async with openai.AsyncOpenAI(
+def gateway_client(base_url: str, timeout_s: float, connections: int) -> openai.AsyncOpenAI:
+    """The official client on the gateway: no retries (a failure is a result), up to
+    ``connections`` streams at once."""
+    return openai.AsyncOpenAI(
         base_url=base_url,
         api_key=API_KEY,
         max_retries=0,
-        timeout=1200.0,
+        timeout=timeout_s,
         http_client=openai.DefaultAsyncHttpxClient(
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         ),
-    ) as client:
+    )
+
+
+async def run_jobs(base_url: str, model: str, jobs: Sequence[Job]) -> list[JobResult]:
+    """Send every job at its time through the gateway; results in job order."""
+    async with gateway_client(base_url, timeout_s=1200.0, connections=1000) as client:
         t0 = time.perf_counter()
         return list(await asyncio.gather(*(_one(client, model, job, t0) for job in jobs)))
 
