@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -27,6 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -144,10 +146,11 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
 class Supervisor(Multiprocess):
     """uvicorn's supervisor, marking every worker that exits dead for the metrics and
     calling ``on_exit`` with its process id (its slots released), and draining on
-    SIGTERM/SIGINT: its own copies of the listening sockets are closed at once (the
-    workers close theirs, so the port refuses new connections instead of queueing them
-    where no one accepts), every worker drains (:mod:`gateway.relay.drain`), and one
-    still running ``shutdown_s`` later is killed."""
+    SIGTERM/SIGINT: from the signal handler itself, not at uvicorn's next half-second
+    tick, its own copies of the listening sockets are closed (the workers close theirs,
+    so the port refuses new connections instead of queueing them where no one accepts)
+    and every worker is told to drain (:mod:`gateway.relay.drain`); one still running
+    ``shutdown_s`` later is killed."""
 
     def __init__(
         self,
@@ -162,6 +165,23 @@ class Supervisor(Multiprocess):
         self._seen: set[int] = set()
         self._reaped: set[int] = set()
         self.startup_failed = False
+        self._started = False  # every first worker spawned: they may be told to stop
+        self._stopping = False
+
+        def stop_now(sig: int, frame: FrameType | None) -> None:
+            self.signal_queue.append(sig)  # uvicorn's loop still logs it and exits
+            if self._started:
+                self.terminate_all()
+
+        # a plain function, not a bound method: sse-starlette takes a SIGTERM handler's
+        # ``__self__`` for a uvicorn server and ends every stream of the in-process
+        # engine (:mod:`gateway.runtime.engine_server`) when its ``should_exit`` is truthy
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop_now)
+
+    def init_processes(self) -> None:
+        super().init_processes()
+        self._started = True
 
     def _remember(self) -> None:
         self._seen.update(p.pid for p in self.processes if p.pid is not None)
@@ -184,12 +204,17 @@ class Supervisor(Multiprocess):
 
     def keep_subprocess_alive(self) -> None:
         self._remember()
+        if self._stopping:
+            return  # told to stop between two ticks: a worker that drained stays gone
         super().keep_subprocess_alive()  # replaces the workers that died
         self._reap()
         if any(p.exitcode == STARTUP_FAILURE for p in self.processes):
             self.startup_failed = True
 
     def terminate_all(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
         for sock in self.sockets:
             sock.close()
         super().terminate_all()  # SIGTERM: each worker drains
