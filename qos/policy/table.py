@@ -13,7 +13,8 @@ so a policy can predict QoE in closed form without re-reading every token time:
 - ``dig_sum``, ``dig_last``: Σ d_k and d_n, digestion without hold (Andes Eq. 1);
 - ``held_sum``, ``held_last``: the same with tokens held until the expected TTFT
   (the monotone QoE, :func:`qos.metrics.monotone_qoe`); before the first token
-  ``held_last`` is TTFT - 1/TDS, so the hold falls out of the same recursion.
+  ``held_last`` is TTFT - 1/TDS, so the hold falls out of the same recursion;
+- what the reply's client last said of its reader (:meth:`RequestTable.reader_signal`).
 
 All times are the engine's clock in seconds. Per-token emission times are kept too
 (``emitted``), for exact metrics when the request ends.
@@ -24,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from qos.signals import AWAY_LEASE_S, Presence, ReaderSignal
 
 NO_TOKEN = -1e18  # d_n before any token: finite, so closed forms stay NaN-free
 
@@ -38,8 +41,21 @@ _FLOAT_COLUMNS = (
     "dig_last",
     "held_sum",
     "held_last",
+    "away_until",
+    "reader_pace",
+    "stated_at",
 )
-_INT_COLUMNS = ("tenant", "tier", "prompt", "max_tokens", "output", "computed", "preemptions")
+_INT_COLUMNS = (
+    "tenant",
+    "tier",
+    "prompt",
+    "max_tokens",
+    "output",
+    "computed",
+    "preemptions",
+    "stated_buffer",
+    "stated_output",
+)
 
 
 @dataclass(frozen=True)
@@ -166,6 +182,11 @@ class RequestTable:
             ("dig_last", NO_TOKEN),
             ("held_sum", 0.0),
             ("held_last", arrival + ttft - 1.0 / tds),  # first token held until TTFT
+            ("away_until", NO_TOKEN),
+            ("reader_pace", tds),
+            ("stated_at", NO_TOKEN),
+            ("stated_buffer", -1),
+            ("stated_output", 0),
             ("tenant", self.tenant_id(tenant)),
             ("tier", self.tier_id(tier)),
             ("prompt", prompt_tokens),
@@ -215,6 +236,31 @@ class RequestTable:
         c = self._cols
         c["running"][row] = False
         c["queued_at"][row] = now
+
+    def reader_signal(self, key: str, signal: ReaderSignal, now: float) -> bool:
+        """Record what a client said of its reader at ``now`` (:mod:`qos.signals`);
+        False when ``key`` is not in the table (a reply already ended).
+
+        - ``away_until``: ``now`` + AWAY_LEASE_S while away (or gone: the gateway ends
+          the reply), else NO_TOKEN;
+        - ``reader_pace``: the stated pace, never above the tier's TDS (a signal never buys
+          more than the tier's pace), else the TDS;
+        - ``stated_buffer``, ``stated_at``, ``stated_output``: the tokens the client held
+          unshown, when it said so, and the reply's output then (-1: never stated).
+        """
+        r = self._row.get(key)
+        if r is None:
+            return False
+        c = self._cols
+        watching = signal.presence is Presence.WATCHING
+        c["away_until"][r] = NO_TOKEN if watching else now + AWAY_LEASE_S
+        tds = c["tds"][r]
+        c["reader_pace"][r] = tds if signal.pace_tps is None else min(signal.pace_tps, tds)
+        if signal.buffer_tokens is not None:
+            c["stated_buffer"][r] = signal.buffer_tokens
+            c["stated_at"][r] = now
+            c["stated_output"][r] = c["output"][r]
+        return True
 
     def record_tokens(self, row: int, now: float, n: int = 1) -> None:
         """``n`` tokens of this request reached the user at ``now``.
