@@ -87,7 +87,7 @@ class ReaderSignal:
     def from_json(cls, body: Mapping[str, Any]) -> ReaderSignal:
         """The signal a client's JSON object states; ValueError naming the field to fix."""
         presence = body.get("presence")
-        if presence not in Presence._value2member_map_:
+        if not isinstance(presence, str) or presence not in Presence._value2member_map_:
             choices = ", ".join(f'"{p.value}"' for p in Presence)
             raise ValueError(f"presence: must be one of {choices}, got {presence!r}")
         return cls(
