@@ -177,16 +177,39 @@ def _gaps(shown: np.ndarray, tds: float) -> np.ndarray:
     return gaps
 
 
-def freezes(timeline: TimelineInput, expected_tds: float) -> Freezes:
+def freezes(
+    timeline: TimelineInput, expected_tds: float, away: Sequence[tuple[float, float]] = ()
+) -> Freezes:
     """The freezes of a reply shown by the release rule (module doc) at ``expected_tds``.
 
     The wait for the first token is the TTFT, not a freeze; from the first token on,
     the reader is frozen whenever the next token is not there when the previous one has
-    been read.
+    been read. ``away``: intervals (same clock as the timeline) the reader was away (the
+    tab hidden, the speech paused); the display stands still then, so only the freezes
+    seen while watching count (:func:`watched_times`).
     """
     times = token_times(timeline, name="timeline")
     check_expectation(0.0, expected_tds)
-    return _freezes(display_gaps(times, expected_tds))
+    return _freezes(display_gaps(watched_times(times, away), expected_tds))
+
+
+def watched_times(times: np.ndarray, away: Sequence[tuple[float, float]]) -> np.ndarray:
+    """``times`` on the reader's watched clock: the time spent away before each is taken
+    out, and a token that arrives while the reader is away is there when they come back.
+    The release rule on these times is the display of a client that stops showing while
+    its reader is away (docs/protocol.md, "SDK → gateway: reader signals")."""
+    if not len(away):
+        return times
+    intervals = np.asarray(away, dtype=float).reshape(-1, 2)
+    starts, ends = intervals[:, 0], intervals[:, 1]
+    if not (np.all(np.isfinite(intervals)) and np.all(ends >= starts)):
+        raise ValueError("away: each interval must be [start, end] with end >= start, finite")
+    if np.any(starts[1:] < ends[:-1]):
+        raise ValueError("away: intervals must be in time order and must not overlap")
+    # time away before t: the whole intervals that ended by t, and the part of one under way
+    done = np.clip(times[:, None] - starts[None, :], 0.0, (ends - starts)[None, :])
+    watched: np.ndarray = times - done.sum(axis=1)
+    return watched
 
 
 def _freezes(gaps: np.ndarray) -> Freezes:

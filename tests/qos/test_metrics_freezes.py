@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from qos.metrics import (
@@ -14,6 +15,7 @@ from qos.metrics import (
     reader_summary,
     reply_qoe,
     user_idle_latency,
+    watched_times,
 )
 
 
@@ -97,3 +99,24 @@ def test_reply_qoe_is_the_four_measures_at_once(timeline, ttft, tds):
 def test_reply_qoe_refuses_what_the_measures_refuse(timeline, ttft, tds):
     with pytest.raises(ValueError):
         reply_qoe(timeline, ttft, tds)
+
+
+def test_a_gap_while_the_reader_is_away_is_not_a_freeze():
+    # 5 tokens/s; nothing comes from 2 s to 12 s, while the reader is away from 1.5 s to 12 s
+    timeline = [(1.0, 3), (12.0, 5)]
+    assert freezes(timeline, 5.0).longest_s == pytest.approx(12.0 - 1.0 - 3 / 5.0)
+    assert freezes(timeline, 5.0, away=[(1.5, 12.0)]) == Freezes(0.0, 0, 0.0)
+    # back at 8 s: the 4 s watched before the next token, less the 0.1 s of buffer left
+    got = freezes(timeline, 5.0, away=[(1.5, 8.0)])
+    assert got.longest_s == pytest.approx(4.0 - 0.1)
+
+
+def test_watched_times_take_out_the_time_away():
+    times = np.array([0.5, 2.0, 3.5, 9.0])
+    got = watched_times(times, [(1.0, 3.0), (4.0, 6.0)])
+    # 2.0 arrives while away: there when the reader comes back (watched 1.0)
+    assert got.tolist() == pytest.approx([0.5, 1.0, 1.5, 5.0])
+    with pytest.raises(ValueError, match="overlap"):
+        watched_times(times, [(1.0, 3.0), (2.0, 4.0)])
+    with pytest.raises(ValueError, match="end >= start"):
+        watched_times(times, [(3.0, 1.0)])
