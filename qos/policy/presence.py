@@ -63,13 +63,14 @@ def held(table: RequestTable) -> np.ndarray:
 
 def stated_deadline(table: RequestTable) -> np.ndarray:
     """When each watching reader runs out of tokens by its client's statement (module
-    doc); -inf where no buffer was ever stated. Tokens still in flight when the client
-    spoke are not in it (they only push the real deadline later), nor any gap between
-    tokens since (the same): it is never later than the reader's real one, but for a
-    client that lies."""
+    doc); -inf where no buffer, or an empty one, was stated (a reader waiting already:
+    the statement says nothing of when the tokens sent since are read, the model does).
+    Tokens still in flight when the client spoke are not in it (they only push the real
+    deadline later), nor any gap between tokens since (the same): it is never later
+    than the reader's real one, but for a client that lies."""
     tokens = held(table)
     deadline: np.ndarray = np.where(
-        tokens >= 0,
+        table.col("stated_buffer") > 0,
         table.col("stated_at") - SIGNAL_PATH_S + tokens / table.col("reader_pace"),
         -np.inf,
     )

@@ -188,7 +188,8 @@ class ReaderSim:
             ((p.leave_at, k) for k, p in self.plans.items() if p.leave_at is not None),
             reverse=True,
         )
-        self.left: dict[str, int] = {}  # readers gone: the tokens generated (charged)
+        # readers gone before their reply ended: the tokens generated (charged)
+        self.left: dict[str, int] = {}
         self.sent = 0  # signals sent
 
     # -- driven by :func:`qos.sim.engine.simulate` ------------------------------------
@@ -268,9 +269,10 @@ class ReaderSim:
         table = engine.table
         for _, _, key, signal in due:
             if signal.presence is Presence.LEFT:  # the stream closes: the engine aborts
-                if key in table:
-                    self.left[key] = int(table.col("output")[table.row(key)])
                 client = self._clients.get(key)
+                if client is not None and client.ended:
+                    continue  # the reply ended first
+                self.left[key] = int(table.col("output")[table.row(key)]) if key in table else 0
                 if client is not None:
                     client.ended = True
                 engine.abort(key)
