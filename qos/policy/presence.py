@@ -9,9 +9,6 @@ those into what the reader guard (:mod:`qos.policy.reader`) and operators need:
 - :func:`held`: the tokens the client holds unshown now. While the reader is away
   nothing is shown (the SDKs' pacers stop), so every token sent since the statement is
   held: ``stated_buffer + (output - stated_output)``.
-- :func:`stated_deadline`: when a watching reader would run out of tokens, by the
-  statement: ``stated_at - SIGNAL_PATH_S + held / reader_pace`` (the client said it
-  up to ``SIGNAL_PATH_S`` before the engine heard it, and has been showing since).
 - :func:`yielding`: the started replies whose readers are away and hold their
   *return cushion*: they owe nobody a token until their reader comes back.
 - :func:`away_share`, :func:`rate_given_back`: the operators' gauges.
@@ -59,22 +56,6 @@ def held(table: RequestTable) -> np.ndarray:
         stated >= 0, stated + table.col("output") - table.col("stated_output"), -1
     )
     return tokens
-
-
-def stated_deadline(table: RequestTable) -> np.ndarray:
-    """When each watching reader runs out of tokens by its client's statement (module
-    doc); -inf where no buffer, or an empty one, was stated (a reader waiting already:
-    the statement says nothing of when the tokens sent since are read, the model does).
-    Tokens still in flight when the client spoke are not in it (they only push the real
-    deadline later), nor any gap between tokens since (the same): it is never later
-    than the reader's real one, but for a client that lies."""
-    tokens = held(table)
-    deadline: np.ndarray = np.where(
-        table.col("stated_buffer") > 0,
-        table.col("stated_at") - SIGNAL_PATH_S + tokens / table.col("reader_pace"),
-        -np.inf,
-    )
-    return deadline
 
 
 def yielding(table: RequestTable, now: float, return_s: np.ndarray | float) -> np.ndarray:

@@ -208,20 +208,15 @@ class ReaderGuard:
         return mask
 
     def deadline(self, table: RequestTable, tau: float) -> np.ndarray:
-        """D_i, when each reader runs out of tokens, at its protected pace min(p_i, 1/τ),
-        p_i the reader's pace (the tier's TDS unless its client said slower): the
-        server's model, d_n + 1/p_i, or where the client stated its buffer, the later of
-        that and the statement's (:func:`qos.policy.presence.stated_deadline`): a
-        statement never makes a reader due earlier than the model, so saying "buffer
-        empty" buys nothing, and one that says more than the model (a reader back from
-        away, tokens that came late) only makes its reader more patient."""
+        """D_i = d_n + 1/p_i, when each reader runs out of tokens by the server's model,
+        at its protected pace min(p_i, 1/τ), p_i the reader's pace (the tier's TDS
+        unless its client said slower). A stated buffer does not move it: one below the
+        model ("buffer empty") cannot be told from a lie, and sending sooner does not
+        push tokens through a stalled network; one above it (a reader back from away)
+        would keep the reply's KV idle while others wait for room
+        (docs/architecture/reader-signals.md measures both)."""
         step = np.maximum(1.0 / table.col("reader_pace"), tau)
         deadline: np.ndarray = table.col("dig_last") + step
-        stated = table.col("stated_buffer") >= 0
-        if stated.any():
-            deadline = np.where(
-                stated, np.maximum(deadline, presence.stated_deadline(table)), deadline
-            )
         return deadline
 
     def slack(

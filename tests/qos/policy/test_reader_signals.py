@@ -94,17 +94,18 @@ def test_a_stated_buffer_never_makes_a_reader_due_earlier_than_the_model():
     assert guard.deadline(table, TAU)[row] == before[row]
 
 
-def test_a_reader_back_from_away_has_the_deadline_of_its_real_buffer():
-    """Away for 20 s with 8 tokens unread: the model thinks they were read long ago, the
-    client still holds them and shows them from its return."""
+def test_a_reader_back_from_away_is_due_by_the_model_never_later():
+    """Away for 20 s with 8 tokens unread: back, its reply is due by the model (the
+    tokens it holds are a cushion, not a reason to leave the reply's KV idle)."""
     table = RequestTable()
     row = started(table, "a", tokens=10, last_at=0.5, now=1.0)
-    back = 22.0
-    table.reader_signal("a", ReaderSignal(Presence.WATCHING, buffer_tokens=8), back)
-    deadline = ReaderGuard(SMALL).deadline(table, TAU)[row]
-    assert deadline == pytest.approx(back - presence.SIGNAL_PATH_S + 8 / 5.0)
-    table.record_tokens(row, back + 0.1)  # one more token sent since: one more held
-    assert ReaderGuard(SMALL).deadline(table, TAU)[row] == pytest.approx(deadline + 1 / 5.0)
+    guard = ReaderGuard(SMALL)
+    model = guard.deadline(table, TAU)[row]
+    table.reader_signal("a", ReaderSignal(Presence.AWAY, buffer_tokens=8), 2.0)
+    table.reader_signal("a", ReaderSignal(Presence.WATCHING, buffer_tokens=8), 22.0)
+    assert guard.deadline(table, TAU)[row] == model
+    assert not guard.yielding(table, 22.0, TAU, Capacity(2_000, 1, pauses=True))[row]
+    assert guard.slack(table, 22.0, TAU)[row] < 0  # due: it runs at the next decision
 
 
 def test_a_slower_reader_is_more_patient_and_asks_less_never_faster_than_the_tier():
