@@ -26,9 +26,9 @@ own decision interval: one HTTP request to the gateway on a loaded internet path
 publish on the shared store (docs/architecture/reader-signals.md)."""
 
 OPERATOR_RETURN_S = 1.0
-"""The return latency :func:`rate_given_back` counts a cushion with by default: an upper
-bound on what the guard derives for the shipped profiles (its margin, one iteration, a
-recompute's prefill and the signal's path all fit in it)."""
+"""The return latency :func:`rate_given_back` counts a cushion with by default: the order
+of what the guard derives per reply (:meth:`~qos.policy.reader.ReaderGuard.return_s`,
+0.1-1.1 s on the shipped profiles; it grows with the reply's context)."""
 
 
 def signalled(table: RequestTable) -> np.ndarray:
