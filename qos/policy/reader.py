@@ -393,6 +393,11 @@ class ReaderGuard:
                 lenders,
             )
         reserved = committed
+        if capacity.pauses:
+            # a reply whose reader is away holding its return cushion lends its KV: it
+            # stays in the cache until admissions need it, and the cushion covers the
+            # recompute on return (:meth:`return_s`); taken back when due (rule 1)
+            reserved = committed & ~yielding
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
         # what the running replies grow by until the next one ends and frees its KV, one
