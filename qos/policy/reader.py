@@ -60,6 +60,15 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    more than OVERDUE_AFTER_FCFS_WAITS times what FCFS would make a new request wait)
    go first, oldest first: someone must wait, and the longest wait is what users feel.
 
+**Reader signals** (:mod:`qos.signals`, recorded by the table, read through
+:mod:`qos.policy.presence`): a started reply whose reader is away holding its *return
+cushion*, R_i times its pace in tokens (:meth:`ReaderGuard.return_s`), has no deadline,
+asks none of the readers' rate, takes spare slots last and, where pausing keeps the KV,
+lends its KV to admissions; back, it is due by the model and runs before its reader
+has read the cushion. A reader's stated pace (at most the TDS) steps its deadline and
+its ask. Nothing a signal says makes a deadline earlier or an ask larger
+(docs/architecture/reader-signals.md derives the return bound).
+
 What remains is bounded: a reply can wait beyond its reader's pace for at most one
 iteration with the longest single (re)compute prefill (the progress rule, or the cache
 outgrown by the replies' own growth, when a paused one loses its KV). docs/architecture/policy.md

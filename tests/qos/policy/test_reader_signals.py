@@ -50,6 +50,27 @@ def test_an_away_reader_holding_its_cushion_yields_its_slot_to_a_watching_one():
     assert asks[a] == 0.0 and asks[b] == 5.0  # it takes none of the readers' rate
 
 
+@pytest.mark.parametrize("pauses", [True, False])
+def test_an_away_readers_reply_lends_its_kv_where_pausing_keeps_it(pauses):
+    """A reply far ahead of its reader holds 901 of 1,200 KV tokens: a fresh request of
+    401 waits for room. Once its reader is away with its cushion, the room is lent to
+    the fresh request where pausing keeps the KV (it stays in the cache until it is
+    needed; the cushion covers a recompute on return); where leaving the reply out
+    would drop its KV, it stays reserved."""
+    now = 5.0
+    table = RequestTable()
+    parked = table.add("parked", arrival=0.0, prompt_tokens=800, ttft=1.0, tds=5.0)
+    table.admit(parked)
+    table.record_tokens(parked, 0.5, 100)  # its reader is busy until ~20.5 s
+    table.pause(parked, 1.0) if pauses else table.preempt(parked, 1.0)
+    newcomer = fresh(table, "new", arrival=now - 2.0, prompt=400)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    capacity = Capacity(1_200, 8, block_size=1, pauses=pauses)
+    assert not policy.schedule(table, capacity, now)[newcomer]
+    table.reader_signal("parked", ReaderSignal(Presence.AWAY, buffer_tokens=90), now)
+    assert policy.schedule(table, capacity, now)[newcomer] == pauses
+
+
 def test_an_away_reader_short_of_its_cushion_keeps_its_deadline():
     """Away with nothing unread: coming back, the reader would stop before the reply
     resumes, so the reply still owes it tokens."""
