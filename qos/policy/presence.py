@@ -32,8 +32,9 @@ of what the guard derives per reply (:meth:`~qos.policy.reader.ReaderGuard.retur
 
 
 def signalled(table: RequestTable) -> np.ndarray:
-    """The rows some signal changed anything for: away, a pace below the tier's, or a
-    stated buffer. Every other row is scheduled exactly as without signals."""
+    """The rows a signal may have changed anything for: away, a pace below the tier's,
+    or a stated buffer (which counts only while away). Every other row is scheduled
+    exactly as without signals."""
     mask: np.ndarray = (
         (table.col("away_until") > NO_TOKEN)
         | (table.col("reader_pace") < table.col("tds"))

@@ -223,7 +223,7 @@ class ReaderGuard:
         model ("buffer empty") cannot be told from a lie, and sending sooner does not
         push tokens through a stalled network; one above it (a reader back from away)
         would keep the reply's KV idle while others wait for room
-        (docs/architecture/reader-signals.md measures both)."""
+        (docs/architecture/reader-signals.md gives the measures)."""
         step = np.maximum(1.0 / table.col("reader_pace"), tau)
         deadline: np.ndarray = table.col("dig_last") + step
         return deadline
