@@ -183,7 +183,8 @@ class ReaderSim:
         self._outbox: list[tuple[float, int, str, ReaderSignal]] = []  # (due, seq, id, signal)
         self._seq = 0
         self._next_check = 0.0
-        self._away: list[str] = []  # clients with an away span
+        self._open: dict[str, _Client] = {}  # clients whose stream is open
+        self._away: dict[str, _Client] = {}  # those of them with an away span
         self._leaving = sorted(  # (when, id), the latest first
             ((p.leave_at, k) for k, p in self.plans.items() if p.leave_at is not None),
             reverse=True,
@@ -196,15 +197,12 @@ class ReaderSim:
     def before_step(self, engine: Engine, now: float) -> None:
         """Play the clients up to ``now`` and hand the engine the signals due by then."""
         if self.signals:
-            for key in self._away:
-                client = self._clients[key]
-                if not client.ended:
-                    self._play_away(key, client, now)
+            for key, client in list(self._away.items()):
+                self._play_away(key, client, now)
             if now >= self._next_check:  # a dry buffer is told at most this often
                 self._next_check = now + MIN_INTERVAL_S
-                for key, client in self._clients.items():
-                    if not client.ended:
-                        self._play_dry(key, client, now)
+                for key, client in self._open.items():
+                    self._play_dry(key, client, now)
         while self._leaving and self._leaving[-1][0] <= now:
             at, key = self._leaving.pop()
             self._send(key, at, ReaderSignal(Presence.LEFT))
@@ -218,12 +216,21 @@ class ReaderSim:
             client = self._clients.get(key)
             if client is None:
                 plan = self.plans.get(key, ReaderPlan())
-                client = self._clients[key] = _Client(self._requests[key].tds, plan)
+                client = self._clients[key] = self._open[key] = _Client(
+                    self._requests[key].tds, plan
+                )
                 if plan.away is not None:
-                    self._away.append(key)
+                    self._away[key] = client
             client.receive(end + (float(delays[i]) if delays is not None else 0.0))
         for key in finished:
-            self._clients[key].ended = True
+            self._end(key)
+
+    def _end(self, key: str) -> None:
+        """``key``'s stream closed: its client sends nothing more."""
+        client = self._open.pop(key, None)
+        self._away.pop(key, None)
+        if client is not None:
+            client.ended = True
 
     # -- the clients -------------------------------------------------------------------
     def _play_away(self, key: str, client: _Client, now: float) -> None:
@@ -237,6 +244,7 @@ class ReaderSim:
             t += AWAY_LEASE_S / 2
         if start <= client.last_sent < end <= now:
             self._send(key, end, self._signal(client, Presence.WATCHING, end))
+            del self._away[key]  # back: nothing more to say of the span
 
     def _play_dry(self, key: str, client: _Client, now: float) -> None:
         """A "watching" signal (buffer 0) when the watching reader waits for a token,
@@ -273,8 +281,7 @@ class ReaderSim:
                 if client is not None and client.ended:
                     continue  # the reply ended first
                 self.left[key] = int(table.col("output")[table.row(key)]) if key in table else 0
-                if client is not None:
-                    client.ended = True
+                self._end(key)
                 engine.abort(key)
             else:
                 table.reader_signal(key, signal, now)
