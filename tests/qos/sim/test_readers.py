@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qos.latency import LatencyProfile
 from qos.metrics import andes_qoe
@@ -97,6 +99,27 @@ def test_away_readers_come_back_to_no_freeze_beyond_the_bound(seed, pause):
     tau = float(SMALL.decode_s(SMALL.max_batch))
     bound = freeze_bound(SMALL, requests) + model.signal_delay_s + tau
     worst = max(o.freezes.longest_s for o in seen)
+    assert worst <= bound + 1e-9, (worst, bound)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    rate=st.floats(0.5, 4.0),
+    share=st.floats(0.1, 0.9),
+    pause=st.booleans(),
+)
+def test_no_watched_freeze_beyond_the_bound_on_random_readers(seed, rate, share, pause):
+    """Random workloads and readers (away 1-10 s, from the first token to the reply's
+    end): with signals, no reply freezes while watched longer than the guard's bound
+    plus the signal's way."""
+    requests = workload(30, rate, seed=seed)
+    model = ReaderModel(away_share=share, away_s=(1.0, 10.0), away_at=(0.0, 1.0))
+    readers = ReaderSim(requests, model, signals=True, seed=seed)
+    result = run(requests, readers, pause=pause)
+    tau = float(SMALL.decode_s(SMALL.max_batch))
+    bound = freeze_bound(SMALL, requests) + model.signal_delay_s + tau
+    worst = max(readers.outcome(by_id(requests)[r.id]).freezes.longest_s for r in result.requests)
     assert worst <= bound + 1e-9, (worst, bound)
 
 
