@@ -60,6 +60,15 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    more than OVERDUE_AFTER_FCFS_WAITS times what FCFS would make a new request wait)
    go first, oldest first: someone must wait, and the longest wait is what users feel.
 
+**Reader signals** (:mod:`qos.signals`, recorded by the table, read through
+:mod:`qos.policy.presence`): a started reply whose reader is away holding its *return
+cushion*, R_i times its pace in tokens (:meth:`ReaderGuard.return_s`), has no deadline,
+asks none of the readers' rate, takes spare slots last and, where pausing keeps the KV,
+lends its KV to admissions; back, it is due by the model and runs before its reader
+has read the cushion. A reader's stated pace (at most the TDS) steps its deadline and
+its ask. Nothing a signal says makes a deadline earlier or an ask larger
+(docs/architecture/reader-signals.md derives the return bound).
+
 What remains is bounded: a reply can wait beyond its reader's pace for at most one
 iteration with the longest single (re)compute prefill (the progress rule, or the cache
 outgrown by the replies' own growth, when a paused one loses its KV). docs/architecture/policy.md
@@ -74,7 +83,7 @@ from typing import NamedTuple
 import numpy as np
 
 from qos.latency import LatencyProfile
-from qos.policy import plans
+from qos.policy import plans, presence
 from qos.policy.base import pack_in_order
 from qos.policy.decision import Decision, Hold, Ranking
 from qos.policy.table import Capacity, RequestTable
@@ -182,11 +191,49 @@ class ReaderGuard:
         readers: np.ndarray = ~np.isin(table.col("tier"), skip)
         return readers
 
-    def slack(self, table: RequestTable, now: float, tau: float) -> np.ndarray:
-        """s_i = D_i + NOTICEABLE_GAP_S - now - lead_i for every reader's row, D_i at its
-        protected pace, min(TDS_i, 1/τ): no faster than the engine gives one sequence
-        at the batch it runs (+inf for rows with no token yet and for non-readers)."""
-        step = np.maximum(1.0 / table.col("tds"), tau)
+    def return_s(self, table: RequestTable, tau: float, capacity: Capacity) -> np.ndarray:
+        """R_i, how long each reply takes to give its returning reader a token: the
+        signal's path to the table (SIGNAL_PATH_S and the engine's decision interval),
+        the wait for a decision that runs it (the margin) and its lead, one iteration
+        plus the prefill of its whole context (the KV of a reply that yields may be
+        lost). A reader who comes back holding R_i times its pace in tokens reads on
+        without a stop (docs/architecture/reader-signals.md derives it)."""
+        p = self.profile
+        path = presence.SIGNAL_PATH_S + capacity.decision_interval_s
+        recompute = p.prefill_base_s + p.prefill_per_token_s * table.context
+        wait: np.ndarray = path + self.margin_s(tau, capacity) + tau + recompute
+        return wait
+
+    def yielding(
+        self, table: RequestTable, now: float, tau: float, capacity: Capacity
+    ) -> np.ndarray:
+        """The readers' rows that owe no token now: away, holding their return cushion
+        (:func:`qos.policy.presence.yielding`, for :meth:`return_s`)."""
+        if not presence.signalled(table).any():
+            return np.zeros(table.n, dtype=bool)
+        mask: np.ndarray = self.readers(table) & presence.yielding(
+            table, now, self.return_s(table, tau, capacity)
+        )
+        return mask
+
+    def deadline(self, table: RequestTable, tau: float) -> np.ndarray:
+        """D_i = d_n + 1/p_i, when each reader runs out of tokens by the server's model,
+        at its protected pace min(p_i, 1/τ), p_i the reader's pace (the tier's TDS
+        unless its client said slower). A stated buffer does not move it: one below the
+        model ("buffer empty") cannot be told from a lie, and sending sooner does not
+        push tokens through a stalled network; one above it (a reader back from away)
+        would keep the reply's KV idle while others wait for room
+        (docs/architecture/reader-signals.md gives the measures)."""
+        step = np.maximum(1.0 / table.col("reader_pace"), tau)
+        deadline: np.ndarray = table.col("dig_last") + step
+        return deadline
+
+    def slack(
+        self, table: RequestTable, now: float, tau: float, yielding: np.ndarray | None = None
+    ) -> np.ndarray:
+        """s_i = D_i + NOTICEABLE_GAP_S - now - lead_i for every reader's row
+        (:meth:`deadline`) (+inf for rows with no token yet, for non-readers and for
+        the ``yielding`` rows, :meth:`yielding`)."""
         uncomputed = table.context - table.col("computed")
         lead = tau + np.where(
             uncomputed > 0,
@@ -194,7 +241,9 @@ class ReaderGuard:
             0.0,
         )
         watched = (table.col("output") > 0) & self.readers(table)
-        deadline = table.col("dig_last") + step + NOTICEABLE_GAP_S
+        if yielding is not None:
+            watched &= ~yielding
+        deadline = self.deadline(table, tau) + NOTICEABLE_GAP_S
         slack: np.ndarray = np.where(watched, deadline - now - lead, np.inf)
         return slack
 
@@ -240,14 +289,21 @@ class ReaderGuard:
             share = min(prefill / room_wait_s, MAX_PREFILL_SHARE)
         return full * max(1.0 - share - loan_share, 0.0)
 
-    def asks(self, table: RequestTable, sequence_rate: float) -> np.ndarray:
-        """What each row's reader takes of the rate room: min(TDS_i, r), 0 for
-        non-readers, who watch no pace. r = R/B, what one of the full batch's B slots
-        receives of its rate R (:meth:`reader_rate`): no sequence in that batch decodes
-        faster, so a reader asking more is paced at the engine's speed by any slot, and
-        B such readers fill the batch, never the room before it."""
+    def asks(
+        self, table: RequestTable, sequence_rate: float, yielding: np.ndarray | None = None
+    ) -> np.ndarray:
+        """What each row's reader takes of the rate room: min(p_i, r), p_i the reader's
+        pace (the tier's TDS unless its client said slower), 0 for non-readers, who
+        watch no pace, and for the ``yielding`` rows (:meth:`yielding`), whose readers
+        are away. r = R/B, what one of the full batch's B slots receives of its rate R
+        (:meth:`reader_rate`): no sequence in that batch decodes faster, so a reader
+        asking more is paced at the engine's speed by any slot, and B such readers fill
+        the batch, never the room before it."""
+        readers = self.readers(table)
+        if yielding is not None:
+            readers = readers & ~yielding
         asks: np.ndarray = np.where(
-            self.readers(table), np.minimum(table.col("tds"), sequence_rate), 0.0
+            readers, np.minimum(table.col("reader_pace"), sequence_rate), 0.0
         )
         return asks
 
@@ -292,7 +348,8 @@ class ReaderGuard:
         started = table.col("output") > 0
         committed = started | running
         margin = self.margin_s(tau, capacity)
-        slack = self.slack(table, now, tau)
+        yielding = self.yielding(table, now, tau, capacity)
+        slack = self.slack(table, now, tau, yielding)
         p = self.profile
         recompute = p.prefill_base_s + p.prefill_per_token_s * table.context  # KV lost
         must = started & (slack <= margin)
@@ -310,7 +367,7 @@ class ReaderGuard:
             table, capacity, demand, committed, waiting, room_wait_s, loans
         )
         readers = self.readers(table)
-        asks = self.asks(table, reader_rate / capacity.max_batch)
+        asks = self.asks(table, reader_rate / capacity.max_batch, yielding)
         batch = _Batch(table, demand, committed, asks, readers, capacity.max_batch, self.profile)
         # a request that would pass its TTFT before the next decision has a user about to
         # notice a wait too (the wait for the first token is idle latency, Wang et al. Eq.
@@ -345,6 +402,11 @@ class ReaderGuard:
                 lenders,
             )
         reserved = committed
+        if capacity.pauses:
+            # a reply whose reader is away holding its return cushion lends its KV: it
+            # stays in the cache until admissions need it, and the cushion covers the
+            # recompute on return (:meth:`return_s`); taken back when due (rule 1)
+            reserved = committed & ~yielding
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
         # what the running replies grow by until the next one ends and frees its KV, one

@@ -54,7 +54,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -76,6 +76,9 @@ from qos.metrics import (
 from qos.policy.base import Policy, pack_in_order
 from qos.policy.table import Capacity, RequestTable
 from qos.sim.workload import SimRequest
+
+if TYPE_CHECKING:
+    from qos.sim.readers import ReaderSim
 
 PreemptionMode = Literal["recompute", "swap"]
 
@@ -795,8 +798,11 @@ def simulate(
     max_time: float | None = None,
     expose_output_len: bool = False,
     pause: bool = False,
+    readers: ReaderSim | None = None,
 ) -> SimResult:
-    """Run ``workload`` through one :class:`Engine` until every request finishes.
+    """Run ``workload`` through one :class:`Engine` until every request finishes (or,
+    with ``readers``, until its reader leaves: :mod:`qos.sim.readers` plays the clients,
+    and their signals, against the engine between iterations).
 
     Event-driven: when nothing can run the clock jumps to the next arrival. With
     ``max_time`` no iteration starts at or after that time and what is left is reported
@@ -828,7 +834,13 @@ def simulate(
             now = max(now, arrival)
         if max_time is not None and now >= max_time:
             break
+        if readers is not None:
+            readers.before_step(engine, now)
+            if not engine.has_work():  # the last readers left
+                break
         res = engine.step(now)
+        if readers is not None:
+            readers.after_step(res.request_ids, res.end, res.finished)
         if res.batch_size == 0:
             nxt = engine.next_arrival_time()
             if nxt is None or nxt <= now:
