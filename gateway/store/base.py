@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -400,6 +400,18 @@ class Store(ABC):
     async def shared_secret(self, name: str, candidate: str) -> str:
         """The secret stored under ``name``, storing ``candidate`` first if there is none
         (set if absent: every replica ends up with the first one stored)."""
+
+    # -- messages between replicas (and engines) ----------------------------------------
+    @abstractmethod
+    async def publish(self, channel: str, message: bytes) -> None:
+        """Send ``message`` to every subscriber of ``channel``: every replica on the
+        store, and whatever else listens there (the vLLM plugin); at most once, never
+        kept for a subscriber that is not listening."""
+
+    @abstractmethod
+    def subscribe(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """Call ``handler`` (on the event loop; it must not block) with each message
+        published on ``channel`` from now until :meth:`aclose` (within a running loop)."""
 
 
 # Redis; Redis down and this replica on its local state (fail open) or refusing (fail
