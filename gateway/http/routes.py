@@ -101,6 +101,55 @@ def add_api_routes(
             request, record, "completions", body, tenant_of(request), x_tokenpace_tier
         )
 
+    @app.post(
+        "/v1/tokenpace/reader",
+        tags=["tokenpace"],
+        summary="Say what the reader of a stream is doing (SDKs, while the stream runs)",
+        status_code=202,
+        responses={
+            202: {"description": "Accepted and handed to the engine that runs the reply"},
+            **{k: ERROR_RESPONSES[k] for k in (400, 401, 413)},
+            403: {
+                "model": ErrorResponse,
+                "description": "The telemetry token is for another request",
+            },
+            404: {"model": ErrorResponse, "description": "Not a request id of this tenant"},
+            429: {
+                "model": ErrorResponse,
+                "description": "Sooner than 0.25 s after the request's last signal with the same "
+                "presence (`reader_signal_rate`, Retry-After): send the newest state then",
+            },
+            503: STORE_DOWN,
+        },
+        openapi_extra={
+            **TENANT_KEY_REQUIRED,
+            "parameters": [
+                {
+                    "name": TOKEN_HEADER,
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "the stream's telemetry token, instead of the API key "
+                    "(or, text/plain for sendBeacon, as the body's 'telemetry_token'); "
+                    "it stays valid for the QoE report",
+                }
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": READER_SIGNAL_SCHEMA}},
+            },
+        },
+    )
+    async def reader(request: Request) -> JSONResponse:
+        """With the API key, or the response's telemetry token (header, or in the body).
+        Routed right after the completions, with no dependency to solve: every stream's
+        client may send several a second."""
+        caller = caller_of(request)
+        tenant = caller.tenant
+        assert tenant is not None, "the gate admits a tenant's key or a telemetry token"
+        result = await readers.accept(tenant.name, await request.body(), caller.report_on)
+        return JSONResponse(result, status_code=202)
+
     @app.get(
         "/v1/models",
         tags=["openai"],
@@ -215,55 +264,6 @@ def add_api_routes(
         tenant, token_for = tenant_of(request), caller_of(request).report_on
         result = await reports.report(tenant.name, await request.body(), token_for)
         return JSONResponse(result, status_code=200 if result["stored"] else 202)
-
-    @app.post(
-        "/v1/tokenpace/reader",
-        tags=["tokenpace"],
-        summary="Say what the reader of a stream is doing (SDKs, while the stream runs)",
-        status_code=202,
-        responses={
-            202: {"description": "Accepted and handed to the engine that runs the reply"},
-            **{k: ERROR_RESPONSES[k] for k in (400, 401, 413)},
-            403: {
-                "model": ErrorResponse,
-                "description": "The telemetry token is for another request",
-            },
-            404: {"model": ErrorResponse, "description": "Not a request id of this tenant"},
-            429: {
-                "model": ErrorResponse,
-                "description": "Sooner than 0.25 s after the request's last signal with the same "
-                "presence (`reader_signal_rate`, Retry-After): send the newest state then",
-            },
-            503: STORE_DOWN,
-        },
-        openapi_extra={
-            "parameters": [
-                {
-                    "name": TOKEN_HEADER,
-                    "in": "header",
-                    "required": False,
-                    "schema": {"type": "string"},
-                    "description": "the stream's telemetry token, instead of the API key "
-                    "(or, text/plain for sendBeacon, as the body's 'telemetry_token'); "
-                    "it stays valid for the QoE report",
-                }
-            ],
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": READER_SIGNAL_SCHEMA}},
-            },
-        },
-    )
-    async def reader(
-        request: Request,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(tenant_bearer)],
-    ) -> JSONResponse:
-        """With the API key, or the response's telemetry token (header, or in the body)."""
-        caller = caller_of(request)
-        tenant = caller.tenant
-        assert tenant is not None, "the gate admits a tenant's key or a telemetry token"
-        result = await readers.accept(tenant.name, await request.body(), caller.report_on)
-        return JSONResponse(result, status_code=202)
 
     @app.get(
         "/v1/tokenpace/qoe",
