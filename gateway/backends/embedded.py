@@ -29,7 +29,9 @@ The text is :mod:`gateway.backends.embedded_text`'s (the same prompt always gets
 ``stop`` strings are honoured (text is held back while it may be the start of one, as
 vLLM does); sampling fields (temperature, seed, logprobs, tools, ...) are ignored.
 ``stream_options.include_usage`` adds the usage chunk; non-streaming requests are the
-stream aggregated (:class:`gateway.backends.InProcessBackend`).
+stream aggregated (:class:`gateway.backends.InProcessBackend`). A reader signal for a
+request (:meth:`EmbeddedEngine.reader_signal`, from the relay,
+:mod:`gateway.relay.reader`) is recorded in the engine's table for each of its sequences.
 
 Options (``backends[].options`` with ``kind: embedded``): ``profile``, ``policy``
 (a name of :mod:`qos.policy.registry`: ``andes-tp``, the default, is
