@@ -24,6 +24,7 @@ log = logging.getLogger("tokenpace.gateway.store")
 
 RECONNECT_S = 0.1
 RECONNECT_MAX_S = 5.0
+HEALTH_CHECK_S = 30
 POLL_S = 1.0  # a wait for the next message ends this often (the loop stays cancellable)
 
 
@@ -34,7 +35,11 @@ class ChannelListener:
         self.channel = channel
         self.handler = handler
         self.subscribed = asyncio.Event()  # set while the subscription is live
-        self._client: aioredis.Redis = aioredis.from_url(url, max_connections=1)
+        # the health check PINGs an idle subscription: a connection that died without a
+        # word (a silent network) is found and replaced
+        self._client: aioredis.Redis = aioredis.from_url(
+            url, max_connections=1, health_check_interval=HEALTH_CHECK_S
+        )
         self._task = asyncio.get_running_loop().create_task(
             self._listen(), name=f"tokenpace-subscribe-{channel}"
         )

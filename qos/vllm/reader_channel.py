@@ -36,6 +36,7 @@ logger = logging.getLogger("tokenpace.vllm.reader")
 INBOX_MAX = 65536
 RECONNECT_S = 0.1
 RECONNECT_MAX_S = 5.0
+HEALTH_CHECK_S = 30
 POLL_S = 0.5  # a wait for the next message ends this often (the thread stops promptly)
 
 
@@ -87,8 +88,13 @@ class ReaderSubscriber:
         # only with the channel on (PluginConfig checked redis-py is there): an engine
         # without the channel needs no redis-py
         redis = importlib.import_module("redis")
+        # the health check PINGs an idle subscription, so a connection that died
+        # silently is found and replaced
         self._client: Any = redis.Redis.from_url(
-            url, socket_connect_timeout=2.0, socket_timeout=POLL_S * 4
+            url,
+            socket_connect_timeout=2.0,
+            socket_timeout=POLL_S * 4,
+            health_check_interval=HEALTH_CHECK_S,
         )
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self.channel = channel(key_prefix)
