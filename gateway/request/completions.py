@@ -281,7 +281,10 @@ class CompletionService:
             record.outcome = "error"
             record.error = exc.message
 
-        body = QueuedRelay(waiting, start, failed, self.drain)
+        def left() -> None:
+            record.outcome = "aborted"
+
+        body = QueuedRelay(waiting, start, failed, left, self.drain, self.readers)
         try:
             response = RelayResponse(body, headers)
         except BaseException:
