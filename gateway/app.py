@@ -39,6 +39,7 @@ from gateway.http.pages import add_page_routes
 from gateway.http.routes import add_api_routes
 from gateway.relay.dispatch import Dispatcher
 from gateway.relay.drain import DRAIN_STATE_KEY, Drain
+from gateway.relay.reader import ReaderChannel
 from gateway.request.completions import CompletionService
 from gateway.request.tiers import TIER_HEADER
 from gateway.store import ResilientStore, Store, build_store
@@ -82,6 +83,7 @@ class Gateway:
     telemetry: Telemetry
     telemetry_tokens: TelemetryTokens
     drain: Drain
+    readers: ReaderChannel
 
 
 def create_app(
@@ -121,6 +123,7 @@ def create_app(
     )
     dispatcher = Dispatcher(router, metrics, config.timeouts, config.health.interval_s)
     drain = Drain(config.server.drain_s)
+    readers = ReaderChannel(store, config.store.key_prefix, metrics)
     service = CompletionService(
         config,
         router,
@@ -130,6 +133,7 @@ def create_app(
         telemetry_tokens,
         metrics,
         drain,
+        readers,
         traces,
     )
     if isinstance(store, ResilientStore):
@@ -145,6 +149,7 @@ def create_app(
         telemetry,
         telemetry_tokens,
         drain,
+        readers,
     )
 
     @asynccontextmanager
@@ -163,6 +168,7 @@ def create_app(
                 )
                 admission.start()
                 telemetry.start()
+                readers.start()
                 history.start()
                 for b in backend_list:
                     await b.start(runtime)
@@ -217,6 +223,7 @@ def create_app(
         telemetry_service=telemetry,
         gateway_metrics=metrics,
         drain=drain,
+        readers=readers,
     )
     add_admin_routes(app, tenants, store, keys)
     add_status_route(app, store, router, metrics, tenants, history)

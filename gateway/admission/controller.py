@@ -148,6 +148,10 @@ class Waiting:
         self.rate = rate
         self._done = False
 
+    @property
+    def request_id(self) -> str:
+        return self._ctx.request_id
+
     async def ticket(self, notify: Notify | None = None) -> Ticket:
         """The request's ticket once admitted; ``notify(position, wait_s)`` now and at each
         new standing (about once a second) meanwhile. Raises 503 ``overloaded`` at the

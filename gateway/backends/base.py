@@ -26,6 +26,7 @@ from gateway.backends.chunk import ChunkView, read_chunk
 from gateway.config.schema import GatewayConfig
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import UPSTREAM_ERROR, GatewayError
+from qos.signals import ReaderSignal
 
 ENDPOINT_PATHS: dict[str, str] = {
     "chat.completions": "chat/completions",
@@ -208,6 +209,12 @@ class Backend(ABC):
 
     async def saturated(self) -> bool:
         """The engine reports no room for another request (its KV cache, its queue)."""
+        return False
+
+    def reader_signal(self, request_id: str, signal: ReaderSignal) -> bool:
+        """Hand an engine in this process what the client of ``request_id`` said of its
+        reader; False when this backend's engine is not here to hear it (a vLLM engine
+        hears the store's channel itself, :mod:`qos.vllm.reader_channel`)."""
         return False
 
     @abstractmethod

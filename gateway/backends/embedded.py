@@ -29,7 +29,9 @@ The text is :mod:`gateway.backends.embedded_text`'s (the same prompt always gets
 ``stop`` strings are honoured (text is held back while it may be the start of one, as
 vLLM does); sampling fields (temperature, seed, logprobs, tools, ...) are ignored.
 ``stream_options.include_usage`` adds the usage chunk; non-streaming requests are the
-stream aggregated (:class:`gateway.backends.InProcessBackend`).
+stream aggregated (:class:`gateway.backends.InProcessBackend`). A reader signal for a
+request (:meth:`EmbeddedEngine.reader_signal`, from the relay,
+:mod:`gateway.relay.reader`) is recorded in the engine's table for each of its sequences.
 
 Options (``backends[].options`` with ``kind: embedded``): ``profile``, ``policy``
 (a name of :mod:`qos.policy.registry`: ``andes-tp``, the default, is
@@ -66,6 +68,7 @@ from qos.latency import PROFILES, get_profile
 from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS
 from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.prompt_tokens import estimate_text_tokens
+from qos.signals import ReaderSignal
 from qos.sim.engine import Engine, StepResult
 from qos.sim.workload import SimRequest
 
@@ -251,6 +254,7 @@ class EmbeddedEngine(InProcessBackend):
         super().__init__(name, models, tokenpace=True, throughput_tps=throughput_tps or default_tps)
         self._scale = opts.time_scale
         self._routes: dict[str, _Route] = {}
+        self._requests: dict[str, list[str]] = {}  # request id -> its sequences' ids
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = 0.0
@@ -444,6 +448,19 @@ class EmbeddedEngine(InProcessBackend):
             self._routes[seq_id] = _Route(queue, c)
         self._wake.set()
 
+    def reader_signal(self, request_id: str, signal: ReaderSignal) -> bool:
+        """Record the signal in the engine's table for each of the request's sequences
+        (``table.reader_signal`` on the engine's clock), and wake the engine so that its
+        next decision sees it; False when none of them is in the table (queued, or ended)."""
+        table = self.engine.table
+        now = max(self._sim_time(time.monotonic()), self.engine.clock)
+        applied = False
+        for seq_id in self._requests.get(request_id, ()):
+            applied |= table.reader_signal(seq_id, signal, now)
+        if applied:
+            self._wake.set()
+        return applied
+
     def _abort(self, ids: list[str]) -> None:
         for seq_id in ids:
             if self._routes.pop(seq_id, None) is not None:
@@ -475,6 +492,7 @@ class EmbeddedEngine(InProcessBackend):
         done = [False] * k
         queue: asyncio.Queue[tuple[int, bool] | BackendError] = asyncio.Queue()
         ids: list[str] = []
+        self._requests[ctx.request_id] = ids
         try:
             self._submit(plan, ctx, queue, ids)
             open_choices = k
@@ -508,4 +526,5 @@ class EmbeddedEngine(InProcessBackend):
                 }
                 yield {**base, "choices": [], "usage": usage}
         finally:
+            self._requests.pop(ctx.request_id, None)
             self._abort(ids)

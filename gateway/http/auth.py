@@ -35,6 +35,7 @@ from gateway.telemetry.tokens import BODY_FIELD, TOKEN_HEADER, TelemetryTokens, 
 ADMIN_PREFIX = "/v1/tokenpace/admin/"
 MODELS_PREFIX = "/v1/models/"  # one model: GET /v1/models/{model}
 TELEMETRY_PATH = "/v1/tokenpace/telemetry"
+READER_PATH = "/v1/tokenpace/reader"
 QOE_PATH = "/v1/tokenpace/qoe"
 METRICS_PATH = "/metrics"
 
@@ -45,7 +46,7 @@ class Access(enum.Enum):
     TENANT = "a tenant's API key"
     ADMIN = "the admin key"
     TENANT_OR_ADMIN = "a tenant's API key or the admin key"
-    REPORT = "a tenant's API key or the request's telemetry token"
+    REPORT = "a tenant's API key or the request's telemetry token"  # QoE, reader signals
     METRICS = "the metrics token, when one is configured"
 
 
@@ -54,6 +55,7 @@ _ROUTES = {
     "/v1/completions": Access.TENANT,
     "/v1/models": Access.TENANT,
     TELEMETRY_PATH: Access.REPORT,
+    READER_PATH: Access.REPORT,  # reader signals: the same credentials, the token not used up
     QOE_PATH: Access.TENANT_OR_ADMIN,
     METRICS_PATH: Access.METRICS,
 }

@@ -15,8 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.config.schema import LimitsConfig, TelemetryConfig
 from gateway.context import Caller, request_record
 from gateway.errors import GatewayError
-from gateway.http.auth import Access, Authenticator, access_rule
+from gateway.http.auth import READER_PATH, Access, Authenticator, access_rule
 from gateway.http.errors import COMPLETION_PATHS, Refused, answer, too_large
+from gateway.relay.reader import MAX_BODY_BYTES as READER_MAX_BODY_BYTES
 from gateway.request.body import check_shape
 from gateway.request.disconnect import ClientGone
 from gateway.request.raw_json import check_raw_json
@@ -41,9 +42,10 @@ class AccessGate:
 
     The credential comes from the headers and is checked before a byte of the body is
     read (401 else), so an unauthenticated client never costs the gateway body memory.
-    The one exception is a QoE report without an ``Authorization`` header: it may carry
-    its telemetry token inside its body (a browser beacon cannot set headers), so that
-    body is read first, within ``telemetry.max_body_bytes`` and, all such bodies
+    The one exception is a QoE report or a reader signal without an ``Authorization``
+    header: it may carry its telemetry token inside its body (a browser beacon cannot set
+    headers), so that body is read first, within ``telemetry.max_body_bytes`` (a
+    signal's: :data:`gateway.relay.reader.MAX_BODY_BYTES`) and, all such bodies
     together, ``telemetry.anonymous_bodies_max_bytes`` (:class:`AnonymousBodies`: 503
     past it, before any of it is read), and the token taken out of it. The caller is left
     on the request's record (:func:`~gateway.http.auth.caller_of`).
@@ -75,6 +77,7 @@ class AccessGate:
         self.tracing = tracing  # the span tokenpace.authenticate
         self.max_body = limits.max_body_bytes
         self.max_report = min(limits.max_body_bytes, telemetry.max_body_bytes)
+        self.max_signal = min(self.max_report, READER_MAX_BODY_BYTES)
         self.anonymous = AnonymousBodies(telemetry.anonymous_bodies_max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -90,7 +93,7 @@ class AccessGate:
         if not anonymous:
             await self._serve(scope, receive, send, rule)
             return
-        reserved = _announced(scope, self.max_report)
+        reserved = _announced(scope, self._report_limit(scope))
         if not self.anonymous.take(reserved):
             await answer(anonymous_bodies_busy(self.anonymous.max_bytes), scope, receive, send)
             return
@@ -100,7 +103,7 @@ class AccessGate:
             self.anonymous.give_back(reserved)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, rule: Access) -> None:
-        limit = self.max_report if rule is Access.REPORT else self.max_body
+        limit = self._report_limit(scope) if rule is Access.REPORT else self.max_body
         with_body = scope.get("method") in _BODY_METHODS
         authorization = header(scope, b"authorization")
         completion = rule is Access.TENANT and scope.get("path") in COMPLETION_PATHS
@@ -152,6 +155,10 @@ class AccessGate:
             if rule is Access.TENANT:
                 scope = _as_json(scope)
         await self.app(scope, receive, send)
+
+    def _report_limit(self, scope: Scope) -> int:
+        """A QoE report's body limit, or a reader signal's (much smaller)."""
+        return self.max_signal if scope.get("path") == READER_PATH else self.max_report
 
 
 def _announced(scope: Scope, limit: int) -> int:

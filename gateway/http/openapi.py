@@ -16,6 +16,7 @@ from gateway.request.schemas import ErrorResponse
 from gateway.request.tiers import TIER_HEADER
 from gateway.telemetry.reports import MAX_TIMELINE_S, TelemetryReport
 from gateway.telemetry.tokens import TOKEN_HEADER
+from qos.signals import MAX_BUFFER_TOKENS, MAX_PACE_TPS, MAX_REQUEST_ID_CHARS, Presence
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Malformed JSON, a bad field, an unknown tier"},
@@ -87,6 +88,37 @@ TierHeader = Annotated[
 # schema is given to the OpenAPI document by hand.
 TELEMETRY_SCHEMA = TelemetryReport.model_json_schema(ref_template="#/components/schemas/{model}")
 _TELEMETRY_DEFS = TELEMETRY_SCHEMA.pop("$defs", {})
+
+READER_SIGNAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "What the reader of a stream is doing (qos.signals.ReaderSignal)",
+    "required": ["request_id", "presence"],
+    "properties": {
+        "request_id": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_REQUEST_ID_CHARS,
+            "description": "the stream's X-Request-Id",
+        },
+        "presence": {"type": "string", "enum": [p.value for p in Presence]},
+        "pace_tps": {
+            "type": ["number", "null"],
+            "exclusiveMinimum": 0,
+            "maximum": MAX_PACE_TPS,
+            "description": "the reader's own pace (tokens/s), when it differs from the tier's",
+        },
+        "buffer_tokens": {
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "maximum": MAX_BUFFER_TOKENS,
+            "description": "tokens received and not yet shown or spoken",
+        },
+        "telemetry_token": {
+            "type": "string",
+            "description": "the response's telemetry token (sendBeacon: no headers)",
+        },
+    },
+}
 
 
 def completion_responses(model: type) -> dict[int | str, dict[str, Any]]:

@@ -4,7 +4,8 @@
 ``GET /v1/models``, ``GET /v1/models/{model}``, ``GET``/``HEAD /healthz`` and
 ``/readyz``, ``GET /metrics``,
 ``POST /v1/tokenpace/telemetry`` and ``GET /v1/tokenpace/qoe``
-(:mod:`gateway.telemetry.reports`). Administration is in :mod:`gateway.http.admin`.
+(:mod:`gateway.telemetry.reports`), ``POST /v1/tokenpace/reader``
+(:mod:`gateway.relay.reader`). Administration is in :mod:`gateway.http.admin`.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (their
@@ -24,12 +25,14 @@ from gateway.http.admin import tenant_not_found
 from gateway.http.auth import caller_of, tenant_bearer, tenant_key, tenant_of
 from gateway.http.openapi import (
     ERROR_RESPONSES,
+    READER_SIGNAL_SCHEMA,
     STORE_DOWN,
     TELEMETRY_SCHEMA,
     TierHeader,
     completion_responses,
 )
 from gateway.relay.drain import Drain
+from gateway.relay.reader import ReaderChannel
 from gateway.request.completions import CompletionService, model_not_found
 from gateway.request.schemas import (
     ChatCompletion,
@@ -59,6 +62,7 @@ def add_api_routes(
     telemetry_service: Telemetry,
     gateway_metrics: GatewayMetrics,
     drain: Drain,
+    readers: ReaderChannel,
 ) -> None:
     """The OpenAI API, operations and tokenpace's own routes; every caller was
     authenticated by :class:`~gateway.http.gate.AccessGate` (:mod:`gateway.http.auth`)."""
@@ -96,6 +100,55 @@ def add_api_routes(
         return await service.serve(
             request, record, "completions", body, tenant_of(request), x_tokenpace_tier
         )
+
+    @app.post(
+        "/v1/tokenpace/reader",
+        tags=["tokenpace"],
+        summary="Say what the reader of a stream is doing (SDKs, while the stream runs)",
+        status_code=202,
+        responses={
+            202: {"description": "Accepted and handed to the engine that runs the reply"},
+            **{k: ERROR_RESPONSES[k] for k in (400, 401, 413)},
+            403: {
+                "model": ErrorResponse,
+                "description": "The telemetry token is for another request",
+            },
+            404: {"model": ErrorResponse, "description": "Not a request id of this tenant"},
+            429: {
+                "model": ErrorResponse,
+                "description": "Sooner than 0.25 s after the request's last signal with the same "
+                "presence (`reader_signal_rate`, Retry-After): send the newest state then",
+            },
+            503: STORE_DOWN,
+        },
+        openapi_extra={
+            **TENANT_KEY_REQUIRED,
+            "parameters": [
+                {
+                    "name": TOKEN_HEADER,
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "the stream's telemetry token, instead of the API key "
+                    "(or, text/plain for sendBeacon, as the body's 'telemetry_token'); "
+                    "it stays valid for the QoE report",
+                }
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": READER_SIGNAL_SCHEMA}},
+            },
+        },
+    )
+    async def reader(request: Request) -> JSONResponse:
+        """With the API key, or the response's telemetry token (header, or in the body).
+        Routed right after the completions, with no dependency to solve: every stream's
+        client may send several a second."""
+        caller = caller_of(request)
+        tenant = caller.tenant
+        assert tenant is not None, "the gate admits a tenant's key or a telemetry token"
+        result = await readers.accept(tenant.name, await request.body(), caller.report_on)
+        return JSONResponse(result, status_code=202)
 
     @app.get(
         "/v1/models",

@@ -40,9 +40,11 @@ from gateway.errors import SERVER_ERROR, TIMEOUT, GatewayError, sse_error_event
 from gateway.relay.dispatch import Attempt, Failover
 from gateway.relay.drain import Drain, shutting_down
 from gateway.relay.read_deadline import ReadDeadline
+from gateway.relay.reader import ReaderChannel
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
 from gateway.telemetry.tracing import end_span, outcome_attributes
 from qos.metrics import freezes, reply_qoe
+from qos.signals import Presence, ReaderSignal
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -79,6 +81,7 @@ class StreamRelay:
         timeouts: TimeoutsConfig,
         attempt: Attempt,
         drain: Drain,
+        readers: ReaderChannel,
         on_finish: Callable[[StreamOutcome], Awaitable[None]] | None = None,
     ) -> None:
         self.failover = failover  # the request's attempts; its hold is charged the tokens
@@ -86,6 +89,8 @@ class StreamRelay:
         self.timeouts = timeouts
         self.drain = drain
         self._shut_down = False  # the drain ran out: end the stream at the next turn
+        self.readers = readers  # reader signals for this stream, from any replica
+        self._left = False  # the reader left: end the stream at the next turn
         self.on_finish = on_finish  # once, with the outcome, after the stream's teardown
         self.ctx = ctx = failover.ctx
         self.attempt: Attempt | None = attempt
@@ -131,6 +136,7 @@ class StreamRelay:
         task = asyncio.current_task()
         assert task is not None
         self.drain.add(self)
+        self.readers.add(self.ctx.request_id, self)
         try:
             await self._relay(send, task)
         except asyncio.CancelledError:
@@ -138,6 +144,7 @@ class StreamRelay:
                 self.outcome, self.error = "error", shutting_down().message
             raise
         finally:
+            self.readers.discard(self.ctx.request_id)
             self.drain.discard(self)
             await self.finish()
 
@@ -145,6 +152,17 @@ class StreamRelay:
         """The drain ran out: the stream ends with ``server_shutting_down`` and [DONE]."""
         self._shut_down = True
         self._deadline.expire()
+
+    def reader_signal(self, signal: ReaderSignal) -> None:
+        """The reader's client said ``signal``: to the engine, when it runs in this
+        process; ``left`` ends the stream at once (upstream closed: the engine aborts the
+        reply) with ``data: [DONE]`` and no error, outcome ``aborted``, the tokens sent
+        charged as for any stream."""
+        if self.attempt is not None:
+            self.attempt.state.backend.reader_signal(self.ctx.request_id, signal)
+        if signal.presence is Presence.LEFT:
+            self._left = True
+            self._deadline.expire()
 
     async def _relay(self, send: Send, task: asyncio.Task[Any]) -> None:
         t = self.timeouts
@@ -156,7 +174,7 @@ class StreamRelay:
             failure: BackendError | None = None
             ended = False  # the backend's stream ended
             too_long = False  # the backend sent more than the request allows
-            while not self._shut_down:
+            while not (self._shut_down or self._left):
                 deadline = self._quiet_until
                 now = time.monotonic()
                 if now >= deadline:
@@ -202,6 +220,10 @@ class StreamRelay:
                 await send({"type": BODY, "body": self._emit(got), "more_body": True})
             if ended:
                 self.outcome = "completed"
+                await send({"type": BODY, "body": DONE, "more_body": True})
+                return
+            if self._left and failure is None:  # the reader left: a clean end, "aborted"
+                await self._close_attempt()
                 await send({"type": BODY, "body": DONE, "more_body": True})
                 return
             if failure is None:  # cut or shut down: the gateway's end, not the backend's

@@ -29,6 +29,7 @@ from gateway.errors import INVALID_REQUEST, GatewayError
 from gateway.relay.dispatch import Attempt, Dispatcher, Failover
 from gateway.relay.drain import Drain, shutting_down
 from gateway.relay.queued import QueuedRelay
+from gateway.relay.reader import ReaderChannel
 from gateway.relay.response import RelayResponse
 from gateway.relay.streaming import StreamRelay
 from gateway.request.body import check_forwardable, check_limits
@@ -73,10 +74,12 @@ class CompletionService:
         tokens: TelemetryTokens,
         metrics: GatewayMetrics,
         drain: Drain,
+        readers: ReaderChannel,
         tracing: Tracing = TRACING_OFF,
     ) -> None:
         self.config = config  # the tiers (resolve_tier), limits, routing and timeouts
         self.drain = drain  # the gateway's stop: requests and streams still open end
+        self.readers = readers  # reader signals reach the streams relayed here
         self.router = router
         self.admission = admission
         self.dispatcher = dispatcher
@@ -243,7 +246,13 @@ class CompletionService:
             await ticket.close()
 
         return StreamRelay(
-            failover, self.metrics, self.config.timeouts, attempt, self.drain, on_finish=finished
+            failover,
+            self.metrics,
+            self.config.timeouts,
+            attempt,
+            self.drain,
+            self.readers,
+            on_finish=finished,
         )
 
     async def _queued_stream(
@@ -272,7 +281,10 @@ class CompletionService:
             record.outcome = "error"
             record.error = exc.message
 
-        body = QueuedRelay(waiting, start, failed, self.drain)
+        def left() -> None:
+            record.outcome = "aborted"
+
+        body = QueuedRelay(waiting, start, failed, left, self.drain, self.readers)
         try:
             response = RelayResponse(body, headers)
         except BaseException:

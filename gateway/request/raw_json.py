@@ -46,6 +46,8 @@ def check_raw_json(body: bytes) -> None:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _invalid(f"it is not UTF-8 (byte {exc.start})") from None
+    if len(body) <= MAX_JSON_DEPTH:  # too short to nest deeper (a reader signal, ...)
+        return
     depth = json_depth(body)
     if depth > MAX_JSON_DEPTH:
         raise _invalid(

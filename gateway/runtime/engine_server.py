@@ -9,6 +9,13 @@ TTFT, TDS, tenant, weight, request id) travels in the ``vllm_xargs`` tags
 (:mod:`qos.tags`). The engine's clock starts when it receives the request, as a
 vLLM upstream's does.
 
+Reader signals (:mod:`qos.signals`): the workers need the shared store (Redis), and every
+worker publishes the signals it accepts on its channel; the engine server subscribes
+there too (:class:`~gateway.store.pubsub.ChannelListener`, within its lifespan) and hands
+each one to its engines, which apply it to the request the ``tp_request_id`` tag names,
+as the vLLM plugin does (:mod:`qos.vllm.reader_channel`). The worker relaying a stream
+ends it on ``left``, which closes its request here and aborts it in the engine.
+
 Routes, per backend name: ``POST /{name}/v1/chat/completions``,
 ``POST /{name}/v1/completions`` (OpenAI streaming and non-streaming),
 ``GET /{name}/v1/models`` and ``GET /{name}/v1/health``.
@@ -16,10 +23,11 @@ Routes, per backend name: ``POST /{name}/v1/chat/completions``,
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,7 +46,11 @@ from gateway.config.schema import BackendConfig, GatewayConfig, HealthConfig, Ti
 from gateway.context import Endpoint, RequestContext, ResolvedTier
 from gateway.errors import INVALID_REQUEST
 from gateway.runtime.server import listen
+from gateway.store.pubsub import ChannelListener
+from qos.signals import channel, decode_wire
 from qos.tags import RequestTags, decode_tags
+
+log = logging.getLogger("tokenpace.gateway.engines")
 
 _DEFAULT_TAGS = RequestTags()
 _STARTUP_S = 30.0
@@ -85,6 +97,22 @@ async def _events(stream: ChunkStream) -> AsyncIterator[dict[str, str]]:
         yield {"data": orjson.dumps(exc.body).decode()}
     finally:
         await stream.aclose()
+
+
+def _to_engines(engines: Sequence[Backend]) -> Callable[[bytes], None]:
+    """The reader channel's handler: each signal to the engines (the one running the
+    request applies it; a message that is not a signal is logged and dropped)."""
+
+    def deliver(message: bytes) -> None:
+        try:
+            request_id, signal = decode_wire(message)
+        except ValueError as exc:
+            log.warning("reader channel: dropped a message that is not a signal (%s)", exc)
+            return
+        for engine in engines:
+            engine.reader_signal(request_id, signal)
+
+    return deliver
 
 
 def engine_app(engines: Sequence[Backend], config: GatewayConfig) -> Starlette:
@@ -142,12 +170,19 @@ def engine_app(engines: Sequence[Backend], config: GatewayConfig) -> Starlette:
         async with httpx.AsyncClient() as client:
             runtime = BackendRuntime(http=client, config=config)
             started: list[Backend] = []
+            listener: ChannelListener | None = None
             try:
                 for engine in engines:
                     await engine.start(runtime)
                     started.append(engine)
+                store = config.store
+                if store.redis_url is not None:
+                    readers = channel(store.key_prefix)
+                    listener = ChannelListener(store.redis_url, readers, _to_engines(engines))
                 yield
             finally:
+                if listener is not None:
+                    await listener.aclose()
                 for engine in reversed(started):
                     await engine.aclose()
 

@@ -21,6 +21,8 @@ rn        records with what the reader saw (some token reached them)
 fz, il    Σ freezes, Σ user idle latency (Wang et al. Eq. 9)
 f2 f5 f10 records whose longest freeze is over 2, 5, 10 s (qos.metrics.FREEZE_THRESHOLDS_S)
 xf, xi    the longest freeze, the longest idle latency (merged by max)
+wn, wa    client records that say when their reader was away, those away at some point
+ws        Σ seconds away (of the wn records)
 ha<i>     histogram of Andes QoE: bin i < 50 holds [i/50, (i+1)/50), bin 50 exactly 1
 hm, hd    the same for monotone QoE and displayed Andes QoE
 hf<i>     histogram of the longest freeze: bin ``z`` holds 0 (no freeze), bin i holds
@@ -109,6 +111,11 @@ def add_record(sums: Sums, maxima: Sums, rec: QoERecord) -> None:
                 add(f"f{x:g}")
         maxima[g + "xf"] = max(maxima.get(g + "xf", 0.0), longest)
         maxima[g + "xi"] = max(maxima.get(g + "xi", 0.0), idle)
+    if rec.away_s is not None:  # a report that says when its reader was away
+        add("wn")
+        add("ws", rec.away_s)
+        if rec.away_s > 0:
+            add("wa")
 
 
 def contributions(records: Iterable[QoERecord]) -> dict[str, tuple[Sums, Sums]]:
@@ -255,6 +262,19 @@ def qoe_stats(
     bins = (hists if hists is not None else histograms(g)).get(_HISTOGRAMS[metric], [])
     p50, p90, p99 = quantiles(bins, (0.5, 0.9, 0.99), 1.0)
     return {"mean": min(total / count, 1.0), "p50": p50, "p90": p90, "p99": p99}
+
+
+def away_summary(g: Mapping[str, float]) -> dict[str, float] | None:
+    """Of the replies whose reports said when their reader was away: how many, the share
+    that were away at some point, and the mean seconds away; None when none said."""
+    replies = g.get("wn", 0.0)
+    if replies <= 0:
+        return None
+    return {
+        "replies": replies,
+        "away_share": min(g.get("wa", 0.0) / replies, 1.0),
+        "mean_away_s": g.get("ws", 0.0) / replies,
+    }
 
 
 def reader_summary(g: Mapping[str, float], hists: Histograms | None = None) -> ReaderSummary | None:

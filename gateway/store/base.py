@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -175,11 +175,12 @@ def _finite(name: str, value: float, low: float, high: float) -> None:
 class QoERecord:
     """One QoE measurement of a request: ``side`` is ``gateway`` or ``client``.
 
-    What the reader saw: ``longest_freeze_s`` and ``freezes`` (:func:`qos.metrics.freezes`)
-    and ``idle_s`` (:func:`qos.metrics.user_idle_latency`, Wang et al. Eq. 9), None when
-    no token reached the reader. Every number is checked when the record is made
-    (ValueError): a record the stores hold is finite and in range, so no aggregate can
-    become NaN.
+    What the reader saw: ``longest_freeze_s`` and ``freezes`` (:func:`qos.metrics.freezes`,
+    counted while the reader watched) and ``idle_s``
+    (:func:`qos.metrics.user_idle_latency`, Wang et al. Eq. 9), None when no token reached
+    the reader; ``away_s``, the seconds the reader was away, as the client said. Every
+    number is checked when the record is made (ValueError): a record the stores hold is
+    finite and in range, so no aggregate can become NaN.
     """
 
     request_id: str
@@ -195,6 +196,7 @@ class QoERecord:
     longest_freeze_s: float | None = None
     freezes: int | None = None
     idle_s: float | None = None
+    away_s: float | None = None  # client side: seconds the reader was away (None: not said)
 
     def __post_init__(self) -> None:
         if self.side not in ("gateway", "client"):
@@ -203,7 +205,7 @@ class QoERecord:
             value = getattr(self, name)
             if value is not None or name in ("andes", "monotone"):
                 _finite(name, value, 0.0, 1.0)
-        for name in ("longest_freeze_s", "idle_s"):
+        for name in ("longest_freeze_s", "idle_s", "away_s"):
             value = getattr(self, name)
             if value is not None:
                 _finite(name, value, 0.0, MAX_SECONDS)
@@ -233,6 +235,7 @@ class QoERecord:
             ("lf", self.longest_freeze_s),
             ("nf", self.freezes),
             ("idle", self.idle_s),
+            ("away", self.away_s),
         )
         out.update((key, repr(value)) for key, value in optional if value is not None)
         return out
@@ -261,6 +264,7 @@ class QoERecord:
                 longest_freeze_s=number("lf"),
                 freezes=None if freezes is None else int(freezes),
                 idle_s=number("idle"),
+                away_s=number("away"),
             )
         except (KeyError, TypeError, OverflowError) as exc:
             raise ValueError(f"QoE record: {exc!r}") from None
@@ -400,6 +404,18 @@ class Store(ABC):
     async def shared_secret(self, name: str, candidate: str) -> str:
         """The secret stored under ``name``, storing ``candidate`` first if there is none
         (set if absent: every replica ends up with the first one stored)."""
+
+    # -- messages between replicas (and engines) ----------------------------------------
+    @abstractmethod
+    async def publish(self, channel: str, message: bytes) -> None:
+        """Send ``message`` to every subscriber of ``channel``: every replica on the
+        store, and whatever else listens there (the vLLM plugin); at most once, never
+        kept for a subscriber that is not listening."""
+
+    @abstractmethod
+    def subscribe(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """Call ``handler`` (on the event loop; it must not block) with each message
+        published on ``channel`` from now until :meth:`aclose` (within a running loop)."""
 
 
 # Redis; Redis down and this replica on its local state (fail open) or refusing (fail

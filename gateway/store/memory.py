@@ -11,7 +11,7 @@ import dataclasses
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.store import aggregates
@@ -84,6 +84,7 @@ class MemoryStore(Store):
         self._qoe_tenants: set[str] = set()
         self._gc_buckets_at = 0.0
         self._secrets: dict[str, str] = {}
+        self._subscribers: dict[str, list[Callable[[bytes], None]]] = {}
 
     # -- keys -----------------------------------------------------------------------------
     async def seed_keys(self, keys: Mapping[str, str], tenants: Mapping[str, str]) -> None:
@@ -456,3 +457,11 @@ class MemoryStore(Store):
 
     async def shared_secret(self, name: str, candidate: str) -> str:
         return self._secrets.setdefault(name, candidate)
+
+    # -- messages: this process's subscribers only -------------------------------------------
+    async def publish(self, channel: str, message: bytes) -> None:
+        for handler in self._subscribers.get(channel, ()):
+            handler(message)
+
+    def subscribe(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        self._subscribers.setdefault(channel, []).append(handler)

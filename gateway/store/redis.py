@@ -76,6 +76,7 @@ from gateway.store.base import (
     StoreMonitor,
 )
 from gateway.store.deadline import LoopLag, StoreDeadline
+from gateway.store.pubsub import ChannelListener
 from gateway.store.queue import ADMISSION_HORIZON_S, ADMISSIONS_KEPT
 from gateway.store.ratelimit import RateState
 from qos.fairness import W_OUTPUT, W_PROMPT
@@ -170,6 +171,7 @@ class RedisStore(Store):
         # one connection of its own: is Redis there, whatever the pool is doing
         self._probe: aioredis.Redis = aioredis.from_url(url, max_connections=1, **options)
         self._gate = asyncio.Semaphore(max_connections)
+        self.listeners: list[ChannelListener] = []
         self._in_use = 0
         r = self.redis
         self._arrive = r.register_script(_lua("arrive", prelude=True))
@@ -189,6 +191,9 @@ class RedisStore(Store):
         self._restore_budgets = r.register_script(_lua("restore_budgets", prelude=True))
 
     async def aclose(self) -> None:
+        listeners, self.listeners = self.listeners, []
+        for listener in listeners:
+            await listener.aclose()
         await self.redis.aclose()
         await self._probe.aclose()
 
@@ -576,3 +581,10 @@ class RedisStore(Store):
         pipe.set(key, candidate, nx=True)
         pipe.get(key)
         return _s((await self._call(pipe.execute))[1])
+
+    # -- messages ---------------------------------------------------------------------------
+    async def publish(self, channel: str, message: bytes) -> None:
+        await self._call(self.redis.publish, channel, message)
+
+    def subscribe(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        self.listeners.append(ChannelListener(self.url, channel, handler))

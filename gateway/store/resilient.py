@@ -583,6 +583,18 @@ class ResilientStore(Store):
         """From Redis only (a secret of this replica's own would not verify elsewhere)."""
         return await self._strict("shared_secret", name, candidate)
 
+    # -- messages -------------------------------------------------------------------------
+    async def publish(self, channel: str, message: bytes) -> None:
+        """On Redis; while it is down (fail open), to this replica's own subscribers."""
+        ok, _ = await self._redis("publish", channel, message)
+        if not ok:
+            await self.local.publish(channel, message)
+
+    def subscribe(self, channel: str, handler: Callable[[bytes], None]) -> None:
+        """Redis's messages and, while it is down, this replica's own."""
+        self.redis.subscribe(channel, handler)
+        self.local.subscribe(channel, handler)
+
 
 def _safe_url(url: str) -> str:
     """The URL without a password."""

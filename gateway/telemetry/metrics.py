@@ -42,7 +42,15 @@ requests that fail before a tenant or tier is known are labelled ``-``):
 - ``tokenpace_qoe_window{tenant,tier,side,metric,stat}``: the telemetry summary over
   ``telemetry.window_s`` (:mod:`gateway.telemetry.reports`), every replica's records,
   refreshed at a scrape at most once a second; ``metric=reader`` holds what the readers
-  saw (``stat`` = a key of :meth:`qos.metrics.ReaderSummary.as_dict`).
+  saw (``stat`` = a key of :meth:`qos.metrics.ReaderSummary.as_dict`), ``metric=away``
+  the readers away (``replies`` whose reports said, ``away_share``, ``mean_away_s``).
+- ``tokenpace_reader_signals_total{tenant,presence}``: reader signals accepted
+  (``POST /v1/tokenpace/reader``, :mod:`gateway.relay.reader`);
+  ``tokenpace_reader_signals_refused_total{reason}`` (``rate``: faster than the
+  signals' interval; ``invalid``; ``not_yours``: another tenant's request or another
+  token's); ``tokenpace_reader_streams{presence}``: the streams this process relays by
+  their reader's last word (``watching`` until told otherwise, ``away``): the share of
+  readers away is ``away`` over the sum.
 - ``tokenpace_store_mode{mode}``: 1 for the store's mode (``redis``; ``local`` or
   ``closed`` while Redis is down, by ``store.fail_mode``; ``memory`` without Redis);
   ``tokenpace_store_redis_calls_total`` (round trips), ``tokenpace_store_local_calls_total``
@@ -257,7 +265,8 @@ class _QoEWindowCollector(Collector):
             "QoE over telemetry.window_s, all replicas (side=gateway|client, "
             "metric=andes|monotone|displayed_andes, stat=mean|p50|p90|p99|count; "
             "metric=reader, stat=replies|frozen_over_2s|frozen_over_5s|frozen_over_10s|"
-            "longest_freeze_s|median_freeze_s|idle_p50_s|idle_p99_s)",
+            "longest_freeze_s|median_freeze_s|idle_p50_s|idle_p99_s; metric=away, "
+            "stat=replies|away_share|mean_away_s)",
             labels=["tenant", "tier", "side", "metric", "stat"],
         )
         for tenant, t in self.summary.items():
@@ -268,9 +277,10 @@ class _QoEWindowCollector(Collector):
                         for stat in _STATS:
                             if metric in s:
                                 g.add_metric([tenant, tier, side, metric, stat], s[metric][stat])
-                    for stat, value in s.get("reader", {}).items():
-                        if value is not None:
-                            g.add_metric([tenant, tier, side, "reader", stat], float(value))
+                    for metric in ("reader", "away"):
+                        for stat, value in s.get(metric, {}).items():
+                            if value is not None:
+                                g.add_metric([tenant, tier, side, metric, stat], float(value))
         yield g
 
 
@@ -452,6 +462,25 @@ class GatewayMetrics:
             "after its deadline TTFT + (i-1)/TDS; sides as tokenpace_longest_freeze_seconds",
             ["tenant", "tier", "side"],
             buckets=_READER_BUCKETS,
+            registry=r,
+        )
+        self.reader_signals = Counter(
+            "tokenpace_reader_signals",
+            "reader signals accepted (presence=watching|away|left)",
+            ["tenant", "presence"],
+            registry=r,
+        )
+        self.reader_signals_refused = Counter(
+            "tokenpace_reader_signals_refused",
+            "reader signals refused (reason=rate|invalid|not_yours)",
+            ["reason"],
+            registry=r,
+        )
+        self.reader_streams = Gauge(
+            "tokenpace_reader_streams",
+            "streams relayed by this process, by their reader's last signal (watching|away)",
+            ["presence"],
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.store = StoreMetrics(r)

@@ -10,7 +10,8 @@ timelines, never trusting a client's number: Andes QoE (Liu et al. §3.1, Eq. 1,
 :func:`qos.metrics.andes_qoe`) and the monotone variant (:func:`qos.metrics.monotone_qoe`)
 of the *arrivals* and of the *displayed* timeline (what the pacing buffer showed), and
 what the reader saw of the arrivals (:func:`qos.metrics.freezes`, the SDKs' release
-rule, and the user idle latency of Wang et al. Eq. 9,
+rule, its freezes counted only while the reader watched: outside the report's optional
+``away`` intervals; and the user idle latency of Wang et al. Eq. 9,
 :func:`qos.metrics.user_idle_latency`), against the tier the gateway served the request
 under (the ``expected`` the client sends is checked for form only). A timeline whose
 numbers give no finite QoE is a 400 naming it, before anything is written.
@@ -34,6 +35,7 @@ import time
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.background import stop
@@ -56,7 +58,7 @@ from gateway.telemetry.errors import (
     unknown_request,
 )
 from gateway.telemetry.metrics import GatewayMetrics, QoESummary, series
-from qos.metrics import reply_qoe
+from qos.metrics import freezes, reply_qoe, watched_times
 
 log = logging.getLogger("tokenpace.gateway.telemetry")
 
@@ -97,6 +99,11 @@ class TelemetryReport(_Strict):
         default_factory=list, description="the same for tokens shown to the user"
     )
     outcome: Literal["completed", "aborted", "error"]
+    away: list[tuple[Seconds, Seconds]] | None = Field(
+        None,
+        description="[start, end] seconds since the request was sent, in time order, not "
+        "overlapping: when the reader was away (freezes count only outside them)",
+    )
     sdk: SdkInfo | None = None
 
 
@@ -105,20 +112,26 @@ def _invalid_timeline(name: str, why: str) -> GatewayError:
 
 
 def _measure(
-    name: str, timeline: list[tuple[float, int]], ttft: float, tds: float
+    name: str,
+    timeline: list[tuple[float, int]],
+    ttft: float,
+    tds: float,
+    away: list[tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """The QoE of a timeline (0 when empty: nothing reached the user) and, for a timeline
-    that is not empty, what its reader saw; 400 naming the timeline when it is not one or
-    its numbers give no finite, in-range value."""
+    that is not empty, what its reader saw, its freezes counted only while the reader
+    watched (``away``: :func:`qos.metrics.freezes`); 400 naming the timeline when it is not
+    one or its numbers give no finite, in-range value."""
     if not timeline:
         return {"andes": 0.0, "monotone": 0.0}
     try:
         qoe = reply_qoe(timeline, ttft, tds)
+        seen = freezes(timeline, tds, away) if away else qoe.freezes
         out: dict[str, Any] = {
             "andes": qoe.andes,
             "monotone": qoe.monotone,
-            "longest_freeze_s": qoe.freezes.longest_s,
-            "freezes": qoe.freezes.count,
+            "longest_freeze_s": seen.longest_s,
+            "freezes": seen.count,
             "idle_s": qoe.idle_s,
         }
     except ValueError as exc:
@@ -143,6 +156,9 @@ def _side(g: Mapping[str, float] | None) -> dict[str, Any]:
     reader = aggregates.reader_summary(g, hists)
     if reader is not None:
         out["reader"] = reader.as_dict()
+    away = aggregates.away_summary(g)
+    if away is not None:
+        out["away"] = away
     return out
 
 
@@ -268,6 +284,7 @@ class Telemetry:
                 )
             if sum(n for _, n in timeline) > max_tokens:
                 raise _invalid_timeline(name, f"counts more than {max_tokens} tokens")
+        away = _away(report.away, cfg.max_points)
         if token_request_id is not None and report.request_id != token_request_id:
             raise forbidden(
                 f"The telemetry token is for request {token_request_id}, not "
@@ -280,8 +297,8 @@ class Telemetry:
             raise unknown_request(report.request_id)
         if info.reported:
             raise _reported(report.request_id, token_request_id)
-        arrived = _measure("arrivals", report.arrivals, info.ttft, info.tds)
-        shown = _measure("displayed", report.displayed, info.ttft, info.tds)
+        arrived = _measure("arrivals", report.arrivals, info.ttft, info.tds, away)
+        shown = _measure("displayed", report.displayed, info.ttft, info.tds, away)
         record = QoERecord(
             report.request_id,
             tenant,
@@ -295,6 +312,7 @@ class Telemetry:
             longest_freeze_s=arrived.get("longest_freeze_s"),
             freezes=arrived.get("freezes"),
             idle_s=arrived.get("idle_s"),
+            away_s=None if away is None else sum(end - start for start, end in away),
         )
         result, wait_ms = await self.store.add_report(record, cfg.requests_per_minute)
         if result == "limited":
@@ -318,6 +336,7 @@ class Telemetry:
                 "longest_freeze_s": record.longest_freeze_s,
                 "freezes": record.freezes,
                 "idle_s": record.idle_s,
+                "away_s": record.away_s,
             },
         }
 
@@ -355,6 +374,22 @@ class Telemetry:
         with contextlib.suppress(StoreUnavailable, StoreCommandError):
             groups = await self._aggregates(None, self.cfg.window_s)
             self.metrics.qoe_window.summary = summarize(groups)
+
+
+def _away(
+    away: list[tuple[float, float]] | None, max_points: int
+) -> list[tuple[float, float]] | None:
+    """The report's away intervals, checked as :func:`qos.metrics.watched_times` reads
+    them (400 naming ``away`` otherwise)."""
+    if away is None:
+        return None
+    if len(away) > max_points:
+        raise _invalid_timeline("away", f"has {len(away)} intervals; at most {max_points}")
+    try:
+        watched_times(np.zeros(0), away)
+    except ValueError as exc:
+        raise _invalid_timeline("away", f"is not a list of intervals: {exc}") from None
+    return away
 
 
 def _reported(request_id: str, token_request_id: str | None) -> GatewayError:

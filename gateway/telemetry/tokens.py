@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ TOKEN_HEADER = "X-TokenPace-Telemetry-Token"
 BODY_FIELD = "telemetry_token"  # where a sendBeacon report (no headers) carries it
 SECRET_NAME = "telemetry_token"
 _VERSION = "tpt1"
+VERIFIED_MAX = 10_000  # tokens whose signature was checked, kept (oldest forgotten first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,7 @@ class TelemetryTokens:
         configured = cfg.token_secret
         self._secret: bytes | None = configured.encode() if configured else None
         self._lock = asyncio.Lock()
+        self._verified: OrderedDict[str, TokenClaims] = OrderedDict()  # token -> its claims
 
     async def secret(self) -> bytes:
         """The shared secret (fetched from, or created in, the store once); StoreUnavailable."""
@@ -125,8 +128,21 @@ class TelemetryTokens:
         return {TOKEN_HEADER: sign(secret, claims)}
 
     async def verify(self, token: str) -> TokenClaims:
-        """The token's claims; 401 when forged, malformed, expired or its tenant is gone."""
-        claims = verify(await self.secret(), token.strip(), time.time())
+        """The token's claims; 401 when forged, malformed, expired or its tenant is gone.
+
+        A stream's client sends its token with every reader signal, several a second: the
+        claims of the last :data:`VERIFIED_MAX` tokens verified are kept, so each token's
+        signature is checked once (its expiry and tenant every time)."""
+        token = token.strip()
+        now = time.time()
+        claims = self._verified.get(token)
+        if claims is None:
+            claims = verify(await self.secret(), token, now)
+            self._verified[token] = claims
+            if len(self._verified) > VERIFIED_MAX:
+                self._verified.popitem(last=False)
+        elif now >= claims.expires:
+            verify(await self.secret(), token, now)  # raises: expired
         if claims.tenant not in self.tenants:
             raise _invalid("The telemetry token's tenant no longer exists.")
         return claims

@@ -52,7 +52,14 @@ its settings from the engine's environment (defaults in brackets):
   ``TOKENPACE_DEFAULT_TDS`` [4.8 tokens/s], ``TOKENPACE_DEFAULT_TENANT`` [default]:
   the expectations of requests that carry no tags.
 - ``TOKENPACE_STATS_FILE``: if set, a JSON file the scheduler rewrites about once a
-  second with its counters (steps, scheduling and policy time, preemptions).
+  second with its counters (steps, scheduling and policy time, preemptions, reader
+  signals).
+- ``TOKENPACE_REDIS_URL``: the gateway's shared store (its ``store.redis_url``); set, the
+  scheduler hears the readers' signals the gateway publishes there
+  (:mod:`qos.vllm.reader_channel`; needs redis-py in the engine's environment); unset
+  [default], no reader channel: the reader guard models every reader from the send times.
+- ``TOKENPACE_KEY_PREFIX`` [tokenpace]: the gateway's ``store.key_prefix``, which names
+  the channel (:func:`qos.signals.channel`); refused without ``TOKENPACE_REDIS_URL``.
 
 A malformed value is a ``ValueError`` naming the variable, raised when the engine
 starts (not on the first request).
@@ -60,6 +67,7 @@ starts (not on the first request).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from collections.abc import Mapping
@@ -71,6 +79,7 @@ from qos.policy.registry import POLICIES, make_policy
 from qos.tags import RequestTags
 
 OBJECTIVES = ("average", "max-min", "perfect")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _FLAGS = {
     "1": True,
     "true": True,
@@ -100,6 +109,8 @@ class PluginConfig:
     pause: bool = True
     defaults: RequestTags = field(default_factory=RequestTags)
     stats_file: str | None = None
+    redis_url: str | None = None  # None: no reader channel
+    key_prefix: str = "tokenpace"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -117,6 +128,19 @@ class PluginConfig:
                 f"TOKENPACE_PROFILE: unknown profile {self.profile!r}; use 'online' or one of "
                 f"{', '.join(sorted(PROFILES))}"
             )
+        if self.redis_url is not None:
+            if not self.redis_url.startswith(_REDIS_SCHEMES):
+                raise ValueError(
+                    f"TOKENPACE_REDIS_URL: must be a Redis URL ({', '.join(_REDIS_SCHEMES)}...), "
+                    f"got {self.redis_url!r}"
+                )
+            if importlib.util.find_spec("redis") is None:
+                raise ValueError(
+                    "TOKENPACE_REDIS_URL: the reader channel needs redis-py in the engine's "
+                    "environment: pip install 'redis>=5' (or unset TOKENPACE_REDIS_URL)"
+                )
+        if not self.key_prefix:
+            raise ValueError("TOKENPACE_KEY_PREFIX: must not be empty")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PluginConfig:
@@ -159,6 +183,13 @@ class PluginConfig:
         interval = _number(env, "TOKENPACE_DECISION_INTERVAL_S", base.decision_interval_s)
         if interval < 0:
             raise ValueError(f"TOKENPACE_DECISION_INTERVAL_S: must be >= 0 seconds, got {interval}")
+        redis_url = env.get("TOKENPACE_REDIS_URL", "").strip() or None
+        prefix = env.get("TOKENPACE_KEY_PREFIX")
+        if prefix is not None and redis_url is None:
+            raise ValueError(
+                "TOKENPACE_KEY_PREFIX: names the reader channel, which is off without "
+                "TOKENPACE_REDIS_URL: set both, or neither"
+            )
         pause = env.get("TOKENPACE_PAUSE", "1").strip().lower()
         if pause not in _FLAGS:
             raise ValueError(f"TOKENPACE_PAUSE: must be 1 or 0 (or true/false), got {pause!r}")
@@ -178,6 +209,8 @@ class PluginConfig:
             pause=_FLAGS[pause],
             defaults=defaults,
             stats_file=env.get("TOKENPACE_STATS_FILE") or None,
+            redis_url=redis_url,
+            key_prefix=base.key_prefix if prefix is None else prefix.strip(),
         )
 
     def build_policy(self, profile: LatencyProfile) -> Policy:

@@ -38,7 +38,12 @@ those mechanisms get to work on. Each iteration:
    requests go back to the queue afterwards, in their order. vLLM still preempts on
    its own if running requests outgrow the cache (Andes packs to its KV watermark, so
    this is rare); the policy sees it at the next decision.
-5. **Tokens.** ``update_from_output`` timestamps every request's output growth into
+5. **Reader signals.** With ``TOKENPACE_REDIS_URL``, a thread hears the signals the
+   gateway publishes (:mod:`qos.vllm.reader_channel`); each step first records the ones
+   heard since the last (``table.reader_signal``, the request found by its
+   ``tp_request_id`` tag), and a change of presence forces a decision at once. No Redis
+   call on the step path.
+6. **Tokens.** ``update_from_output`` timestamps every request's output growth into
    the table (the digestion sums behind Andes's Q_serve/Q_wait forecasts, Eq. 1-2)
    and, with ``TOKENPACE_PROFILE=online``, feeds the step time to
    :class:`~qos.vllm.online.OnlineProfile`.
@@ -93,9 +98,11 @@ from qos.latency import LatencyProfile, get_profile  # noqa: E402
 from qos.policy.andes import Andes  # noqa: E402
 from qos.policy.base import Policy  # noqa: E402
 from qos.policy.table import Capacity, RequestTable  # noqa: E402
+from qos.signals import Presence  # noqa: E402
 from qos.tags import decode_tags  # noqa: E402
 from qos.vllm.config import PluginConfig  # noqa: E402
 from qos.vllm.online import OnlineProfile  # noqa: E402
+from qos.vllm.reader_channel import ReaderInbox, ReaderSubscriber  # noqa: E402
 
 logger = init_logger("vllm.tokenpace")  # under "vllm": vLLM configures its handlers
 
@@ -269,6 +276,17 @@ class AndesScheduler(TimedScheduler):
         self._paused: set[Request] = set()
         self._decided_at = -np.inf
         self._dirty = True  # a request arrived or left since the last decision
+        # reader signals (qos.vllm.reader_channel): the gateway's request id (the
+        # tp_request_id tag) of each request, and the last presence its client stated
+        self.reader_inbox = ReaderInbox()
+        self.reader_channel: ReaderSubscriber | None = None
+        self._by_gateway_id: dict[str, str] = {}
+        self._gateway_id: dict[str, str] = {}
+        self._presence: dict[str, Presence] = {}
+        cfg = self.qos_config
+        if cfg.redis_url is not None:
+            self.reader_channel = ReaderSubscriber(cfg.redis_url, cfg.key_prefix, self.reader_inbox)
+            self.reader_channel.start()
         self.stats.update(
             policy=self.qos_policy.name,
             policy_s=0.0,
@@ -276,6 +294,8 @@ class AndesScheduler(TimedScheduler):
             decisions=0,
             policy_preemptions=0,
             pauses=0,
+            reader_signals=0,  # applied to a request in the table
+            reader_signals_unknown=0,  # for no request here (ended, or another engine's)
             profile=_describe(profile),
         )
         logger.info(
@@ -317,6 +337,9 @@ class AndesScheduler(TimedScheduler):
             tier=tags.tier,
         )
         self.qos_policy.on_arrival(self.table, row, self.clock())
+        if tags.request_id is not None:
+            self._by_gateway_id[tags.request_id] = request.request_id
+            self._gateway_id[request.request_id] = tags.request_id
         self._dirty = True
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
@@ -328,6 +351,10 @@ class AndesScheduler(TimedScheduler):
             self._synced.discard(request)
             self._chosen.discard(request)
             self._paused.discard(request)
+            self._presence.pop(key, None)
+            gateway_id = self._gateway_id.pop(key, None)
+            if gateway_id is not None:
+                self._by_gateway_id.pop(gateway_id, None)
             self._dirty = True
         return super()._free_request(request, delay_free_blocks=delay_free_blocks)
 
@@ -363,6 +390,8 @@ class AndesScheduler(TimedScheduler):
         held: list[Request] = []
         preempted = 0
         now = self.clock()
+        if self.reader_inbox:
+            self._apply_reader_signals(now)
         if self.table.n:
             self._sync_running(now)
             interval = self.qos_config.decision_interval_s
@@ -380,6 +409,32 @@ class AndesScheduler(TimedScheduler):
             self._dirty = True  # vLLM preempted on its own: decide again next step
         self._sync_running(now)
         return output
+
+    def _apply_reader_signals(self, now: float) -> None:
+        """Record the signals heard since the last step in the table (each at when it
+        arrived, never later than ``now``); a change of presence forces a decision."""
+        table, stats = self.table, self.stats
+        for item in self.reader_inbox.drain():
+            key = self._by_gateway_id.get(item.request_id)
+            at = min(item.received_at, now)
+            if key is None or not table.reader_signal(key, item.signal, at):
+                stats["reader_signals_unknown"] += 1
+                continue
+            stats["reader_signals"] += 1
+            presence = item.signal.presence
+            if self._presence.get(key, Presence.WATCHING) is not presence:
+                self._presence[key] = presence
+                self._dirty = True
+
+    def write_stats(self) -> None:
+        if self.reader_channel is not None:
+            self.stats.update(self.reader_channel.stats())
+        super().write_stats()
+
+    def shutdown(self) -> None:
+        if self.reader_channel is not None:
+            self.reader_channel.stop()
+        super().shutdown()
 
     def _decide(self, now: float) -> int:
         """Ask the policy; preempt the running requests it dropped (how many it preempted)."""

@@ -9,7 +9,7 @@
 -- anything is written: a record with a number that is not finite is 'invalid' and
 -- nothing of it is written; an aggregate that is not is refused before any write.
 local NUMERIC = {andes = true, monotone = true, dandes = true, dmono = true,
-  lf = true, nf = true, idle = true}
+  lf = true, nf = true, idle = true, away = true}
 -- n (field, value) pairs from ARGV[i]: the pairs, whether every value is finite, next i
 local function read_pairs(i, n)
   local out, ok = {}, n ~= nil and n >= 0

@@ -330,3 +330,31 @@ async def test_a_waiting_stream_ends_when_the_drain_runs_out(key_prefix) -> None
         events = [line async for line in lines if line.startswith("data: ")]
     assert len(events) == 2 and events[-1] == "data: [DONE]", events  # never reached the engine
     assert json.loads(events[0][6:])["error"]["code"] == "server_shutting_down"
+
+
+async def test_a_reader_who_left_while_queued_gives_up_the_place(key_prefix) -> None:
+    """A ``left`` signal for a stream still waiting in the queue ends it with ``[DONE]``
+    alone (no error), and its place is given up; the request is counted aborted."""
+    async with (
+        capped(key_prefix, 30.0) as gw,
+        holding(gw, 10.0),
+        gw.client(KEY) as c,
+        c.stream("POST", "/v1/chat/completions", json=chat("w", stream=True)) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.aiter_lines()
+        assert (await anext(lines)).startswith(": queued position=1")
+        rid = r.headers["x-request-id"]
+        left = await c.post("/v1/tokenpace/reader", json={"request_id": rid, "presence": "left"})
+        assert left.status_code == 202, left.text
+        rest = [line async for line in lines if line and not line.startswith(": ")]
+        assert rest == ["data: [DONE]"]
+        for _ in range(50):
+            if not gw.state.admission._waiters.get(MODEL):
+                break
+            await asyncio.sleep(0.02)
+        assert not gw.state.admission._waiters.get(MODEL)
+        assert sample(gw, "tokenpace_queue_waiting") == 0
+    labels = {"tenant": "acme", "tier": "chat", "backend": "-", "endpoint": "chat.completions"}
+    aborted = {**labels, "status": "200", "outcome": "aborted"}
+    assert sample(gw, "tokenpace_requests_total", **aborted) == 1

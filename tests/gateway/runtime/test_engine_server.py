@@ -4,16 +4,20 @@ workers of ``tokenpace serve --workers N`` reach it: a real uvicorn on a loopbac
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
+import redis
 
 from gateway.backends.embedded import OWNED_BY, EmbeddedEngine
 from gateway.config.loader import demo_config
 from gateway.config.schema import DEMO_MODEL
 from gateway.runtime.engine_server import EngineServer
+from qos.signals import Presence, ReaderSignal, channel, encode_wire
+from tests.support.redis_server import RedisServer
 
 HELLO = [{"role": "user", "content": "Hello!"}]
 
@@ -72,3 +76,47 @@ def test_a_full_engine_answers_429_not_a_failure(server: EngineServer) -> None:
     assert err.value.code == "engine_overloaded"
     running.close()
     assert httpx.get(f"{server.url('one')}/health").status_code == 200
+
+
+def test_reader_signals_on_the_store_reach_the_engine_running_the_request(
+    redis_server: RedisServer, key_prefix: str
+) -> None:
+    config, _ = demo_config(backends=[])
+    config = config.model_copy(
+        update={
+            "store": config.store.model_copy(
+                update={"redis_url": redis_server.url, "key_prefix": key_prefix}
+            )
+        }
+    )
+    engine = EmbeddedEngine("sim", time_scale=0.2)  # a token every ~35 ms
+    s = EngineServer([engine], config)
+    s.start()
+    publisher = redis.Redis.from_url(redis_server.url)
+    try:
+        client = openai.OpenAI(base_url=s.url("sim"), api_key="unused", max_retries=0)
+        stream = client.chat.completions.create(
+            model=DEMO_MODEL,
+            messages=HELLO,
+            stream=True,
+            max_tokens=400,
+            extra_body={"vllm_xargs": {"tp_request_id": "req-7"}},
+        )
+        next(iter(stream))
+        table = engine.engine.table
+        deadline = time.monotonic() + 5
+        while "req-7/0" not in table and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal = ReaderSignal(Presence.AWAY, buffer_tokens=3)
+        while time.monotonic() < deadline:  # until the engine server's subscription is live
+            publisher.publish(channel(key_prefix), encode_wire("req-7", signal))
+            time.sleep(0.05)
+            if table.col("stated_buffer")[table.row("req-7/0")] == 3:
+                break
+        row = table.row("req-7/0")
+        assert table.col("stated_buffer")[row] == 3
+        assert table.col("away_until")[row] > engine.engine.clock
+        stream.close()
+    finally:
+        publisher.close()
+        s.stop()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from qos.metrics import andes_qoe, monotone_qoe
+from qos.metrics import andes_qoe, freezes, monotone_qoe
 from tests.support.fake_upstream import MODEL, upstream
 from tests.support.gateway import KEY, KEY_BASIC, backend_entry, gateway, make_config
 
@@ -145,3 +145,47 @@ async def test_telemetry_survives_a_gateway_restart(redis_server, key_prefix) ->
             assert (await acme.post(url, json=report(rid_a))).status_code == 409
             body = json.loads((await basic.get("/v1/tokenpace/qoe")).text)
             assert "acme" not in body["tenants"]
+
+
+# tokens at the tier's pace, then none for 5 s while the reader was away, then the rest
+GAPPED = [[1.0 + i / 4.8, 1] for i in range(6)] + [[7.2 + i / 4.8, 1] for i in range(6)]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["memory", "redis"])
+async def test_freezes_count_only_while_the_reader_watched(
+    shared: bool, redis_server, key_prefix
+) -> None:
+    store = {"redis_url": redis_server.url, "key_prefix": key_prefix} if shared else {}
+    async with upstream() as fake, gateway(config(fake, store=store)) as gw:
+        rids = [await serve(gw) for _ in range(3)]
+        async with gw.client() as acme:
+            url = "/v1/tokenpace/telemetry"
+            for away in ([[1.0, 2.0], [1.5, 3.0]], [[3.0, 2.0]], [[-1.0, 2.0]], [[1.0]]):
+                r = await acme.post(url, json=report(rids[0], GAPPED, GAPPED, away=away))
+                assert r.status_code == 400, (away, r.text)
+                assert r.json()["error"]["param"].startswith("away"), r.text
+            watched = await acme.post(url, json=report(rids[0], GAPPED, GAPPED, away=[[2.1, 7.2]]))
+            assert watched.status_code == 200, watched.text
+            qoe = watched.json()["qoe"]
+            assert (qoe["freezes"], qoe["longest_freeze_s"]) == (0, 0.0)
+            assert qoe["away_s"] == pytest.approx(5.1)
+            seen = await acme.post(url, json=report(rids[1], GAPPED, GAPPED, away=[]))
+            assert seen.json()["qoe"]["freezes"] == 1
+            tds = seen.json()["expected"]["tds"]
+            assert seen.json()["qoe"]["longest_freeze_s"] == freezes(GAPPED, tds).longest_s > 4
+            silent = await acme.post(url, json=report(rids[2], GAPPED, GAPPED))
+            assert silent.json()["qoe"]["away_s"] is None  # an SDK that does not say
+            client = (await acme.get("/v1/tokenpace/qoe")).json()
+            client = client["tenants"]["acme"]["tiers"]["chat"]["client"]
+            assert client["count"] == 3
+            assert client["away"] == {
+                "replies": 2,
+                "away_share": 0.5,
+                "mean_away_s": pytest.approx(5.1 / 2),
+            }
+            assert client["reader"]["frozen_over_2s"] == pytest.approx(2 / 3)
+            metrics = (await acme.get("/metrics")).text
+            assert (
+                'tokenpace_qoe_window{metric="away",side="client",stat="away_share",'
+                'tenant="acme",tier="chat"} 0.5'
+            ) in metrics

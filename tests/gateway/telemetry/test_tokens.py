@@ -9,12 +9,16 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from gateway.telemetry.tokens import TOKEN_HEADER, TokenClaims, sign, verify
+from gateway.config.schema import TelemetryConfig
+from gateway.errors import GatewayError
+from gateway.store import MemoryStore
+from gateway.telemetry.tokens import TOKEN_HEADER, TelemetryTokens, TokenClaims, sign, verify
 from tests.support.fake_upstream import MODEL, upstream
 from tests.support.gateway import backend_entry, gateway, make_config
 from tests.support.servers import run_server
@@ -225,3 +229,19 @@ async def test_cross_origin_pages_may_read_and_send_the_token() -> None:
                 },
             )
             assert preflight.status_code == 200
+
+
+async def test_a_token_verified_once_is_still_refused_once_it_expires(monkeypatch) -> None:
+    tokens = TelemetryTokens(TelemetryConfig(token_secret=SECRET), MemoryStore(), {"acme"})
+    now = time.time()
+    token = sign(SECRET.encode(), TokenClaims("r1", "acme", int(now) + 60))
+    assert (await tokens.verify(token)).request_id == "r1"
+    assert (await tokens.verify(token)).request_id == "r1"  # from the verified tokens
+    monkeypatch.setattr(time, "time", lambda: now + 61)
+    with pytest.raises(GatewayError, match="expired") as err:
+        await tokens.verify(token)
+    assert err.value.status == 401
+    monkeypatch.setattr(time, "time", lambda: now)
+    tokens.tenants = set()  # the tenant was removed
+    with pytest.raises(GatewayError, match="no longer exists"):
+        await tokens.verify(token)

@@ -40,8 +40,10 @@ from vllm.v1.structured_output import StructuredOutputManager
 from qos.metrics import freezes
 from qos.policy.andes import Andes
 from qos.policy.base import Policy
-from qos.policy.table import Capacity, RequestTable
+from qos.policy.table import NO_TOKEN, Capacity, RequestTable
+from qos.signals import AWAY_LEASE_S, Presence, ReaderSignal
 from qos.vllm import AndesScheduler, AsyncAndesScheduler, AsyncTimedScheduler, TimedScheduler
+from qos.vllm.reader_channel import Arrived
 
 MODEL_DIR = Path(__file__).resolve().parents[3] / ".models" / "tiny-llama"
 BLOCK = 16
@@ -441,6 +443,47 @@ def test_untagged_requests_get_the_defaults(vllm_config, monkeypatch):
     assert table.tenant_names[table.col("tenant")[bad]] == "acme"
     scheduler.finish_requests(["plain", "bad"], RequestStatus.FINISHED_ABORTED)
     assert table.n == 0
+
+
+def test_reader_signals_are_applied_at_decision_time_by_the_gateway_request_id(
+    vllm_config, monkeypatch
+):
+    # a long decision interval: only a change of presence makes a decision sooner
+    scheduler, clock = make_scheduler(vllm_config, blocks=24, monkeypatch=monkeypatch, interval=60)
+    scheduler.add_request(request("a", 8, 40, clock[0], tp_request_id="gw-a"))
+    scheduler.add_request(request("b", 8, 40, clock[0]))
+
+    def step() -> None:
+        out = scheduler.schedule()
+        fake_step(scheduler, out, sampling(scheduler, out))
+        clock[0] += STEP_S
+
+    for _ in range(3):
+        step()
+    decisions = scheduler.stats["decisions"]
+    table, inbox = scheduler.table, scheduler.reader_inbox
+    heard = clock[0] - 0.01
+    inbox.put(Arrived("gw-a", ReaderSignal(Presence.AWAY, buffer_tokens=5), heard))
+    inbox.put(Arrived("gw-gone", ReaderSignal(Presence.AWAY), heard))  # no such request
+    step()
+    assert scheduler.stats["decisions"] == decisions + 1  # the presence changed
+    row = table.row("a")
+    assert table.col("away_until")[row] == pytest.approx(heard + AWAY_LEASE_S)
+    assert table.col("stated_buffer")[row] == 5
+    assert table.col("stated_at")[row] == pytest.approx(heard)
+    assert (scheduler.stats["reader_signals"], scheduler.stats["reader_signals_unknown"]) == (1, 1)
+    inbox.put(Arrived("gw-a", ReaderSignal(Presence.AWAY, buffer_tokens=9), clock[0]))
+    step()
+    assert scheduler.stats["decisions"] == decisions + 1  # the same presence: no decision
+    assert table.col("stated_buffer")[table.row("a")] == 9
+    inbox.put(Arrived("gw-a", ReaderSignal(Presence.WATCHING), clock[0]))
+    step()
+    assert scheduler.stats["decisions"] == decisions + 2
+    assert table.col("away_until")[table.row("a")] == NO_TOKEN
+    scheduler.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    inbox.put(Arrived("gw-a", ReaderSignal(Presence.AWAY), clock[0]))
+    step()
+    assert scheduler.stats["reader_signals_unknown"] == 2  # the reply ended: nothing to tell
 
 
 def test_the_scheduler_builds_on_the_base_the_engine_schedules_with(vllm_config, monkeypatch):

@@ -172,7 +172,8 @@ def test_the_vllm_extra_installs_the_versions_the_plugin_accepts() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    assert extras["vllm"] == [f"vllm{SUPPORTED_VLLM_RANGE}"]
+    assert extras["vllm"][0] == f"vllm{SUPPORTED_VLLM_RANGE}"
+    assert extras["vllm"][1:] == ["redis>=5.0"]  # the reader channel (TOKENPACE_REDIS_URL)
 
 
 def test_online_profile_fits_as_soon_as_it_has_the_samples() -> None:
