@@ -46,5 +46,11 @@ if [ ! -f "$STAMP" ]; then
     touch "$STAMP"
 fi
 
+# The plugin's reader channel (TOKENPACE_REDIS_URL, qos/vllm/reader_channel.py) reads the
+# gateway's signals with redis-py: the version constraints.txt pins for the gateway.
+REDIS_SPEC=$(grep -E '^redis==' constraints.txt)
+"$VENV/bin/python" -c "import redis" 2>/dev/null ||
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$REDIS_SPEC"
+
 "$VENV/bin/python" scripts/make_tiny_model.py .models/tiny-llama --size tiny
 "$VENV/bin/python" scripts/make_tiny_model.py .models/small-llama --size small
