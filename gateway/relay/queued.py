@@ -74,7 +74,7 @@ class QueuedRelay:
         request_id = self.waiting.request_id
         try:
             self.drain.add(self)
-            self.readers.add(request_id, self)
+            self.readers.add(request_id, self, 0.0)  # no engine asked yet
             try:
                 ticket = await self._admitted(notify)
             finally:

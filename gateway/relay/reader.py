@@ -80,6 +80,7 @@ class _Seen:
 @dataclass(slots=True)
 class _Relayed:
     listener: ReaderListener
+    pace_tps: float  # what its engine is asked to deliver (0 while queued in the gateway)
     away: bool = False
 
 
@@ -118,6 +119,7 @@ class ReaderChannel:
         self._refused = {r: refused.labels(r) for r in ("rate", "invalid", "not_yours")}
         streams = metrics.reader_streams
         self._watching, self._away = streams.labels("watching"), streams.labels("away")
+        self._pace_away = metrics.reader_pace_away
         self.malformed = 0  # channel messages that were not signals (dropped)
 
     def start(self) -> None:
@@ -125,15 +127,18 @@ class ReaderChannel:
         self.store.subscribe(self.channel, self.deliver)
 
     # -- the streams this replica relays ------------------------------------------------
-    def add(self, request_id: str, listener: ReaderListener) -> None:
-        """``listener`` relays ``request_id`` until :meth:`discard`."""
-        self._relayed[request_id] = _Relayed(listener)
+    def add(self, request_id: str, listener: ReaderListener, pace_tps: float) -> None:
+        """``listener`` relays ``request_id`` until :meth:`discard`; ``pace_tps``: the
+        tokens a second its engine is asked for (the tier's TDS; 0 while queued here)."""
+        self._relayed[request_id] = _Relayed(listener, pace_tps)
         self._watching.inc()
 
     def discard(self, request_id: str) -> None:
         relayed = self._relayed.pop(request_id, None)
         if relayed is not None:
             (self._away if relayed.away else self._watching).dec()
+            if relayed.away:
+                self._pace_away.dec(relayed.pace_tps)
 
     def deliver(self, message: bytes) -> None:
         """One message of the channel: the signal to the stream it names, if relayed here."""
@@ -151,6 +156,7 @@ class ReaderChannel:
             relayed.away = away
             (self._away if away else self._watching).inc()
             (self._watching if away else self._away).dec()
+            self._pace_away.inc(relayed.pace_tps if away else -relayed.pace_tps)
         relayed.listener.reader_signal(signal)
 
     # -- POST /v1/tokenpace/reader ---------------------------------------------------------

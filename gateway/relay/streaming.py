@@ -136,7 +136,7 @@ class StreamRelay:
         task = asyncio.current_task()
         assert task is not None
         self.drain.add(self)
-        self.readers.add(self.ctx.request_id, self)
+        self.readers.add(self.ctx.request_id, self, self.ctx.tier.tds)
         try:
             await self._relay(send, task)
         except asyncio.CancelledError:

@@ -50,7 +50,10 @@ requests that fail before a tenant or tier is known are labelled ``-``):
   signals' interval; ``invalid``; ``not_yours``: another tenant's request or another
   token's); ``tokenpace_reader_streams{presence}``: the streams this process relays by
   their reader's last word (``watching`` until told otherwise, ``away``): the share of
-  readers away is ``away`` over the sum.
+  readers away is ``away`` over the sum; ``tokenpace_reader_pace_away_tps``: the
+  capacity they give back, the tier pace (TDS) of the away readers' streams, summed (an
+  engine's guard lets a reply yield once its client holds its return cushion,
+  :mod:`qos.policy.presence`).
 - ``tokenpace_store_mode{mode}``: 1 for the store's mode (``redis``; ``local`` or
   ``closed`` while Redis is down, by ``store.fail_mode``; ``memory`` without Redis);
   ``tokenpace_store_redis_calls_total`` (round trips), ``tokenpace_store_local_calls_total``
@@ -480,6 +483,13 @@ class GatewayMetrics:
             "tokenpace_reader_streams",
             "streams relayed by this process, by their reader's last signal (watching|away)",
             ["presence"],
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.reader_pace_away = Gauge(
+            "tokenpace_reader_pace_away_tps",
+            "tokens a second of tier pace the engines are no longer asked for: the streams "
+            "this process relays whose readers are away",
             multiprocess_mode="livesum",
             registry=r,
         )

@@ -97,6 +97,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from qos.latency import LatencyProfile, get_profile  # noqa: E402
 from qos.policy.andes import Andes  # noqa: E402
 from qos.policy.base import Policy  # noqa: E402
+from qos.policy.presence import away_share, rate_given_back  # noqa: E402
 from qos.policy.table import Capacity, RequestTable  # noqa: E402
 from qos.signals import Presence  # noqa: E402
 from qos.tags import decode_tags  # noqa: E402
@@ -429,6 +430,9 @@ class AndesScheduler(TimedScheduler):
     def write_stats(self) -> None:
         if self.reader_channel is not None:
             self.stats.update(self.reader_channel.stats())
+        now = self.clock()  # what the guard makes of the signals, for operators
+        self.stats["readers_away_share"] = away_share(self.table, now)
+        self.stats["rate_given_back_tps"] = rate_given_back(self.table, now)
         super().write_stats()
 
     def shutdown(self) -> None:

@@ -178,6 +178,8 @@ async def test_left_ends_the_stream_cleanly_closes_the_upstream_and_charges_what
             assert away.status_code == 202
             metrics = (await acme.get("/metrics")).text
             assert 'tokenpace_reader_streams{presence="away"} 1.0' in metrics
+            tds = float(r.headers["X-TokenPace-TDS"])
+            assert f"tokenpace_reader_pace_away_tps {tds}" in metrics  # the capacity given back
             started = time.monotonic()
             left = await acme.post(URL, json={"request_id": rid, "presence": "left"})
             assert left.status_code == 202
@@ -191,6 +193,7 @@ async def test_left_ends_the_stream_cleanly_closes_the_upstream_and_charges_what
         sent = [m for m in metrics.splitlines() if m.startswith("tokenpace_output_tokens_total{")]
         assert len(sent) == 1 and 3 <= float(sent[0].split()[-1]) < 400
         assert 'tokenpace_reader_streams{presence="away"} 0.0' in metrics
+        assert "tokenpace_reader_pace_away_tps 0.0" in metrics
 
 
 async def test_the_embedded_engine_records_the_signal_in_its_table() -> None:

@@ -472,6 +472,10 @@ def test_reader_signals_are_applied_at_decision_time_by_the_gateway_request_id(
     assert table.col("stated_buffer")[row] == 5
     assert table.col("stated_at")[row] == pytest.approx(heard)
     assert (scheduler.stats["reader_signals"], scheduler.stats["reader_signals_unknown"]) == (1, 1)
+    scheduler.write_stats()  # the operators' view: a's reader away, holding its cushion
+    started = int((table.col("output") > 0).sum())
+    assert scheduler.stats["readers_away_share"] == pytest.approx(1 / started)
+    assert scheduler.stats["rate_given_back_tps"] == pytest.approx(4.8)
     inbox.put(Arrived("gw-a", ReaderSignal(Presence.AWAY, buffer_tokens=9), clock[0]))
     step()
     assert scheduler.stats["decisions"] == decisions + 1  # the same presence: no decision
