@@ -8,6 +8,10 @@
  * the wait should be. The plot shows arrivals against what was displayed, with its
  * freezes shaded, and the tier's expected line; the QoE and the longest freeze appear at
  * the end.
+ * While the reply streams, the page's reader channel tells the gateway when the tab is
+ * hidden (away: the page stops showing and keeps the reader's place), shown again
+ * (watching), when the reader waits on an empty buffer, and when the page closes or Stop is
+ * pressed (left); the "Reader signals" panel lists each signal sent and its answer.
  * On the voice tier the reply is spoken sentence by sentence where the browser can, and
  * the page says whether it can. Send stays disabled until a key is accepted.
  */
@@ -22,6 +26,7 @@ import {
   type QueueNotice,
 } from "../../sdk_web/src/index.js";
 import { askAgain, askForKey, byId, errorMessage, KeyStore } from "./session.js";
+import { SignalPanel } from "./signal_panel.js";
 import { onVoicesChanged, SentenceSpeaker, speechSupport } from "./speech.js";
 import { TimelinePlot } from "./timeline_plot.js";
 
@@ -44,6 +49,7 @@ const reply = byId<HTMLDivElement>("reply");
 const problem = byId<HTMLParagraphElement>("problem");
 const speech = byId<HTMLParagraphElement>("speech");
 const plot = new TimelinePlot(byId("plot"));
+const signals = new SignalPanel(byId<HTMLTableSectionElement>("signals"), byId("presence"));
 
 const history: Message[] = [];
 let apiKey: string | null = null;
@@ -163,6 +169,7 @@ async function converse(text: string, tier: Tier): Promise<void> {
   stop.disabled = false;
   let answer = "";
   const sentAt = performance.now();
+  signals.reset(sentAt);
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -189,6 +196,12 @@ async function converse(text: string, tier: Tier): Promise<void> {
       requestStart: sentAt,
       signal: controller.signal,
       telemetry: { url: "/v1/tokenpace/telemetry" },
+      readerSignals: {
+        transport: signals.transport({
+          url: "/v1/tokenpace/reader",
+          token: response.headers.get("X-TokenPace-Telemetry-Token") ?? undefined,
+        }),
+      },
     });
     plot.setExpected(stream.expected);
     for await (const chunk of stream) {

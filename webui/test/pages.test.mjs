@@ -280,28 +280,70 @@ describe("demo page", () => {
     await page.close();
   });
 
-  test("a page hidden mid-reply sends the report as a beacon with the token", { timeout: 60_000 }, async () => {
+  test("a hidden tab says away and stops showing; shown again, it says watching and the reply resumes; closing says left", { timeout: 90_000 }, async () => {
     const { page, reports } = await openDemo();
-    await enterKey(page, gw.demoKey);
-    await sendMessage(page, { tier: "chat", maxTokens: 400, text: "Another long answer" });
-    await eventually(async () => (await growth(page)).length >= 3, 20_000, "three tokens on screen");
-    // what the browser does when the user switches tabs (headless Chromium is never hidden)
-    await page.evaluate(() => {
-      Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
-      document.dispatchEvent(new Event("visibilitychange"));
+    const signals = [];
+    page.on("request", (request) => {
+      if (request.url().endsWith("/v1/tokenpace/reader")) signals.push(request);
     });
-    const beacon = await eventually(() => reports[0], 10_000, "the beacon");
-    assert.equal(beacon.resourceType(), "ping", "sent with navigator.sendBeacon");
-    const headers = await beacon.allHeaders();
-    assert.equal(headers.authorization, undefined);
-    assert.equal(headers["x-tokenpace-telemetry-token"], undefined);
-    assert.match(headers["content-type"], /^text\/plain/);
-    const body = JSON.parse(beacon.postData());
-    assert.equal(body.outcome, "aborted");
-    assert.ok(body.telemetry_token.startsWith("tpt1."));
-    assert.ok(body.displayed.length >= 3);
-    const response = await eventually(() => beacon.response(), 10_000, "the beacon's answer");
-    assert.equal(response.status(), 200);
+    // The gateway's answer per docs/protocol.md ("SDK → gateway: reader signals"), given
+    // here so that the page is tested on its own; the signals are the page's, unchanged.
+    await page.route("**/v1/tokenpace/reader", (route) => {
+      const body = JSON.parse(route.request().postData());
+      route.fulfill({
+        status: 202,
+        contentType: "application/json",
+        body: JSON.stringify({ object: "tokenpace.reader_signal", request_id: body.request_id, presence: body.presence }),
+      });
+    });
+    /** Switch the tab away or back: what the browser does (headless Chromium never hides a page). */
+    const setHidden = (hidden) =>
+      page.evaluate((hidden) => {
+        Object.defineProperty(document, "visibilityState", { configurable: true, get: () => (hidden ? "hidden" : "visible") });
+        document.dispatchEvent(new Event("visibilitychange"));
+        return performance.now();
+      }, hidden);
+    const bodies = () => signals.map((r) => JSON.parse(r.postData()));
+    await enterKey(page, gw.demoKey);
+    await sendMessage(page, { tier: "chat", maxTokens: 400, text: "A long answer, please" });
+    await eventually(async () => (await growth(page)).length >= 3, 20_000, "three tokens on screen");
+
+    await setHidden(true);
+    const away = await eventually(() => bodies().find((b) => b.presence === "away"), 10_000, "the away signal");
+    const request = signals.find((r) => JSON.parse(r.postData()).presence === "away");
+    const headers = await request.allHeaders();
+    assert.ok(headers["x-tokenpace-telemetry-token"]?.startsWith("tpt1."), "authenticated by the telemetry token");
+    assert.equal(headers.authorization, undefined, "never by the key");
+    assert.match(away.request_id, /^[0-9a-f]{32}$/);
+    assert.ok(Number.isInteger(away.buffer_tokens) && away.buffer_tokens >= 0);
+    const hiddenAt = (await page.textContent("#reply")).length;
+    await page.waitForTimeout(1500);
+    assert.equal((await page.textContent("#reply")).length, hiddenAt, "nothing is shown while away");
+    assert.equal(await page.textContent("#presence"), "away");
+
+    await page.evaluate(() => (window.__shown = []));
+    const shownAt = await setHidden(false);
+    const back = await eventually(() => bodies().find((b) => b.presence === "watching"), 10_000, "the watching signal");
+    assert.equal(back.request_id, away.request_id);
+    assert.ok(back.buffer_tokens > 0, "the tokens that came while away wait in the buffer");
+    const resumed = await eventually(async () => (await growth(page))[0]?.[0], 10_000, "the reply to resume");
+    const resumeS = (resumed - shownAt) / 1000;
+    console.log(`# reader back: the reply resumed ${resumeS.toFixed(3)} s after the tab was shown`);
+    assert.ok(resumeS <= 2.0, `resumed ${resumeS.toFixed(3)} s after the return: more than a 2 s freeze`);
+    await eventually(async () => (await page.textContent("#signals")).includes("accepted"), 10_000, "the panel to show the answers");
+
+    await page.evaluate(() => window.dispatchEvent(new PageTransitionEvent("pagehide", { persisted: false })));
+    const left = await eventually(() => signals.find((r) => JSON.parse(r.postData()).presence === "left"), 10_000, "the left beacon");
+    assert.equal(left.resourceType(), "ping", "sent with navigator.sendBeacon");
+    assert.match((await left.allHeaders())["content-type"], /^text\/plain/);
+    const leftBody = JSON.parse(left.postData());
+    assert.ok(leftBody.telemetry_token.startsWith("tpt1."));
+    assert.equal(leftBody.request_id, away.request_id);
+    const report = JSON.parse((await eventually(() => reports[0], 10_000, "the report beacon")).postData());
+    assert.equal(report.outcome, "aborted");
+    assert.equal(report.away.length, 1, "the report says when the reader was away");
+    const [from, to] = report.away[0];
+    assert.ok(to - from >= 1.5, `away ${from}-${to} s`);
     await page.close();
   });
 
