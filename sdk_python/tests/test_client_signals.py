@@ -7,9 +7,12 @@ the rules run on a manual clock with a sender that records instead of posting.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from client_support import ManualClock, ScriptedReader, arrivals, chunk, text_of
+from tokenpace_client import apace, pace
 from tokenpace_client.headers import resolve
 from tokenpace_client.qoe import freezes, token_times, watched_times
 from tokenpace_client.signals import (
@@ -228,3 +232,50 @@ def test_closing_the_stream_before_its_end_says_left():
     assert [b["presence"] for b in sender.bodies()] == ["left"]
     stream.set_pace(None)  # the stream is over: nothing more is sent
     assert len(sender.deliveries) == 1
+
+
+def _slow_chunks(n: int, gap_s: float):
+    for k in range(n):
+        time.sleep(gap_s)
+        yield chunk(f" w{k}")
+
+
+def test_presence_set_from_another_thread_stops_and_resumes_a_real_token_loop():
+    stream = pace(_slow_chunks(12, 0.01), tds=20.0, telemetry=False)
+    shown: list[float] = []
+    threading.Timer(0.2, stream.set_presence, args=("away",)).start()
+    threading.Timer(0.8, stream.set_presence, args=("watching",)).start()
+    start = time.monotonic()
+    for c in stream:
+        if text_of(c):
+            shown.append(time.monotonic() - start)
+    assert len(shown) == 12
+    # at 20 tokens/s about 4 tokens by 0.2 s; none while away; the rest from about 0.8 s
+    assert not [t for t in shown if 0.25 < t < 0.78]
+    assert shown[-1] > 0.8
+    (away,) = stream.timeline.away
+    assert away[1] - away[0] == pytest.approx(0.6, abs=0.15)
+
+
+async def _aslow_chunks(n: int, gap_s: float):
+    for k in range(n):
+        await asyncio.sleep(gap_s)
+        yield chunk(f" w{k}")
+
+
+def test_presence_set_from_another_thread_reaches_an_async_token_loop():
+    async def main() -> tuple[list[float], Any]:
+        stream = apace(_aslow_chunks(12, 0.01), tds=20.0, telemetry=False)
+        shown: list[float] = []
+        threading.Timer(0.2, stream.set_presence, args=("away",)).start()
+        threading.Timer(0.8, stream.set_presence, args=("watching",)).start()
+        start = time.monotonic()
+        async for c in stream:
+            if text_of(c):
+                shown.append(time.monotonic() - start)
+        return shown, stream.timeline
+
+    shown, timeline = asyncio.run(main())
+    assert len(shown) == 12
+    assert not [t for t in shown if 0.25 < t < 0.78]
+    assert len(timeline.away) == 1
