@@ -551,6 +551,10 @@ describe("dashboard", () => {
     assert.equal(await field("client-frozen-2s"), `${(reader.frozen_over_2s * 100).toFixed(1)} %`);
     assert.equal(await field("client-idle-p99"), `${reader.idle_p99_s.toFixed(2)} s`);
     assert.match(await field("client-longest-freeze"), /^\d+\.\d\d s$/);
+    // readers away: the gateway's summary of the reports that said when (reader signals)
+    const away = api.tenants.demo.tiers.chat.client.away;
+    const awayCell = away === undefined ? "–" : `${(away.away_share * 100).toFixed(1)} % (mean ${away.mean_away_s.toFixed(2)} s)`;
+    assert.equal(await field("client-away"), awayCell);
     assert.match(await page.textContent("#reader-hint"), /Eq\. 9/);
     assert.equal(await page.textContent('tr[data-key="embedded"] td[data-field="healthy"]'), "healthy");
     assert.ok(Number(await page.textContent('tr[data-key="demo"] td[data-field="output-tokens"]')) >= 16);
