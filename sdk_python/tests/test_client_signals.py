@@ -196,7 +196,7 @@ def stream_with_signals(events: list[Any]) -> tuple[PacedStream, RecordingSender
 def test_while_away_nothing_is_released_and_the_reply_resumes_where_it_was():
     tokens = [(0.1 + 0.05 * k, chunk(f" w{k}")) for k in range(20)]
     events = sorted(
-        [*arrivals(*tokens, end=1.05), ("presence", 1.2, "away"), ("presence", 8.0, "watching")],
+        [*arrivals(*tokens, end=9.0), ("presence", 1.2, "away"), ("presence", 8.0, "watching")],
         key=lambda e: e[1],
     )
     stream, sender, clock = stream_with_signals(events)
@@ -209,7 +209,8 @@ def test_while_away_nothing_is_released_and_the_reply_resumes_where_it_was():
     assert stream.qoe.displayed_freezes.count == 0
     assert [d.url for d in sender.deliveries] == ["http://gw/v1/tokenpace/reader"] * 3
     assert sender.deliveries[0].headers == {"X-TokenPace-Telemetry-Token": "tok"}
-    # away at 1.2, renewed at 6.2 (half a lease), back at 8.0; the upstream had ended: no stall
+    # away at 1.2, renewed at 6.2 (half a lease), back at 8.0; no stall: the buffer held
+    # tokens until the upstream ended at 9.0
     assert [(b["presence"], b["buffer_tokens"]) for b in sender.bodies()] == [
         ("away", 15),
         ("away", 15),

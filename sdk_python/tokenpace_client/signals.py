@@ -15,7 +15,8 @@ to send what waited (:meth:`ReaderChannel.tick`):
   carrying the state as it then stands;
 - while away, the away is renewed every ``AWAY_LEASE_S / 2``;
 - every signal carries ``buffer_tokens``: tokens received and not yet shown;
-- ``left`` is the last signal; after :meth:`ReaderChannel.close` nothing is sent.
+- ``left`` is the last signal; after :meth:`ReaderChannel.close` (the reply has fully
+  arrived, or the stream ended: the gateway has nothing left to pace) nothing is sent.
 
 Bodies go to ``submit``, which must not block (by default a background sender,
 :mod:`tokenpace_client.telemetry`, without retries: a stale signal is worth nothing).
@@ -112,7 +113,7 @@ class ReaderChannel:
             self._closed = True
 
     def close(self) -> None:
-        """The stream ended: nothing more is sent."""
+        """The reply has fully arrived or the stream ended: nothing more is sent."""
         with self._lock:
             self._closed = True
 

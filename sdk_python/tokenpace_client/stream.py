@@ -209,6 +209,8 @@ class _Paced:
             if kind == "error":
                 self._error = payload
             self._pacer.end(at)
+            if self.reader_channel is not None:  # the reply is no longer the gateway's to pace
+                self.reader_channel.close()
 
     def _finish(self, outcome: str) -> None:
         """Record the end once: timeline, QoE, telemetry, metrics (never raising)."""

@@ -9,7 +9,8 @@
  * - While away, the away is renewed every `AWAY_LEASE_S / 2`, so a lost `watching` costs
  *   at most one lease of away treatment at the gateway.
  * - Every signal carries `buffer_tokens`: tokens received and not yet shown.
- * - `left` is the last signal; `close()` (the stream ended) sends nothing more.
+ * - `left` is the last signal; `close()` (the reply has fully arrived, or the stream
+ *   ended) sends nothing more: the gateway has nothing left to pace.
  *
  * Time comes from the injected `Clock`, transport from the injected `SignalTransport`,
  * so the rules are tested on virtual time with a recording transport.
@@ -88,7 +89,7 @@ export class ReaderChannel {
     this.close();
   }
 
-  /** The stream ended: nothing more is sent. */
+  /** The reply has fully arrived or the stream ended: nothing more is sent. */
   close(): void {
     this.closed = true;
     this.timer?.abort();

@@ -267,6 +267,7 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
   }
 
   private sourceEnded(error: unknown): void {
+    this.readerChannel?.close(); // the reply is no longer the gateway's to pace
     this.sourceError = error;
     this.pacer.end(this.clock.now());
     this.notify();

@@ -201,7 +201,9 @@ test("a hidden page stops the pacer, keeps the place, and the reply resumes wher
   const rec = new Recorder(clock);
   const page = new FakePage();
   const arrivals = Array.from({ length: 20 }, (_, i) => 100 + i * 50); // faster than 4 tokens/s
-  const stream = paceStream(timedSource(clock, tokensAt(arrivals)), {
+  const events = tokensAt(arrivals);
+  events[events.length - 1] = [7000, finishChunk()]; // the stream stays open until 7 s
+  const stream = paceStream(timedSource(clock, events), {
     clock,
     requestStart: 0,
     tds: 4,
@@ -291,7 +293,8 @@ test("a stream whose reader looked away reports when, and its freezes exclude it
   const signals = posted.filter((p) => (p as { presence?: string }).presence !== undefined) as ReaderSignalBody[];
   assert.deepEqual(
     signals.map((s) => s.presence),
-    ["away", "watching"],
+    ["away"],
+    "the reply had fully arrived by the return: nothing more to tell the gateway",
   );
 });
 

@@ -305,7 +305,9 @@ describe("demo page", () => {
       }, hidden);
     const bodies = () => signals.map((r) => JSON.parse(r.postData()));
     await enterKey(page, gw.demoKey);
-    await sendMessage(page, { tier: "chat", maxTokens: 400, text: "A long answer, please" });
+    // a reply long enough that the gateway still streams it when the tab is hidden and shown
+    // (the simulated engine writes about 5 ms a token; the page shows 4.8 tokens a second)
+    await sendMessage(page, { tier: "chat", maxTokens: 3000, text: "A long answer, please" });
     await eventually(async () => (await growth(page)).length >= 3, 20_000, "three tokens on screen");
 
     await setHidden(true);
