@@ -11,7 +11,9 @@
  * While the reply streams, the page's reader channel tells the gateway when the tab is
  * hidden (away: the page stops showing and keeps the reader's place), shown again
  * (watching), when the reader waits on an empty buffer, and when the page closes or Stop is
- * pressed (left); the "Reader signals" panel lists each signal sent and its answer.
+ * pressed (left); on the voice tier, Pause speech pauses the speech and tells the gateway
+ * the listener is away, Resume speech that they are back. The "Reader signals" panel
+ * lists each signal sent and its answer.
  * On the voice tier the reply is spoken sentence by sentence where the browser can, and
  * the page says whether it can. Send stays disabled until a key is accepted.
  */
@@ -27,7 +29,7 @@ import {
 } from "../../sdk_web/src/index.js";
 import { askAgain, askForKey, byId, errorMessage, KeyStore } from "./session.js";
 import { SignalPanel } from "./signal_panel.js";
-import { onVoicesChanged, SentenceSpeaker, speechSupport } from "./speech.js";
+import { canSpeak, onVoicesChanged, SentenceSpeaker, speechSupport } from "./speech.js";
 import { TimelinePlot } from "./timeline_plot.js";
 
 type Tier = "chat" | "voice" | "fast";
@@ -44,6 +46,7 @@ const maxTokens = byId<HTMLInputElement>("max-tokens");
 const message = byId<HTMLTextAreaElement>("message");
 const send = byId<HTMLButtonElement>("send");
 const stop = byId<HTMLButtonElement>("stop");
+const pauseSpeech = byId<HTMLButtonElement>("pause-speech");
 const status = byId<HTMLSpanElement>("status");
 const reply = byId<HTMLDivElement>("reply");
 const problem = byId<HTMLParagraphElement>("problem");
@@ -55,6 +58,30 @@ const history: Message[] = [];
 let apiKey: string | null = null;
 let model: string | null = null;
 let current: AbortController | null = null;
+/** The reply being spoken (voice tier), while it streams: Pause speech tells it the listener is away. */
+let spoken: PacedStream<ChatCompletionChunk> | null = null;
+
+/** Pause or resume the speech: the listener is away while it is paused, and the reply waits for them. */
+function toggleSpeech(): void {
+  if (spoken === null) return;
+  const pausing = pauseSpeech.getAttribute("aria-pressed") !== "true";
+  pauseSpeech.setAttribute("aria-pressed", String(pausing));
+  pauseSpeech.textContent = pausing ? "Resume speech" : "Pause speech";
+  if (canSpeak()) {
+    if (pausing) speechSynthesis.pause();
+    else speechSynthesis.resume();
+  }
+  spoken.setPresence(pausing ? "away" : "watching");
+}
+
+/** Pause speech is offered while a voice reply streams. */
+function offerPause(stream: PacedStream<ChatCompletionChunk> | null): void {
+  if (stream === null && pauseSpeech.getAttribute("aria-pressed") === "true" && canSpeak()) speechSynthesis.resume();
+  spoken = stream;
+  pauseSpeech.hidden = stream === null;
+  pauseSpeech.setAttribute("aria-pressed", "false");
+  pauseSpeech.textContent = "Pause speech";
+}
 
 function setStatus(state: "no-key" | "idle" | "waiting" | "queued" | "streaming" | "done" | "aborted" | "error", text: string): void {
   status.dataset["state"] = state;
@@ -204,6 +231,7 @@ async function converse(text: string, tier: Tier): Promise<void> {
       },
     });
     plot.setExpected(stream.expected);
+    if (speaker !== null) offerPause(stream);
     for await (const chunk of stream) {
       const piece = contentOf(chunk);
       if (!piece) continue;
@@ -225,6 +253,7 @@ async function converse(text: string, tier: Tier): Promise<void> {
     const aborted = controller.signal.aborted;
     setStatus(aborted ? "aborted" : "error", aborted ? "Stopped." : `Failed: ${error instanceof Error ? error.message : String(error)}`);
   } finally {
+    offerPause(null);
     history.push({ role: "assistant", content: answer });
     current = null;
     send.disabled = apiKey === null || model === null;
@@ -243,3 +272,4 @@ ask.addEventListener("submit", (event) => {
   if (text) void converse(text, tierSelect.value as Tier);
 });
 stop.addEventListener("click", () => current?.abort());
+pauseSpeech.addEventListener("click", toggleSpeech);

@@ -349,6 +349,37 @@ describe("demo page", () => {
     await page.close();
   });
 
+  test("on the voice tier, pausing the speech says away and holds the reply; resuming says watching", { timeout: 90_000 }, async () => {
+    const { page } = await openDemo();
+    const signals = [];
+    page.on("request", (request) => {
+      if (request.url().endsWith("/v1/tokenpace/reader")) signals.push(JSON.parse(request.postData()));
+    });
+    // the gateway's answer per docs/protocol.md, given here so that the page is tested on its own
+    await page.route("**/v1/tokenpace/reader", (route) => route.fulfill({ status: 202, contentType: "application/json", body: "{}" }));
+    await enterKey(page, gw.demoKey);
+    assert.equal(await page.isVisible("#pause-speech"), false, "offered only while a voice reply streams");
+    await sendMessage(page, { tier: "voice", maxTokens: 3000, text: "Read me a long story" });
+    await eventually(async () => (await growth(page)).length >= 2, 20_000, "two tokens on screen");
+    await page.click("#pause-speech");
+    await eventually(() => signals.find((b) => b.presence === "away"), 10_000, "the away signal");
+    assert.equal(await page.textContent("#pause-speech"), "Resume speech");
+    const pausedAt = (await page.textContent("#reply")).length;
+    await page.waitForTimeout(1200);
+    assert.equal((await page.textContent("#reply")).length, pausedAt, "nothing is shown or spoken while paused");
+    await page.evaluate(() => (window.__shown = []));
+    const resumedAt = await page.evaluate(() => performance.now());
+    await page.click("#pause-speech");
+    await eventually(() => signals.find((b) => b.presence === "watching"), 10_000, "the watching signal");
+    const resumed = await eventually(async () => (await growth(page))[0]?.[0], 10_000, "the reply to resume");
+    assert.ok((resumed - resumedAt) / 1000 <= 2.0, `resumed ${((resumed - resumedAt) / 1000).toFixed(3)} s after the speech did`);
+    await page.click("#stop");
+    await page.waitForSelector("#status[data-state=aborted]", { timeout: 10_000 });
+    await eventually(() => signals.find((b) => b.presence === "left"), 10_000, "the left signal on Stop");
+    assert.equal(await page.isVisible("#pause-speech"), false);
+    await page.close();
+  });
+
   test("the voice tier speaks the reply sentence by sentence", { timeout: 60_000 }, async (t) => {
     const { page } = await openDemo();
     assert.equal(await page.evaluate(() => "speechSynthesis" in window), true);
