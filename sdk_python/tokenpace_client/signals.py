@@ -109,8 +109,10 @@ class ReaderChannel:
             if self._closed:
                 return
             self._presence = "left"
-            self._send()
-            self._closed = True
+            try:
+                self._send()
+            finally:
+                self._closed = True
 
     def close(self) -> None:
         """The reply has fully arrived or the stream ended: nothing more is sent."""

@@ -218,8 +218,11 @@ class _Paced:
             return
         self.outcome = outcome
         if self.reader_channel is not None:
-            if outcome == "aborted":
-                self.reader_channel.leave()
+            try:
+                if outcome == "aborted":
+                    self.reader_channel.leave()
+            except Exception:  # e.g. no thread to send with at interpreter exit
+                log.exception("tokenpace reader signal of request %s failed", self.request_id)
             self.reader_channel.close()
         self.timeline = self._pacer.timeline(self._clock.now())
         self.qoe = QoE.of(self.timeline, self.ttft, self.tds)
