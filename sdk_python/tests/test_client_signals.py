@@ -54,14 +54,19 @@ class Recorder:
 
 
 class RecordingSender(TelemetrySender):
-    """A sender that keeps what it is given instead of posting it."""
+    """A sender that keeps what it is given instead of posting it; ``refuse`` answers
+    that many deliveries with 429."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: int = 0) -> None:
         super().__init__()
         self.deliveries: list[Delivery] = []
+        self.refuse = refuse
 
     def submit(self, delivery: Delivery) -> bool:
         self.deliveries.append(delivery)
+        if self.refuse and delivery.on_refused is not None:
+            self.refuse -= 1
+            delivery.on_refused(429)
         return True
 
     def bodies(self) -> list[dict[str, Any]]:
@@ -149,6 +154,21 @@ def test_an_abusive_caller_gets_at_most_one_signal_per_interval():
     assert len(times) <= math.floor(2.0 / MIN_INTERVAL_S) + 1
 
 
+def test_a_signal_refused_as_too_soon_goes_again_one_interval_later():
+    clock = ManualClock()
+    buffer = [3]
+    rec = Recorder(clock)
+    ch = ReaderChannel("req-1", rec, clock, lambda: buffer[0])
+    ch.stalled()
+    clock.t = 0.05
+    ch.refused()  # the gateway's 429 for it
+    buffer[0] = 5
+    assert ch.due() == pytest.approx(0.05 + MIN_INTERVAL_S)
+    clock.t = 0.05 + MIN_INTERVAL_S
+    ch.tick()
+    assert [(t, b["buffer_tokens"]) for t, b in rec.sent] == [(0.0, 3), (clock.t, 5)]
+
+
 def test_away_is_renewed_every_half_lease_and_a_stall_is_not_told_while_away():
     clock = ManualClock()
     ch, rec = channel(clock)
@@ -174,13 +194,15 @@ def test_left_is_the_last_word():
         ch.set_pace(0.0)
 
 
-def stream_with_signals(events: list[Any]) -> tuple[PacedStream, RecordingSender, ManualClock]:
+def stream_with_signals(
+    events: list[Any], refuse: int = 0
+) -> tuple[PacedStream, RecordingSender, ManualClock]:
     clock = ManualClock()
     response = SimpleNamespace(
         request=SimpleNamespace(url="http://gw/v1/chat/completions", headers=httpx.Headers()),
         headers=httpx.Headers({"X-Request-Id": "req-9", "X-TokenPace-Telemetry-Token": "tok"}),
     )
-    sender = RecordingSender()
+    sender = RecordingSender(refuse)
     stream = PacedStream(
         ScriptedReader(clock, events),  # type: ignore[arg-type]
         resolve(response.headers, tds=4.0, ttft=1.0, unit="token", end="drain", max_drain_s=None),
@@ -223,6 +245,14 @@ def test_a_stall_is_told_once_the_reader_has_read_what_was_shown():
     stream, sender, _clock = stream_with_signals(events)
     assert [text_of(c) for c in stream] == ["a", " b", " c"]
     assert [(b["presence"], b["buffer_tokens"]) for b in sender.bodies()] == [("watching", 0)]
+
+
+def test_a_stall_refused_as_too_soon_is_told_again_by_the_token_loop():
+    events = arrivals((0.1, chunk("a")), (0.2, chunk(" b")), (3.0, chunk(" c")), end=3.1)
+    stream, sender, _ = stream_with_signals(events, refuse=1)
+    assert [text_of(c) for c in stream] == ["a", " b", " c"]
+    # refused at 0.6 (the reader stalled), told again an interval later: still stalled
+    assert [(b["presence"], b["buffer_tokens"]) for b in sender.bodies()] == [("watching", 0)] * 2
 
 
 def test_closing_the_stream_before_its_end_says_left():

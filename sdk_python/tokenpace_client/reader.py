@@ -10,7 +10,8 @@ An event is ``(kind, at, payload)``: ``("chunk", at, chunk)``, ``("queued", at, 
 (a :class:`~tokenpace_client.notices.QueueNotice` read from an openai stream while the
 request waits for an engine), ``("end", at, None)`` or ``("error", at, exception)``; and
 what the paced stream posts from any thread (:meth:`ThreadReader.post`): ``("presence",
-at, "away" | "watching")``, ``("pace", at, tokens_per_s | None)``.
+at, "away" | "watching")``, ``("pace", at, tokens_per_s | None)``, ``("refused", at,
+None)`` (the gateway refused a reader signal as too soon).
 """
 
 from __future__ import annotations

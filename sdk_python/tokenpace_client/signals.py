@@ -15,6 +15,8 @@ to send what waited (:meth:`ReaderChannel.tick`):
   carrying the state as it then stands;
 - while away, the away is renewed every ``AWAY_LEASE_S / 2``;
 - every signal carries ``buffer_tokens``: tokens received and not yet shown;
+- a signal the gateway refuses as too soon (429) goes again, as the state then stands,
+  one interval later;
 - ``left`` is the last signal; after :meth:`ReaderChannel.close` (the reply has fully
   arrived, or the stream ended: the gateway has nothing left to pace) nothing is sent.
 
@@ -118,6 +120,15 @@ class ReaderChannel:
         """The reply has fully arrived or the stream ended: nothing more is sent."""
         with self._lock:
             self._closed = True
+
+    def refused(self) -> None:
+        """The gateway refused a signal as too soon (429: it reached the gateway within the
+        interval of the previous one): the state as it then stands goes again after the
+        interval."""
+        with self._lock:
+            if not self._closed:
+                self._last_sent = self._clock.now()
+                self._pending = True
 
     def due(self) -> float | None:
         """When the channel next wants to send (clock time): a waiting update, a renewal."""

@@ -10,7 +10,8 @@ eta_s)``, called in the task or thread that iterates the stream; the last one is
 the gateway about the reader: :meth:`set_presence` (the app backgrounded, the speech
 paused: nothing is released while away, and the reader's place is kept), :meth:`set_pace`,
 a stall (nothing to show once the reader has read what was shown, the upstream open),
-``left`` when the stream is closed before its end. These may be called from any thread;
+``left`` when the stream is closed before its end; a signal refused as too soon (429)
+goes again one interval later. These may be called from any thread;
 the token loop applies them and sends. When the stream ends (completed, aborted or
 error) it exposes ``timeline`` and ``qoe``, posts its report in the background
 (:mod:`tokenpace_client.telemetry`) and records the OpenTelemetry metrics
@@ -138,9 +139,14 @@ class _Paced:
         sender = signal_sender() if reader_signals is True else reader_signals
         request_id = self.request_id
 
+        def refused(status: int) -> None:  # in the sender's thread: the loop applies it
+            if status == 429:
+                with contextlib.suppress(RuntimeError):  # the stream's event loop has closed
+                    self._post(("refused", self._clock.now(), None))
+
         def submit(body: dict[str, Any]) -> None:
             data = json.dumps(body, separators=(",", ":")).encode()
-            sender.submit(Delivery(url, headers, data, request_id))
+            sender.submit(Delivery(url, headers, data, request_id, on_refused=refused))
 
         return ReaderChannel(request_id, submit, self._clock, lambda: self._pacer.buffered)
 
@@ -201,6 +207,9 @@ class _Paced:
         elif kind == "pace":
             if self.reader_channel is not None:
                 self.reader_channel.set_pace(payload)
+        elif kind == "refused":
+            if self.reader_channel is not None:
+                self.reader_channel.refused()
         elif kind == "queued":
             self.queued = payload
             if self._on_queued is not None:

@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +40,14 @@ _COMPLETIONS = ("/chat/completions", "/completions")
 
 @dataclass(frozen=True)
 class Delivery:
-    """One report, ready to post."""
+    """One report (or reader signal), ready to post; ``on_refused`` is told the status of
+    a 4xx answer, in the sender's thread."""
 
     url: str
     headers: Mapping[str, str]
     body: bytes
     request_id: str
+    on_refused: Callable[[int], object] | None = None
 
 
 def destination(
@@ -197,6 +199,8 @@ class TelemetrySender:
                     response.status_code,
                     response.text[:200],
                 )
+                if delivery.on_refused is not None:
+                    delivery.on_refused(response.status_code)
                 return "rejected"
             return "delivered"
         log.warning("telemetry for %s dropped after %d attempts", delivery.request_id, attempt + 1)

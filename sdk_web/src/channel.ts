@@ -9,6 +9,8 @@
  * - While away, the away is renewed every `AWAY_LEASE_S / 2`, so a lost `watching` costs
  *   at most one lease of away treatment at the gateway.
  * - Every signal carries `buffer_tokens`: tokens received and not yet shown.
+ * - A signal the gateway refuses as too soon (429) goes again, as the state then stands,
+ *   one interval later.
  * - `left` is the last signal; `close()` (the reply has fully arrived, or the stream
  *   ended) sends nothing more: the gateway has nothing left to pace.
  *
@@ -16,6 +18,7 @@
  * so the rules are tested on virtual time with a recording transport.
  */
 import type { Clock } from "./clock.js";
+import { TokenPaceError } from "./errors.js";
 import { AWAY_LEASE_S, MAX_PACE_TPS, MIN_INTERVAL_S, type Presence, type ReaderSignalBody, type SignalTransport } from "./signals.js";
 
 /** A signal as it was sent: the body, when (ms on the channel's clock), and how. */
@@ -96,6 +99,17 @@ export class ReaderChannel {
     this.timer = undefined;
   }
 
+  /**
+   * The gateway refused a signal as too soon (429: it reached the gateway within the
+   * interval of the previous one): the state as it then stands goes again after the interval.
+   */
+  private refused(): void {
+    if (this.closed) return;
+    this.lastSentAt = this.options.clock.now();
+    this.pending = true;
+    this.arm();
+  }
+
   /** Send now if the interval has passed since the last signal, else once it has. */
   private request(): void {
     if (this.options.clock.now() - this.lastSentAt >= INTERVAL_MS) this.sendNow();
@@ -112,7 +126,12 @@ export class ReaderChannel {
     const body: ReaderSignalBody = { request_id: this.options.requestId, presence: this.state, buffer_tokens: this.options.buffer() };
     if (this.pace !== undefined) body.pace_tps = this.pace;
     const sent = beacon && this.options.transport.beacon(body);
-    if (!sent) this.options.transport.send(body).catch((error: unknown) => this.tell(this.options.onError, error));
+    if (!sent) {
+      this.options.transport.send(body).catch((error: unknown) => {
+        if (error instanceof TokenPaceError && error.status === 429) this.refused();
+        this.tell(this.options.onError, error);
+      });
+    }
     this.tell(this.options.onSignal, { body, at: now, via: sent ? "beacon" : "fetch" });
     this.arm();
   }

@@ -3,6 +3,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 import { ReaderChannel } from "../src/channel.js";
+import { TokenPaceError } from "../src/errors.js";
 import type { PageLike } from "../src/presence.js";
 import { freezes, tokenTimes, watchedTimes } from "../src/qoe.js";
 import { AWAY_LEASE_S, MAX_BUFFER_TOKENS, MAX_PACE_TPS, MIN_INTERVAL_S, PRESENCES, readerURL, type ReaderSignalBody, type SignalTransport } from "../src/signals.js";
@@ -155,6 +156,34 @@ test("an abusive caller still gets at most one signal per interval without a cha
   const times = rec.sent.map((s) => s.at);
   for (let i = 1; i < times.length; i++) assert.ok((times[i] as number) - (times[i - 1] as number) >= MIN_INTERVAL_S * 1000);
   assert.ok(rec.sent.length <= 2000 / (MIN_INTERVAL_S * 1000) + 1);
+});
+
+test("a signal refused as too soon goes again one interval later, as the state then stands", async () => {
+  const clock = new VirtualClock();
+  const rec = new Recorder(clock);
+  let refuse = true;
+  const transport: SignalTransport = {
+    send: (body) => {
+      void rec.send(body);
+      if (!refuse) return Promise.resolve();
+      refuse = false;
+      return Promise.reject(new TokenPaceError("too soon", { code: "reader_signal_rate" }, 429));
+    },
+    beacon: (body) => rec.beacon(body),
+  };
+  let buffer = 3;
+  const ch = new ReaderChannel({ requestId: "req-1", transport, clock, buffer: () => buffer });
+  ch.stalled();
+  buffer = 5;
+  await clock.run(clock.until(1000));
+  assert.deepEqual(
+    rec.sent.map((s) => [s.at, s.body.presence, s.body.buffer_tokens]),
+    [
+      [0, "watching", 3],
+      [MIN_INTERVAL_S * 1000, "watching", 5],
+    ],
+  );
+  ch.close();
 });
 
 test("away is renewed every half lease, and a stall is not told while away", async () => {
