@@ -13,6 +13,7 @@
  *   carries the token as `"telemetry_token"`.
  */
 import { errorBody, TokenPaceError } from "./errors.js";
+import { beaconSender } from "./telemetry.js";
 
 /** A client sends at most one signal per reply this often (s); a change of presence goes at once. */
 export const MIN_INTERVAL_S = 0.25;
@@ -60,12 +61,6 @@ export interface SignalEndpoint {
 export function readerURL(telemetryURL: string): string | undefined {
   const match = /^(.*\/tokenpace)\/telemetry$/.exec(telemetryURL);
   return match ? `${match[1]}/reader` : undefined;
-}
-
-/** The browser's `navigator.sendBeacon`, when there is one. */
-function beaconSender(): ((url: string, data: Blob) => boolean) | undefined {
-  const nav = (globalThis as { navigator?: { sendBeacon?: (url: string, data: Blob) => boolean } }).navigator;
-  return typeof nav?.sendBeacon === "function" ? nav.sendBeacon.bind(nav) : undefined;
 }
 
 /** The transport of a real page or Node: keepalive `fetch`, `navigator.sendBeacon`. */

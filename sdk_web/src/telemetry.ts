@@ -17,6 +17,7 @@
  */
 import { ceilMicroseconds, reportTimeline } from "./coalesce.js";
 import { errorBody, TokenPaceError } from "./errors.js";
+import { globalPage } from "./presence.js";
 import type { Expectation, Outcome, Timeline, TimelineEntry, TimeSpan } from "./types.js";
 import { SDK_NAME, SDK_VERSION } from "./version.js";
 
@@ -110,7 +111,7 @@ export async function postReport(
 }
 
 /** The browser's `navigator.sendBeacon`, when there is one. */
-function beaconSender(): ((url: string, data: Blob) => boolean) | undefined {
+export function beaconSender(): ((url: string, data: Blob) => boolean) | undefined {
   const nav = (globalThis as { navigator?: { sendBeacon?: (url: string, data: Blob) => boolean } }).navigator;
   return typeof nav?.sendBeacon === "function" ? nav.sendBeacon.bind(nav) : undefined;
 }
@@ -126,27 +127,20 @@ export function beaconReport(url: string, report: TelemetryReport, token: string
   return send(url, new Blob([body], { type: "text/plain" }));
 }
 
-/** The page's lifecycle events, where there is a page (a no-op elsewhere, e.g. in Node). */
-interface PageLike {
-  addEventListener(type: string, listener: () => void): void;
-  removeEventListener(type: string, listener: () => void): void;
-  document?: { visibilityState?: string; addEventListener(type: string, l: () => void): void; removeEventListener(type: string, l: () => void): void };
-}
-
 /**
  * Call `onExit` once when the page is hidden (`visibilitychange`) or closed (`pagehide`);
  * with `whenHidden` false, only when closed (a stream whose reader channel keeps it going
  * while hidden). Returns the unsubscribe.
  */
 export function onPageExit(onExit: () => void, whenHidden = true): () => void {
-  const page = globalThis as unknown as Partial<PageLike>;
-  const doc = page.document;
-  if (typeof page.addEventListener !== "function" || doc === undefined) return () => undefined;
+  const page = globalPage();
+  const doc = page?.document;
+  if (page === undefined || doc === undefined) return () => undefined;
   const onVisibility = (): void => {
     if (whenHidden && doc.visibilityState === "hidden") fire();
   };
   const stop = (): void => {
-    page.removeEventListener?.("pagehide", fire);
+    page.removeEventListener("pagehide", fire);
     doc.removeEventListener("visibilitychange", onVisibility);
   };
   function fire(): void {
