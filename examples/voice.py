@@ -10,7 +10,10 @@ tokens/s on the voice tier). Every sentence is printed with its release time (se
 since the request). With espeak-ng installed (the Debian package ``espeak-ng``) each one
 is spoken as it is released, or with ``--wav FILE`` written to one WAV file instead, at
 the speed the gateway announces for the tier (``X-TokenPace-TDS``), so the speech keeps
-pace with the release. The gateway's URL and the key are found as ``chat.py`` finds them.
+pace with the release. ``--speed`` is the listener's speed control: espeak-ng speaks at
+that multiple of the tier's speed, and the stream tells the gateway the listener's pace
+(a reader signal, docs/architecture/sdk-reader-signals.md), so that a slower listener's
+reply can yield to others. The gateway's URL and the key are found as ``chat.py`` finds them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tokenpace_client import OpenAI
 # 150 words a minute: 3.3 / (150 / 60) = 1.32 tokens a word.
 TOKENS_PER_WORD = 3.3 / (150 / 60)
 ESPEAK_MIN_WPM = 80  # espeak-ng speaks no slower
+MIN_SPEED, MAX_SPEED = 0.25, 2.0  # the speed control's range, a multiple of the tier's
 
 
 def words_per_minute(tds: float) -> int:
@@ -68,7 +72,15 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--prompt", default="Tell me a short story.")
     parser.add_argument("--wav", metavar="FILE", help="write the audio to FILE instead of playing")
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="speak at this multiple of the tier's speed (0.25 to 2; default 1)",
+    )
     args = parser.parse_args()
+    if not MIN_SPEED <= args.speed <= MAX_SPEED:
+        parser.error(f"--speed {args.speed:g}: give a multiple from {MIN_SPEED} to {MAX_SPEED:g}")
     if not args.api_key:
         parser.error("--api-key (or TOKENPACE_API_KEY): the key `make run` printed")
     espeak = shutil.which("espeak-ng")
@@ -104,9 +116,15 @@ def speak(client: OpenAI, args: argparse.Namespace, espeak: str | None) -> list[
         max_tokens=args.max_tokens,
         stream=True,
     )
-    wpm = words_per_minute(stream.tds)
+    pace = stream.tds * args.speed
+    if args.speed != 1.0:  # the listener's own pace: the gateway may let the reply yield
+        stream.set_pace(pace)
+        print(f"[listening at {args.speed:g}x the tier's speed: {pace:.3g} tokens/s]")
+    wpm = words_per_minute(pace)
     if espeak is not None:
-        rate = f"the tier's {stream.tds:g} tokens/s at {TOKENS_PER_WORD:.2f} tokens a word"
+        rate = f"{pace:.3g} tokens/s at {TOKENS_PER_WORD:.2f} tokens a word"
+        if args.speed == 1.0:
+            rate = f"the tier's {rate}"
         print(f"[espeak-ng at {wpm} words/min: {rate}]")
     clips: list[bytes] = []
     with stream:

@@ -32,7 +32,7 @@ class ScriptedReader:
         self.waits: list[float | None] = []
         self.stopped = False
 
-    def get(self, deadline: float | None) -> Event | None:
+    def get(self, deadline: float | None, chunk_wakes: bool = True) -> Event | None:
         self.waits.append(deadline)
         if self.events and (deadline is None or self.events[0][1] <= deadline):
             event = self.events.popleft()
@@ -42,12 +42,16 @@ class ScriptedReader:
         self.clock.t = max(self.clock.t, deadline)
         return None
 
+    def post(self, event: Event) -> None:
+        """An event posted now: it comes before the scripted ones still to come."""
+        self.events.appendleft(event)
+
     def stop(self, wait_s: float) -> None:
         self.stopped = True
 
 
 class AsyncScriptedReader(ScriptedReader):
-    async def get(self, deadline: float | None) -> Event | None:  # type: ignore[override]
+    async def get(self, deadline: float | None, chunk_wakes: bool = False) -> Event | None:  # type: ignore[override]
         return ScriptedReader.get(self, deadline)
 
     def cancel(self) -> None:

@@ -9,7 +9,9 @@ vectors ``tests/vectors/qoe.json`` that are generated from ``qos.metrics``:
 - Andes QoE, Andes (Liu et al.) §3.1 Eq. 1, in closed form;
 - the monotone QoE of docs/qoe.md, which delaying a token can never raise;
 - the freezes of docs/qoe.md: display gaps beyond the reader's pace,
-  (d_k - d_(k-1)) - 1/TDS > 1e-6 s, the wait for the first token not counted;
+  (d_k - d_(k-1)) - 1/TDS > 1e-6 s, the wait for the first token not counted; only those
+  seen while the reader watches count (:func:`watched_times`, checked against
+  ``tests/vectors/signals.json``);
 - user idle latency, Wang et al., "Revisiting SLOs and System Level Metrics in LLM
   Serving", Eq. 9: l = max_i (t_i - (TTFT + (i-1)/TDS))⁺.
 
@@ -155,16 +157,34 @@ def display_gaps(times: Sequence[float], tds: float) -> list[float]:
     return [(b - a) - 1.0 / tds for a, b in itertools.pairwise(starts)]
 
 
-def freezes(timeline: Entries, tds: float) -> Freezes:
+Spans = Sequence[tuple[float, float]]
+"""``[(start, end), ...]`` seconds since the request: when the reader was away."""
+
+
+def watched_times(times: Sequence[float], away: Spans) -> list[float]:
+    """``times`` on the reader's watched clock, as ``qos.metrics.watched_times``: the time
+    spent away before each taken out; a token that arrives while the reader is away is
+    there when they come back. ValueError when the spans are malformed."""
+    previous_end = -math.inf
+    for start, end in away:
+        if not (math.isfinite(start) and math.isfinite(end) and end >= start):
+            raise ValueError("away: each span must be [start, end] with end >= start, finite")
+        if start < previous_end:
+            raise ValueError("away: spans must be in time order and must not overlap")
+        previous_end = end
+    return [t - math.fsum(min(max(t - a, 0.0), b - a) for a, b in away) for t in times]
+
+
+def freezes(timeline: Entries, tds: float, away: Spans = ()) -> Freezes:
     """The freezes of ``timeline`` shown by the release rule (recursion D) at ``tds``.
 
     The wait for the first token is the TTFT, not a freeze; from the first token on, the
     reader is frozen whenever the next token is not there when the previous one has been
-    read.
+    read. ``away``: spans the reader was away; only freezes seen while watching count.
     """
     times = token_times(timeline)
     check_expectation(0.0, tds)
-    return freezes_of_times(times, tds)
+    return freezes_of_times(watched_times(times, away), tds)
 
 
 def freezes_of_times(times: Sequence[float], tds: float) -> Freezes:

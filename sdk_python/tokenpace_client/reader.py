@@ -8,7 +8,10 @@ upstream and closes it when it stops, whether the stream ended, failed or was cl
 
 An event is ``(kind, at, payload)``: ``("chunk", at, chunk)``, ``("queued", at, notice)``
 (a :class:`~tokenpace_client.notices.QueueNotice` read from an openai stream while the
-request waits for an engine), ``("end", at, None)`` or ``("error", at, exception)``.
+request waits for an engine), ``("end", at, None)`` or ``("error", at, exception)``; and
+what the paced stream posts from any thread (:meth:`ThreadReader.post`): ``("presence",
+at, "away" | "watching")``, ``("pace", at, tokens_per_s | None)``, ``("refused", at,
+None)`` (the gateway refused a reader signal as too soon).
 """
 
 from __future__ import annotations
@@ -77,7 +80,12 @@ class ThreadReader:
             with contextlib.suppress(Exception):
                 self._close()
 
-    def get(self, deadline: float | None) -> Event | None:
+    def post(self, event: Event) -> None:
+        """Queue ``event`` for the consumer from any thread; it wakes a waiting :meth:`get`."""
+        self._events.put(event)
+
+    def get(self, deadline: float | None, chunk_wakes: bool = True) -> Event | None:
+        """The next event, or ``None`` once ``deadline`` passes (any event wakes it)."""
         timeout = None if deadline is None else max(0.0, deadline - self._clock.now())
         try:
             return self._events.get(timeout=timeout)
@@ -99,9 +107,9 @@ class TaskReader:
     Events go into a deque; a waiting :meth:`get` is woken by a timer at its deadline,
     rounded up to the :data:`TICK_S` grid (one future and one timer handle per wait, no
     exception on the usual timed-out wait), or by the next event. While a release is
-    pending (a deadline), a chunk does not wake it: its pieces go out after the pending
-    one, so it is read at the deadline, with the time the reader stamped on it; the end
-    of the stream and errors wake it.
+    pending (a deadline, unless ``chunk_wakes``), a chunk does not wake it: its pieces go
+    out after the pending one, so it is read at the deadline, with the time the reader
+    stamped on it; the end of the stream, errors and posted events wake it.
     """
 
     def __init__(
@@ -127,6 +135,10 @@ class TaskReader:
     def _queued(self, notice: QueueNotice) -> None:
         self._put(("queued", self._clock.now(), notice))
 
+    def post(self, event: Event) -> None:
+        """Queue ``event`` for the consumer from any thread; it wakes a waiting :meth:`get`."""
+        self._loop.call_soon_threadsafe(self._put, event)
+
     async def _run(self, open_iterable: Callable[[], Awaitable[AsyncIterable[Any]]]) -> None:
         clock, put = self._clock, self._put
         try:
@@ -141,7 +153,7 @@ class TaskReader:
             with contextlib.suppress(Exception):
                 await self._close()
 
-    async def get(self, deadline: float | None) -> Event | None:
+    async def get(self, deadline: float | None, chunk_wakes: bool = False) -> Event | None:
         if not self._events:
             timer = None
             if deadline is not None:
@@ -155,7 +167,7 @@ class TaskReader:
                 if TICK_S:
                     at = math.ceil(at / TICK_S) * TICK_S
                 timer = loop.call_at(at, _wake, waiter)
-            self._timed = timer is not None
+            self._timed = timer is not None and not chunk_wakes
             try:
                 await waiter
             finally:

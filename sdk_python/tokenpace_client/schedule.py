@@ -24,6 +24,11 @@ class ReleaseSchedule:
         self._free = -math.inf  # when the next piece with tokens may go
         self._last = -math.inf  # the previous release: order is kept
 
+    @property
+    def free(self) -> float:
+        """When the pieces scheduled so far have been read (``-inf`` before the first)."""
+        return self._free
+
     def release_time(self, ready: float, tokens: int) -> float:
         """The release time of the next piece, ready at ``ready`` with ``tokens`` tokens."""
         at = max(ready, self._last)

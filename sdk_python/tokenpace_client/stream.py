@@ -6,9 +6,16 @@ next release or the next arrival, whichever comes first (no busy waiting, one mo
 clock). While the request waits for an engine, the gateway's queue notices (SSE comments
 that openai's decoder drops, :mod:`tokenpace_client.notices`) go to ``on_queued(position,
 eta_s)``, called in the task or thread that iterates the stream; the last one is
-``queued``. When the stream ends (completed, aborted or error) it exposes ``timeline`` and
-``qoe``, posts its report in the background (:mod:`tokenpace_client.telemetry`) and
-records the OpenTelemetry metrics (:mod:`tokenpace_client.otel`).
+``queued``. While it streams, its reader channel (:mod:`tokenpace_client.signals`) tells
+the gateway about the reader: :meth:`set_presence` (the app backgrounded, the speech
+paused: nothing is released while away, and the reader's place is kept), :meth:`set_pace`,
+a stall (nothing to show once the reader has read what was shown, the upstream open),
+``left`` when the stream is closed before its end; a signal refused as too soon (429)
+goes again one interval later. These may be called from any thread;
+the token loop applies them and sends. When the stream ends (completed, aborted or
+error) it exposes ``timeline`` and ``qoe``, posts its report in the background
+(:mod:`tokenpace_client.telemetry`) and records the OpenTelemetry metrics
+(:mod:`tokenpace_client.otel`).
 
 Closing the paced stream (``close()``, leaving its ``with`` block, dropping it, or
 cancelling the task that reads it) closes the upstream response at once. An upstream
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import socket
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
@@ -33,12 +41,14 @@ from tokenpace_client.headers import MAX_DRAIN_S, Settings, resolve
 from tokenpace_client.notices import QueueNotice
 from tokenpace_client.pacer import Pacer
 from tokenpace_client.reader import Event, TaskReader, ThreadReader
+from tokenpace_client.signals import ReaderChannel, check_pace
 from tokenpace_client.telemetry import (
     Delivery,
     TelemetrySender,
     default_sender,
     destination,
     report_body,
+    signal_sender,
 )
 from tokenpace_client.timeline import QoE, Timeline
 from tokenpace_client.version import __version__
@@ -84,6 +94,7 @@ class _Paced:
         sent_at: float,
         telemetry: bool | TelemetrySender,
         on_queued: OnQueued | None = None,
+        reader_signals: bool | TelemetrySender | None = None,
     ) -> None:
         self.request_id: str | None = settings.request_id
         self.tier: str = settings.tier
@@ -110,6 +121,74 @@ class _Paced:
         )
         self._error: BaseException | None = None
         self._model: str | None = None
+        self._stall_told = False
+        signals = telemetry is not False if reader_signals is None else reader_signals
+        self.reader_channel: ReaderChannel | None = self._open_channel(signals)
+
+    def _open_channel(self, reader_signals: bool | TelemetrySender) -> ReaderChannel | None:
+        """The stream's reader channel, when it can speak: a request id and a gateway URL."""
+        request = getattr(self.response, "request", None)
+        if reader_signals is False or self.request_id is None or request is None:
+            return None
+        target = destination(
+            str(request.url), request.headers, self.response.headers, endpoint="reader"
+        )
+        if target is None:
+            return None
+        url, headers = target
+        sender = signal_sender() if reader_signals is True else reader_signals
+        request_id = self.request_id
+
+        def refused(status: int) -> None:  # in the sender's thread: the loop applies it
+            if status == 429:
+                with contextlib.suppress(RuntimeError):  # the stream's event loop has closed
+                    self._post(("refused", self._clock.now(), None))
+
+        def submit(body: dict[str, Any]) -> None:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            sender.submit(Delivery(url, headers, data, request_id, on_refused=refused))
+
+        return ReaderChannel(request_id, submit, self._clock, lambda: self._pacer.buffered)
+
+    def _post(self, event: Event) -> None:
+        """Hand the token loop an event from any thread (the reader's queue wakes it)."""
+        raise NotImplementedError
+
+    def set_presence(self, presence: str) -> None:
+        """The reader looked away (``"away"``: the app backgrounded, the speech paused;
+        nothing is released meanwhile) or back (``"watching"``); told to the gateway."""
+        if presence not in ("watching", "away"):
+            raise ValueError(f'presence: must be "watching" or "away", got {presence!r}')
+        self._post(("presence", self._clock.now(), presence))
+
+    def set_pace(self, tps: float | None) -> None:
+        """The reader's own pace in tokens a second (a speech rate; ``None``: the tier's),
+        told to the gateway."""
+        self._post(("pace", self._clock.now(), check_pace(tps)))
+
+    def _deadline(self) -> float | None:
+        """When the token loop must wake: the next release, the reader's stall, the
+        channel's next send; ``None``: at the next event."""
+        pacer, channel = self._pacer, self.reader_channel
+        if channel is None:
+            return pacer.next_release()
+        candidates = [pacer.next_release(), channel.due()]
+        if not (pacer.ended or pacer.is_away or pacer.buffered or self._stall_told):
+            candidates.append(pacer.read_by())
+        due = [t for t in candidates if t is not None]
+        return min(due) if due else None
+
+    def _woke(self) -> None:
+        """The token loop woke: tell a stall (once per stall), send what the channel owes."""
+        channel, pacer = self.reader_channel, self._pacer
+        if channel is None:
+            return
+        read_by = pacer.read_by()
+        idle = not (pacer.ended or pacer.is_away or pacer.buffered or self._stall_told)
+        if idle and read_by is not None and self._clock.now() >= read_by:
+            self._stall_told = True
+            channel.stalled()
+        channel.tick()
 
     def _on_event(self, event: Event) -> None:
         kind, at, payload = event
@@ -117,6 +196,20 @@ class _Paced:
             if self._model is None:
                 self._model = get_field(payload, "model")
             self._pacer.arrive(at, payload)
+            self._stall_told = False
+        elif kind == "presence":
+            if payload == "away":
+                self._pacer.away(at)
+            else:
+                self._pacer.back(at)
+            if self.reader_channel is not None:
+                self.reader_channel.set_presence(payload)
+        elif kind == "pace":
+            if self.reader_channel is not None:
+                self.reader_channel.set_pace(payload)
+        elif kind == "refused":
+            if self.reader_channel is not None:
+                self.reader_channel.refused()
         elif kind == "queued":
             self.queued = payload
             if self._on_queued is not None:
@@ -125,13 +218,22 @@ class _Paced:
             if kind == "error":
                 self._error = payload
             self._pacer.end(at)
+            if self.reader_channel is not None:  # the reply is no longer the gateway's to pace
+                self.reader_channel.close()
 
     def _finish(self, outcome: str) -> None:
         """Record the end once: timeline, QoE, telemetry, metrics (never raising)."""
         if self.outcome is not None:
             return
         self.outcome = outcome
-        self.timeline = self._pacer.timeline()
+        if self.reader_channel is not None:
+            try:
+                if outcome == "aborted":
+                    self.reader_channel.leave()
+            except Exception:  # e.g. no thread to send with at interpreter exit
+                log.exception("tokenpace reader signal of request %s failed", self.request_id)
+            self.reader_channel.close()
+        self.timeline = self._pacer.timeline(self._clock.now())
         self.qoe = QoE.of(self.timeline, self.ttft, self.tds)
         try:
             self._report(self.timeline, outcome)
@@ -165,6 +267,9 @@ class PacedStream(_Paced):
         super().__init__(settings, **kwargs)
         self._reader = reader
 
+    def _post(self, event: Event) -> None:
+        self._reader.post(event)
+
     def __iter__(self) -> PacedStream:
         return self
 
@@ -178,9 +283,10 @@ class PacedStream(_Paced):
                 return piece.chunk
             if pacer.drained:
                 self._raise_or_stop(StopIteration)
-            event = self._reader.get(pacer.next_release())
+            event = self._reader.get(self._deadline())
             if event is not None:
                 self._on_event(event)
+            self._woke()
 
     def close(self) -> None:
         """Close the upstream response now; the stream ends as ``aborted`` unless it had ended."""
@@ -218,6 +324,9 @@ class AsyncPacedStream(_Paced):
             asyncio.get_running_loop()
             self._reader = start_reader()
 
+    def _post(self, event: Event) -> None:
+        self._started().post(event)
+
     def _started(self) -> TaskReader:
         if self._reader is None:
             self._reader = self._start_reader()
@@ -237,9 +346,10 @@ class AsyncPacedStream(_Paced):
                     return piece.chunk
                 if pacer.drained:
                     self._raise_or_stop(StopAsyncIteration)
-                event = await reader.get(pacer.next_release())
+                event = await reader.get(self._deadline(), pacer.next_release() is None)
                 if event is not None:
                     self._on_event(event)
+                self._woke()
         except asyncio.CancelledError:  # the consuming task was cancelled: let go at once
             reader.cancel()
             self._finish("aborted")
@@ -289,6 +399,7 @@ def pace(
     clock: Clock | None = None,
     sent_at: float | None = None,
     on_queued: OnQueued | None = None,
+    reader_signals: bool | TelemetrySender | None = None,
 ) -> PacedStream:
     """Release the chunks of ``stream`` at the reader's speed.
 
@@ -297,7 +408,10 @@ def pace(
     override the gateway's ``X-TokenPace-TDS``/``X-TokenPace-TTFT``; without either, the
     chat tier. ``unit``: ``token``, ``word`` or ``sentence``; ``end``: ``drain`` (keep
     pacing) or ``flush`` (release the rest when the upstream ends). ``telemetry``:
-    ``False`` sends no report, a :class:`TelemetrySender` sends it there. ``clock``: the
+    ``False`` sends no report, a :class:`TelemetrySender` sends it there.
+    ``reader_signals``: the live reader channel (:mod:`tokenpace_client.signals`) to
+    ``/v1/tokenpace/reader``; ``None`` (default): on when ``telemetry`` is, ``False``: off,
+    a :class:`TelemetrySender`: sent there. ``clock``: the
     pacing clock (``time.monotonic``); ``sent_at``: when the request was sent on that
     clock (default: now), the origin of the timelines.
     """
@@ -330,6 +444,7 @@ def pace(
         sent_at=sent_at,
         telemetry=telemetry,
         on_queued=on_queued,
+        reader_signals=reader_signals,
     )
 
 
@@ -345,6 +460,7 @@ def apace(
     clock: Clock | None = None,
     sent_at: float | None = None,
     on_queued: OnQueued | None = None,
+    reader_signals: bool | TelemetrySender | None = None,
 ) -> AsyncPacedStream:
     """:func:`pace` for an openai ``AsyncStream`` or any async iterable of chunks.
 
@@ -388,4 +504,5 @@ def apace(
         sent_at=sent_at,
         telemetry=telemetry,
         on_queued=on_queued,
+        reader_signals=reader_signals,
     )

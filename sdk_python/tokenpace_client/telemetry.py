@@ -20,14 +20,14 @@ import logging
 import queue
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from tokenpace_client.coalesce import coalesce
-from tokenpace_client.timeline import Timeline
+from tokenpace_client.timeline import Timeline, ceil_us
 
 log = logging.getLogger("tokenpace_client.telemetry")
 
@@ -40,18 +40,24 @@ _COMPLETIONS = ("/chat/completions", "/completions")
 
 @dataclass(frozen=True)
 class Delivery:
-    """One report, ready to post."""
+    """One report (or reader signal), ready to post; ``on_refused`` is told the status of
+    a 4xx answer, in the sender's thread."""
 
     url: str
     headers: Mapping[str, str]
     body: bytes
     request_id: str
+    on_refused: Callable[[int], object] | None = None
 
 
 def destination(
-    request_url: str, request_headers: Mapping[str, str], response_headers: Mapping[str, str]
+    request_url: str,
+    request_headers: Mapping[str, str],
+    response_headers: Mapping[str, str],
+    endpoint: str = "telemetry",
 ) -> tuple[str, dict[str, str]] | None:
-    """The telemetry URL and auth headers for a completions request, ``None`` if unknown.
+    """The URL of ``/tokenpace/{endpoint}`` (``telemetry``: QoE reports; ``reader``: reader
+    signals) and its auth headers for a completions request, ``None`` if unknown.
 
     The telemetry token (``X-TokenPace-Telemetry-Token``) is preferred when the response
     carries one; otherwise the request's own ``Authorization`` (its API key).
@@ -62,11 +68,11 @@ def destination(
         return None
     token = response_headers.get(TOKEN_HEADER)
     if token:
-        return f"{base}/tokenpace/telemetry", {TOKEN_HEADER: token}
+        return f"{base}/tokenpace/{endpoint}", {TOKEN_HEADER: token}
     auth = request_headers.get("authorization")
     if not auth:
         return None
-    return f"{base}/tokenpace/telemetry", {"Authorization": auth}
+    return f"{base}/tokenpace/{endpoint}", {"Authorization": auth}
 
 
 def report_body(
@@ -83,6 +89,8 @@ def report_body(
             "outcome": outcome,
             "sdk": {"name": SDK_NAME, "version": version},
         }
+        if timeline.away:
+            body["away"] = [[ceil_us(a), ceil_us(b)] for a, b in timeline.away]
         data = json.dumps(body, separators=(",", ":")).encode()
         if len(data) <= MAX_BODY_BYTES or limit == 2:
             return data
@@ -191,6 +199,8 @@ class TelemetrySender:
                     response.status_code,
                     response.text[:200],
                 )
+                if delivery.on_refused is not None:
+                    delivery.on_refused(response.status_code)
                 return "rejected"
             return "delivered"
         log.warning("telemetry for %s dropped after %d attempts", delivery.request_id, attempt + 1)
@@ -198,6 +208,7 @@ class TelemetrySender:
 
 
 _default: TelemetrySender | None = None
+_signals: TelemetrySender | None = None
 _default_lock = threading.Lock()
 
 
@@ -208,3 +219,13 @@ def default_sender() -> TelemetrySender:
         if _default is None:
             _default = TelemetrySender()
         return _default
+
+
+def signal_sender() -> TelemetrySender:
+    """The process-wide sender of reader signals (:mod:`tokenpace_client.signals`): its own
+    queue, so a signal never waits behind reports, and no retries (a late signal is stale)."""
+    global _signals
+    with _default_lock:
+        if _signals is None:
+            _signals = TelemetrySender(retries=0, timeout_s=2.0)
+        return _signals

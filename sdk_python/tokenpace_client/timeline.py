@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 from tokenpace_client.qoe import (
     Freezes,
+    Spans,
     TimelineEntry,
     andes_of_times,
     freezes_of_times,
     idle_of_times,
     monotone_of_times,
     token_times,
+    watched_times,
 )
 
 
@@ -30,10 +32,12 @@ def ceil_us(seconds: float) -> float:
 
 @dataclass(frozen=True)
 class Timeline:
-    """``arrivals``: (time, tokens) per chunk read; ``displayed``: per piece released."""
+    """``arrivals``: (time, tokens) per chunk read; ``displayed``: per piece released;
+    ``away``: (start, end) spans the reader was away, in time order."""
 
     arrivals: tuple[TimelineEntry, ...]
     displayed: tuple[TimelineEntry, ...]
+    away: tuple[tuple[float, float], ...] = ()
 
 
 _Scores = tuple[float, float, Freezes | None, float | None]
@@ -45,7 +49,8 @@ class QoE:
 
     ``andes``/``monotone``: Andes (Liu et al.) §3.1 Eq. 1 and the monotone QoE; an empty
     timeline (nothing arrived, or nothing was shown) scores 0, as at the gateway.
-    ``freezes``: the display gaps beyond the reader's pace; ``idle_s``: the user idle
+    ``freezes``: the display gaps beyond the reader's pace seen while the reader watched
+    (``Timeline.away``); ``idle_s``: the user idle
     latency (Wang et al. Eq. 9); both None for an empty timeline. Of the arrivals, they
     are what the release rule shows (what ``qos.metrics`` gives for the reported
     arrivals); of the
@@ -64,6 +69,8 @@ class QoE:
 
     @classmethod
     def of(cls, timeline: Timeline, ttft: float, tds: float) -> QoE:
+        away: Spans = timeline.away
+
         def score(entries: tuple[TimelineEntry, ...]) -> _Scores:
             if not entries:
                 return 0.0, 0.0, None, None
@@ -71,7 +78,7 @@ class QoE:
             return (
                 andes_of_times(times, ttft, tds),
                 monotone_of_times(times, ttft, tds),
-                freezes_of_times(times, tds),
+                freezes_of_times(watched_times(times, away), tds),
                 idle_of_times(times, ttft, tds),
             )
 

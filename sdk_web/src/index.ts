@@ -7,7 +7,21 @@ export type { ChatCompletionCreateParams, ClientOptions, RequestOptions, TokenPa
 export { paceOpenAI, telemetryURL } from "./openai.js";
 export type { OpenAIStream, OpenAIStreamWithResponse } from "./openai.js";
 export { paceStream } from "./stream.js";
-export type { PacedStream, PaceOptions } from "./stream.js";
+export type { PacedStream, PaceOptions, ReaderSignalOptions } from "./stream.js";
+export { ReaderChannel } from "./channel.js";
+export type { ReaderChannelOptions, SentSignal } from "./channel.js";
+export { globalPage, watchPage } from "./presence.js";
+export type { PageLike, PresenceHandlers } from "./presence.js";
+export {
+  AWAY_LEASE_S,
+  httpTransport,
+  MAX_BUFFER_TOKENS,
+  MAX_PACE_TPS,
+  MIN_INTERVAL_S,
+  PRESENCES,
+  readerURL,
+} from "./signals.js";
+export type { Presence, ReaderSignalBody, SignalEndpoint, SignalTransport } from "./signals.js";
 export type { ChunkSource } from "./reader.js";
 export { systemClock } from "./clock.js";
 export type { Clock } from "./clock.js";
@@ -35,6 +49,7 @@ export {
   timelineQoE,
   tokenTimes,
   userIdleLatency,
+  watchedTimes,
 } from "./qoe.js";
 export { ceilMicroseconds, coalesce, reportTimeline } from "./coalesce.js";
 export {
@@ -60,4 +75,5 @@ export type {
   QoE,
   Timeline,
   TimelineEntry,
+  TimeSpan,
 } from "./types.js";

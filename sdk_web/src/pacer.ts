@@ -7,11 +7,16 @@
  * `pop` hands out the head of the queue once the release schedule (src/schedule.ts) says
  * it is due, and `nextRelease` says when that will be. It records both timelines: when
  * tokens arrived and when they were displayed, in seconds since the request was sent.
+ *
+ * While the reader is away (`away`/`back`: the page hidden, the speech paused) nothing is
+ * released and the reader's place is kept: the schedule runs on watched time (the time
+ * away taken out, `qos.metrics.watched_times`), so when they come back the next unread
+ * token goes out at once and the rest follow at the pace, as if no time had passed.
  */
 import { chunkTexts, chunkTokens, withoutText, withText, type ChunkText, type TextSlot } from "./chunks.js";
 import { ReleaseSchedule } from "./schedule.js";
 import { splitTokens, TextCutter, type Unit } from "./segment.js";
-import type { ChatCompletionChunk, Timeline, TimelineEntry } from "./types.js";
+import type { ChatCompletionChunk, Timeline, TimelineEntry, TimeSpan } from "./types.js";
 
 /** How a stream is paced; times in milliseconds of the stream's clock. */
 export interface PacerOptions {
@@ -27,6 +32,7 @@ export interface PacerOptions {
 interface Item<T> {
   chunk: T;
   tokens: number;
+  /** When it was ready, on watched time (ms). */
   ready: number;
 }
 
@@ -45,6 +51,12 @@ export class Pacer<T extends ChatCompletionChunk> {
   private readonly displayed: TimelineEntry[] = [];
   private counted = 0;
   private isEnded = false;
+  /** Tokens in the buffer: received, not yet released. */
+  private held = 0;
+  /** Time spent away in closed spans (ms), the span under way, and all spans in seconds. */
+  private awayMs = 0;
+  private awaySince: number | undefined = undefined;
+  private readonly aways: TimeSpan[] = [];
 
   constructor(options: PacerOptions) {
     this.schedule = new ReleaseSchedule(options.tds);
@@ -62,6 +74,38 @@ export class Pacer<T extends ChatCompletionChunk> {
   /** No more chunks will arrive: the source finished, failed or was closed. */
   get ended(): boolean {
     return this.isEnded;
+  }
+
+  /** Tokens received and not yet released. */
+  get buffered(): number {
+    return this.held;
+  }
+
+  /** Whether the reader is away (nothing is released). */
+  get isAway(): boolean {
+    return this.awaySince !== undefined;
+  }
+
+  /** The reader looked away at `now`: releases stop, the place is kept. */
+  away(now: number): void {
+    if (this.awaySince === undefined) this.awaySince = now;
+  }
+
+  /** The reader is back at `now`: releases resume from the next unread token. */
+  back(now: number): void {
+    if (this.awaySince === undefined) return;
+    this.aways.push([this.seconds(this.awaySince), this.seconds(now)]);
+    this.awayMs += Math.max(now - this.awaySince, 0);
+    this.awaySince = undefined;
+  }
+
+  /**
+   * When the reader will have read every token released so far (ms), undefined before the
+   * first: past it with the buffer empty and the stream open, the reader is stalled.
+   */
+  readBy(): number | undefined {
+    const free = this.schedule.free;
+    return free === -Infinity ? undefined : free + this.awayMs;
   }
 
   /** `chunk` was read at `now`; a `TypeError` when it is not a chat completion chunk. */
@@ -116,8 +160,8 @@ export class Pacer<T extends ChatCompletionChunk> {
   /** When the head of the buffer may go out; undefined when the buffer is empty. */
   nextRelease(now: number): number | undefined {
     const item = this.queue[this.head];
-    if (item === undefined) return undefined;
-    return this.isEnded && this.flushAtEnd ? now : this.schedule.releaseAt(item.ready, item.tokens);
+    if (item === undefined || this.awaySince !== undefined) return undefined;
+    return this.isEnded && this.flushAtEnd ? now : this.schedule.releaseAt(item.ready, item.tokens) + this.awayMs;
   }
 
   /** The head of the buffer if it is due at `now`, recorded as displayed at `now`. */
@@ -126,14 +170,25 @@ export class Pacer<T extends ChatCompletionChunk> {
     const item = this.queue[this.head];
     if (at === undefined || at > now || item === undefined) return undefined;
     this.dequeue();
-    this.schedule.released(now, item.tokens);
+    this.held -= item.tokens;
+    this.schedule.released(this.watched(now), item.tokens);
     if (item.tokens > 0) this.displayed.push([this.seconds(now), item.tokens]);
     return item.chunk;
   }
 
-  /** Arrivals and displayed tokens so far, `[seconds since the request, tokens]`. */
-  timeline(): Timeline {
-    return { arrivals: [...this.arrivals], displayed: [...this.displayed] };
+  /**
+   * Arrivals and displayed tokens so far, `[seconds since the request, tokens]`, and the
+   * spans the reader was away (one under way ends at `now`).
+   */
+  timeline(now: number): Timeline {
+    const away = [...this.aways];
+    if (this.awaySince !== undefined) away.push([this.seconds(this.awaySince), this.seconds(now)]);
+    return { arrivals: [...this.arrivals], displayed: [...this.displayed], ...(away.length > 0 && { away }) };
+  }
+
+  /** `now` on watched time: the time away before it taken out (a time away counts as its start). */
+  private watched(now: number): number {
+    return (this.awaySince ?? now) - this.awayMs;
   }
 
   /** The role, finish reason or usage of a chunk whose text went out in pieces. */
@@ -148,8 +203,9 @@ export class Pacer<T extends ChatCompletionChunk> {
     }
   }
 
-  private enqueue(chunk: T, tokens: number, ready: number): void {
-    this.queue.push({ chunk, tokens, ready });
+  private enqueue(chunk: T, tokens: number, now: number): void {
+    this.queue.push({ chunk, tokens, ready: this.watched(now) });
+    this.held += tokens;
   }
 
   /** Take the head of the buffer (dropping released items in bulk, not one shift at a time). */

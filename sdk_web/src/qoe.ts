@@ -8,13 +8,15 @@
  *   area under the expected curve, both up to the last token's arrival.
  * - Monotone QoE: E / (E + deficit), which delaying a token can never raise.
  * - Freezes: display gaps beyond the reader's pace, (d_k − d_(k−1)) − 1/TDS > 1e-6 s; the
- *   wait for the first token is not one.
+ *   wait for the first token is not one. Only those seen while the reader watches count:
+ *   the display stands still while they are away, so the rule runs on watched time
+ *   (`watchedTimes`, checked against `tests/vectors/signals.json`).
  * - User idle latency, Wang et al., "Revisiting SLOs and System Level Metrics in LLM
  *   Serving", Eq. 9: max_i (t_i − (TTFT + (i−1)/TDS))⁺.
  *
  * Times are seconds since the request was sent.
  */
-import type { Expectation, Freezes, QoE, Timeline, TimelineEntry } from "./types.js";
+import type { Expectation, Freezes, QoE, Timeline, TimelineEntry, TimeSpan } from "./types.js";
 
 /** Per-token arrival times of a `[time, tokens]` timeline; throws `RangeError` on bad input. */
 export function tokenTimes(timeline: readonly TimelineEntry[]): number[] {
@@ -122,13 +124,32 @@ export function freezeSpans(timeline: readonly TimelineEntry[], tds: number): Ar
 }
 
 /**
+ * `times` on the reader's watched clock: the time spent `away` before each taken out; a
+ * token that arrives while the reader is away is there when they come back
+ * (`qos.metrics.watched_times`). `away`: spans in time order, not overlapping.
+ */
+export function watchedTimes(times: readonly number[], away: readonly TimeSpan[] = []): number[] {
+  let previousEnd = -Infinity;
+  for (const [start, end] of away) {
+    if (!Number.isFinite(start) || !Number.isFinite(end) || end < start) {
+      throw new RangeError(`away: each span must be [start, end] with end >= start, finite; got [${start}, ${end}]`);
+    }
+    if (start < previousEnd) throw new RangeError("away: spans must be in time order and must not overlap");
+    previousEnd = end;
+  }
+  if (away.length === 0) return [...times];
+  return times.map((t) => t - away.reduce((done, [start, end]) => done + Math.min(Math.max(t - start, 0), end - start), 0));
+}
+
+/**
  * The freezes of `timeline` shown by the release rule (recursion D) at `tds`: the longest,
  * how many, and the time frozen in all. The wait for the first token is the TTFT, not a
  * freeze; from the first token on, the reader is frozen whenever the next token is not
- * there when the previous one has been read.
+ * there when the previous one has been read. `away`: spans the reader was away; only the
+ * freezes seen while watching count.
  */
-export function freezes(timeline: readonly TimelineEntry[], tds: number): Freezes {
-  const times = tokenTimes(timeline);
+export function freezes(timeline: readonly TimelineEntry[], tds: number, away: readonly TimeSpan[] = []): Freezes {
+  const times = watchedTimes(tokenTimes(timeline), away);
   checkExpectation({ ttft: 0, tds });
   let longestS = 0;
   let count = 0;
@@ -161,23 +182,24 @@ interface Scores {
   idleS: number | undefined;
 }
 
-function scores(timeline: readonly TimelineEntry[], expected: Expectation): Scores {
+function scores(timeline: readonly TimelineEntry[], expected: Expectation, away: readonly TimeSpan[]): Scores {
   if (timeline.length === 0) return { andes: 0, monotone: 0, freezes: undefined, idleS: undefined };
   return {
     andes: andesQoE(timeline, expected),
     monotone: monotoneQoE(timeline, expected),
-    freezes: freezes(timeline, expected.tds),
+    freezes: freezes(timeline, expected.tds, away),
     idleS: userIdleLatency(timeline, expected),
   };
 }
 
 /**
  * Both timelines scored: both QoEs (an empty timeline scores 0, as at the gateway), the
- * freezes and the user idle latency (undefined for an empty timeline).
+ * freezes seen while watching and the user idle latency (undefined for an empty timeline).
  */
 export function timelineQoE(timeline: Timeline, expected: Expectation): QoE {
-  const arrived = scores(timeline.arrivals, expected);
-  const shown = scores(timeline.displayed, expected);
+  const away = timeline.away ?? [];
+  const arrived = scores(timeline.arrivals, expected, away);
+  const shown = scores(timeline.displayed, expected, away);
   return {
     andes: arrived.andes,
     monotone: arrived.monotone,

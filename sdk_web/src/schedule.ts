@@ -20,6 +20,11 @@ export class ReleaseSchedule {
     return tokens > 0 ? Math.max(ready, this.nextFree) : ready;
   }
 
+  /** When the tokens released so far have been read: -Infinity before the first. */
+  get free(): number {
+    return this.nextFree;
+  }
+
   /** The item went out at `at`: the next token may follow its reading time later. */
   released(at: number, tokens: number): void {
     if (tokens > 0) this.nextFree = at + tokens * this.msPerToken;

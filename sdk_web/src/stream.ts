@@ -11,15 +11,25 @@
  * is empty, `flush` releases the rest at once. Aborting (`abort()`, the `signal`, or
  * leaving the `for await` loop) closes the request and ends the iteration quietly.
  *
+ * While it streams, its reader channel (src/channel.ts) tells the gateway about the
+ * reader: the page hidden or shown (src/presence.ts), `setPresence` (the speech paused),
+ * `setPace`, a stall (the buffer empty once the reader has read what was shown, the
+ * stream still open), and `left` when the page closes or the user aborts. While the reader
+ * is away nothing is released; they come back to the next unread token (src/pacer.ts).
+ *
  * Once the stream ends it records when tokens arrived and when they were displayed
- * (seconds since the request was sent), their QoE, and sends the telemetry report.
+ * (seconds since the request was sent), when the reader was away, their QoE, and sends
+ * the telemetry report.
  */
+import { ReaderChannel, type SentSignal } from "./channel.js";
 import { systemClock, type Clock } from "./clock.js";
 import { requestInfo, type RequestInfo } from "./headers.js";
 import { Pacer } from "./pacer.js";
 import { timelineQoE } from "./qoe.js";
+import { globalPage, watchPage, type PageLike } from "./presence.js";
 import { Reader, type ChunkSource } from "./reader.js";
 import type { Unit } from "./segment.js";
+import { httpTransport, readerURL, type SignalTransport } from "./signals.js";
 import {
   beaconReport,
   buildReport,
@@ -52,6 +62,26 @@ export interface PaceOptions {
   headers?: Headers;
   /** When the request was sent, on `clock` (ms; default: when `paceStream` is called). */
   requestStart?: number;
+  /** The live reader channel; `false`: none (the page's visibility is then not followed either). */
+  readerSignals?: ReaderSignalOptions | false;
+}
+
+/** Where and how the reader channel speaks; every field has a default. */
+export interface ReaderSignalOptions {
+  /** The endpoint (default: next to the telemetry URL, `.../tokenpace/reader`); none: no signals sent. */
+  url?: string;
+  /** Used when the response carried no telemetry token (default: the telemetry's). */
+  apiKey?: string;
+  /** The `fetch` to send with (default: the telemetry's, else the global one). */
+  fetch?: typeof fetch;
+  /** How signals are sent (default: keepalive fetch and `navigator.sendBeacon` to `url`). */
+  transport?: SignalTransport;
+  /** The page whose visibility and `pagehide` are followed (default: the global page; `null`: none). */
+  page?: PageLike | null;
+  /** Told of every signal sent. */
+  onSignal?: (sent: SentSignal) => void;
+  /** Told of every failure to send; sending never throws. */
+  onError?: (error: unknown) => void;
 }
 
 /** The paced chunks, and once they end, what the user got. */
@@ -70,6 +100,12 @@ export interface PacedStream<T> extends AsyncIterable<T> {
   readonly outcome: Outcome | undefined;
   /** The gateway's answer to the telemetry report; undefined when none was sent or it failed. */
   readonly reported: Promise<TelemetryResult | undefined>;
+  /** The reader looks away (`away`: releases stop, the place is kept) or back (`watching`); told to the gateway. */
+  setPresence(presence: "watching" | "away"): void;
+  /** The reader's own pace in tokens a second (a speech rate; undefined: the tier's), told to the gateway. */
+  setPace(tps: number | undefined): void;
+  /** The live reader channel; undefined when signals are off or the response had no request id. */
+  readonly readerChannel: ReaderChannel | undefined;
 }
 
 /** Pace `source` (see the module documentation). */
@@ -95,6 +131,9 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
   private readonly pacer: Pacer<T>;
   private readonly reader: Reader<T>;
   private readonly telemetry: TelemetryOptions | undefined;
+  readonly readerChannel: ReaderChannel | undefined;
+  private stallTold = false;
+  private stopWatchingPresence: () => void = () => undefined;
   private sourceError: unknown = undefined;
   private aborted = false;
   private iterating = false;
@@ -127,8 +166,17 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
     this.reported = new Promise((resolve) => {
       this.resolveReported = resolve;
     });
+    const signals = options.readerSignals;
+    this.readerChannel = signals === false ? undefined : this.openChannel(signals ?? {});
     if (this.telemetry === undefined) this.resolveReported(undefined);
-    else this.stopWatchingPage = onPageExit(() => this.reportOnExit());
+    else this.stopWatchingPage = onPageExit(() => this.reportOnExit(), signals === false);
+    if (signals !== false) {
+      const page = signals?.page === null ? undefined : (signals?.page ?? globalPage());
+      this.stopWatchingPresence = watchPage(
+        { hidden: (hidden) => this.setPresence(hidden ? "away" : "watching"), leaving: () => this.readerChannel?.leave({ beacon: true }) },
+        page,
+      );
+    }
     this.reader = new Reader(
       source,
       (chunk) => this.arrive(chunk),
@@ -147,6 +195,32 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
     return this.info.requestId;
   }
 
+  setPresence(presence: "watching" | "away"): void {
+    if (this.outcome !== undefined) return;
+    const now = this.clock.now();
+    if (presence === "away") this.pacer.away(now);
+    else this.pacer.back(now);
+    this.readerChannel?.setPresence(presence);
+    this.notify();
+  }
+
+  setPace(tps: number | undefined): void {
+    this.readerChannel?.setPace(tps);
+  }
+
+  /** The channel of this stream, when it can speak: a request id and somewhere to send. */
+  private openChannel(signals: ReaderSignalOptions): ReaderChannel | undefined {
+    const requestId = this.info.requestId;
+    const url = signals.url ?? (this.telemetry?.url !== undefined ? readerURL(this.telemetry.url) : undefined);
+    if (requestId === undefined || (url === undefined && signals.transport === undefined)) return undefined;
+    const fetchFn = signals.fetch ?? this.telemetry?.fetch;
+    const apiKey = signals.apiKey ?? this.telemetry?.apiKey;
+    const transport =
+      signals.transport ??
+      httpTransport({ url: url as string, token: this.info.telemetryToken, apiKey, ...(fetchFn !== undefined && { fetch: fetchFn }) });
+    return new ReaderChannel({ requestId, transport, clock: this.clock, buffer: () => this.pacer.buffered, onSignal: signals.onSignal, onError: signals.onError });
+  }
+
   get tier(): string {
     return this.info.tier;
   }
@@ -158,6 +232,7 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
   abort(): void {
     if (this.aborted || this.outcome !== undefined) return;
     this.aborted = true;
+    this.readerChannel?.leave();
     this.reader.stop();
     try {
       this.closeRequest();
@@ -187,10 +262,12 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
   // -- reading: as fast as the source delivers (src/reader.ts) --------------------------
   private arrive(chunk: T): void {
     this.pacer.arrive(chunk, this.clock.now());
+    this.stallTold = false;
     if (this.waitingForData) this.notify();
   }
 
   private sourceEnded(error: unknown): void {
+    this.readerChannel?.close(); // the reply is no longer the gateway's to pace
     this.sourceError = error;
     this.pacer.end(this.clock.now());
     this.notify();
@@ -208,7 +285,19 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
         await this.wait(at - now);
         continue;
       }
-      if (this.pacer.ended) {
+      if (!this.pacer.ended && !this.pacer.isAway && this.readerChannel !== undefined) {
+        // Nothing to show, the stream open: once the reader has read what was shown, they wait.
+        const readBy = this.pacer.readBy();
+        if (readBy !== undefined && readBy > now) {
+          await this.wait(readBy - now, true);
+          continue;
+        }
+        if (readBy !== undefined && !this.stallTold) {
+          this.stallTold = true;
+          this.readerChannel.stalled();
+        }
+      }
+      if (this.pacer.drained) {
         if (this.sourceError !== undefined) {
           const error = this.sourceError;
           this.sourceError = undefined; // thrown once; the iteration is then done
@@ -223,13 +312,14 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
   }
 
   /**
-   * Sleep `ms`, or until a chunk arrives when `ms` is undefined; the source's end and
-   * `abort()` wake either (under `flush`, the end releases what a sleep was waiting for).
+   * Sleep `ms`, or until a chunk arrives when `ms` is undefined or `orData`; the source's
+   * end, a change of presence and `abort()` wake either (under `flush`, the end releases
+   * what a sleep was waiting for).
    */
-  private async wait(ms: number | undefined): Promise<void> {
+  private async wait(ms: number | undefined, orData = false): Promise<void> {
     const wakeup = new AbortController();
     this.wakeup = wakeup;
-    this.waitingForData = ms === undefined;
+    this.waitingForData = ms === undefined || orData;
     if (ms !== undefined) await this.clock.sleep(ms, wakeup.signal);
     else await new Promise<void>((resolve) => wakeup.signal.addEventListener("abort", () => resolve(), { once: true }));
     this.waitingForData = false;
@@ -243,7 +333,9 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
   private finish(outcome: Outcome): void {
     if (this.outcome !== undefined) return;
     this.outcome = outcome;
-    this.timeline = this.pacer.timeline();
+    this.readerChannel?.close();
+    this.stopWatchingPresence();
+    this.timeline = this.pacer.timeline(this.clock.now());
     this.qoe = timelineQoE(this.timeline, this.info.expected);
     this.stopWatchingPage();
     this.detachSignal();
@@ -260,7 +352,7 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
       this.resolveReported(undefined);
       return undefined;
     }
-    return buildReport(this.info.requestId, this.info.expected, this.timeline ?? this.pacer.timeline(), outcome);
+    return buildReport(this.info.requestId, this.info.expected, this.timeline ?? this.pacer.timeline(this.clock.now()), outcome);
   }
   private async post(report: TelemetryReport): Promise<void> {
     const telemetry = this.telemetry as TelemetryOptions & { url: string };
@@ -275,6 +367,7 @@ class PacedChunks<T extends ChatCompletionChunk> implements PacedStream<T> {
 
   /** The page is going away before the stream ended: report what the user saw, by beacon. */
   private reportOnExit(): void {
+    this.readerChannel?.leave({ beacon: true });
     const report = this.report("aborted");
     if (report === undefined) return;
     const url = (this.telemetry as TelemetryOptions & { url: string }).url;

@@ -15,9 +15,10 @@
  * `MAX_POINTS` entries is coalesced (src/coalesce.ts): at most about 20 bytes an entry,
  * two timelines of 1,000 entries stay near 40 KB.
  */
-import { reportTimeline } from "./coalesce.js";
+import { ceilMicroseconds, reportTimeline } from "./coalesce.js";
 import { errorBody, TokenPaceError } from "./errors.js";
-import type { Expectation, Outcome, Timeline, TimelineEntry } from "./types.js";
+import { globalPage } from "./presence.js";
+import type { Expectation, Outcome, Timeline, TimelineEntry, TimeSpan } from "./types.js";
 import { SDK_NAME, SDK_VERSION } from "./version.js";
 
 /** Entries a timeline may have in a report (the web SDK's coalescing limit L). */
@@ -45,6 +46,8 @@ export interface TelemetryReport {
   displayed: TimelineEntry[];
   outcome: Outcome;
   sdk: { name: string; version: string };
+  /** The spans the reader was away (same clock as the timelines); left out when none. */
+  away?: TimeSpan[];
 }
 
 /** The gateway's answer: the QoE it recomputed from the report. */
@@ -65,6 +68,7 @@ export function buildReport(requestId: string, expected: Expectation, timeline: 
     displayed: reportTimeline(timeline.displayed, MAX_POINTS),
     outcome,
     sdk: { name: SDK_NAME, version: SDK_VERSION },
+    ...(timeline.away !== undefined && timeline.away.length > 0 && { away: timeline.away.map(([from, to]): TimeSpan => [ceilMicroseconds(from), ceilMicroseconds(to)]) }),
   };
 }
 
@@ -107,7 +111,7 @@ export async function postReport(
 }
 
 /** The browser's `navigator.sendBeacon`, when there is one. */
-function beaconSender(): ((url: string, data: Blob) => boolean) | undefined {
+export function beaconSender(): ((url: string, data: Blob) => boolean) | undefined {
   const nav = (globalThis as { navigator?: { sendBeacon?: (url: string, data: Blob) => boolean } }).navigator;
   return typeof nav?.sendBeacon === "function" ? nav.sendBeacon.bind(nav) : undefined;
 }
@@ -123,23 +127,20 @@ export function beaconReport(url: string, report: TelemetryReport, token: string
   return send(url, new Blob([body], { type: "text/plain" }));
 }
 
-/** The page's lifecycle events, where there is a page (a no-op elsewhere, e.g. in Node). */
-interface PageLike {
-  addEventListener(type: string, listener: () => void): void;
-  removeEventListener(type: string, listener: () => void): void;
-  document?: { visibilityState?: string; addEventListener(type: string, l: () => void): void; removeEventListener(type: string, l: () => void): void };
-}
-
-/** Call `onExit` once when the page is hidden (`visibilitychange`) or closed (`pagehide`); returns the unsubscribe. */
-export function onPageExit(onExit: () => void): () => void {
-  const page = globalThis as unknown as Partial<PageLike>;
-  const doc = page.document;
-  if (typeof page.addEventListener !== "function" || doc === undefined) return () => undefined;
+/**
+ * Call `onExit` once when the page is hidden (`visibilitychange`) or closed (`pagehide`);
+ * with `whenHidden` false, only when closed (a stream whose reader channel keeps it going
+ * while hidden). Returns the unsubscribe.
+ */
+export function onPageExit(onExit: () => void, whenHidden = true): () => void {
+  const page = globalPage();
+  const doc = page?.document;
+  if (page === undefined || doc === undefined) return () => undefined;
   const onVisibility = (): void => {
-    if (doc.visibilityState === "hidden") fire();
+    if (whenHidden && doc.visibilityState === "hidden") fire();
   };
   const stop = (): void => {
-    page.removeEventListener?.("pagehide", fire);
+    page.removeEventListener("pagehide", fire);
     doc.removeEventListener("visibilitychange", onVisibility);
   };
   function fire(): void {

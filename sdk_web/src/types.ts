@@ -37,10 +37,17 @@ export interface ChatCompletionChunk {
 /** `[seconds since the request was sent, tokens]`, one entry per chunk or release. */
 export type TimelineEntry = [seconds: number, tokens: number];
 
-/** When tokens reached the client (`arrivals`) and when the buffer showed them (`displayed`). */
+/** `[from, to]` in seconds since the request was sent. */
+export type TimeSpan = [from: number, to: number];
+
+/**
+ * When tokens reached the client (`arrivals`) and when the buffer showed them
+ * (`displayed`); `away`, when the reader looked away: the spans, in time order.
+ */
 export interface Timeline {
   arrivals: TimelineEntry[];
   displayed: TimelineEntry[];
+  away?: TimeSpan[];
 }
 
 /** The freezes of one reply: display gaps beyond the reader's pace (docs/qoe.md), in seconds. */

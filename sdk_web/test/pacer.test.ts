@@ -23,7 +23,7 @@ test("the pacer alone: due chunks at the times the schedule gives, no clock of i
   assert.ok(!pacer.drained);
   assert.deepEqual(popAll(pacer, 400), [" c", ""], "the finish chunk follows the last token at once");
   assert.ok(pacer.drained);
-  assert.deepEqual(pacer.timeline(), {
+  assert.deepEqual(pacer.timeline(0), {
     arrivals: [
       [0.2, 1],
       [0.2, 1],

@@ -170,7 +170,7 @@ function hanging(n: number): AsyncIterable<ChatCompletionChunk> {
   };
 }
 
-test("the page is hidden mid-stream: the report goes by sendBeacon, text/plain, token in the body, once", async () => {
+test("without reader signals, the page hidden mid-stream: the report goes by sendBeacon, text/plain, token in the body, once", async () => {
   const page = fakePage();
   const server = await startServer((_req, res) => json(res, 200, accepted));
   try {
@@ -178,6 +178,7 @@ test("the page is hidden mid-stream: the report goes by sendBeacon, text/plain, 
       headers: gatewayHeaders("tok.en"),
       tds: 1000,
       telemetry: { url: `${server.url}/v1/tokenpace/telemetry`, apiKey: "tp-secret" },
+      readerSignals: false,
     });
     const it = stream[Symbol.asyncIterator]();
     await it.next();
@@ -197,6 +198,43 @@ test("the page is hidden mid-stream: the report goes by sendBeacon, text/plain, 
     page.close();
     assert.equal(page.beacons.length, 1, "one report per request");
     assert.equal(server.received.length, 0);
+  } finally {
+    page.remove();
+    await server.close();
+  }
+});
+
+test("with reader signals, a hidden page is away, not gone: the report waits; closing it sends left and the report by beacon", async () => {
+  const page = fakePage();
+  const server = await startServer((_req, res) => json(res, 202, {}));
+  try {
+    const stream = paceStream(hanging(2), {
+      headers: gatewayHeaders("tok.en"),
+      tds: 1000,
+      telemetry: { url: `${server.url}/v1/tokenpace/telemetry` },
+    });
+    const it = stream[Symbol.asyncIterator]();
+    await it.next();
+    await it.next();
+    page.hide();
+    assert.equal(page.beacons.length, 0, "hidden is not gone: no report yet");
+    for (let i = 0; i < 100 && server.received.length === 0; i++) await new Promise((r) => setTimeout(r, 10));
+    const [away] = server.received;
+    assert.equal(away?.url, "/v1/tokenpace/reader");
+    assert.equal(away?.headers["x-tokenpace-telemetry-token"], "tok.en");
+    assert.deepEqual(JSON.parse(away?.body ?? ""), { request_id: REQUEST_ID, presence: "away", buffer_tokens: 0 });
+    page.close();
+    const bodies = await Promise.all(page.beacons.map(async (b) => [b.url, JSON.parse(await b.data.text())] as const));
+    assert.deepEqual(
+      bodies.map(([url, body]) => [url.slice(server.url.length), body.presence ?? body.outcome, body.telemetry_token]),
+      [
+        ["/v1/tokenpace/reader", "left", "tok.en"],
+        ["/v1/tokenpace/telemetry", "aborted", "tok.en"],
+      ],
+    );
+    assert.ok((bodies[1]?.[1] as { away?: unknown }).away !== undefined, "the report says when the reader was away");
+    stream.abort();
+    assert.equal(page.beacons.length, 2, "nothing more after the end");
   } finally {
     page.remove();
     await server.close();

@@ -80,6 +80,15 @@ def test_voice_without_espeak_prints_sentences_with_release_times(base_url, tmp_
     assert "tier voice" in out
 
 
+def test_voice_speed_control_tells_the_gateway_the_listeners_pace(base_url, tmp_path: Path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # no espeak-ng on it
+    out = _run("voice.py", base_url, "--max-tokens", "12", "--speed", "0.5", env=env)
+    assert "[listening at 0.5x the tier's speed: 1.65 tokens/s]" in out
+    assert len(re.findall(r"^\[\s*\d+\.\d\d s\] \S", out, re.M)) == 2
+    refused = _example("voice.py", "--base-url", base_url, "--api-key", KEY, "--speed", "0")
+    assert refused.returncode == 2 and "--speed 0: give a multiple from 0.25 to 2" in refused.stderr
+
+
 def test_the_gateway_url_comes_from_the_environment(base_url):
     prompt = ("--api-key", KEY, "--prompt", "Hello!", "--max-tokens", "3")
     without = {k: v for k, v in os.environ.items() if not k.endswith("_BASE_URL")}

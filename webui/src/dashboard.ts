@@ -36,12 +36,20 @@ interface Reader {
   idle_p99_s: number;
 }
 
+/** Of the client reports that said when their reader was away (reader signals). */
+interface Away {
+  replies: number;
+  away_share: number;
+  mean_away_s: number;
+}
+
 interface Side {
   count: number;
   andes?: Stats;
   monotone?: Stats;
   displayed_andes?: Stats;
   reader?: Reader;
+  away?: Away;
 }
 
 interface Pair {
@@ -111,6 +119,11 @@ function seconds(value: number | undefined): string {
   return value === undefined ? "–" : `${value.toFixed(2)} s`;
 }
 
+/** The share of replies whose reader was away at some point, and the mean time away. */
+function awayText(away: Away | undefined): string {
+  return away === undefined ? "–" : `${percent(away.away_share)} (mean ${seconds(away.mean_away_s)})`;
+}
+
 function cell(row: HTMLTableRowElement, field: string, text: string): void {
   const td = row.insertCell();
   td.dataset["field"] = field;
@@ -149,6 +162,7 @@ function showQoE(summary: QoEDetails, time: number): void {
           ["gateway-frozen-2s", percent(gateway.reader?.frozen_over_2s)],
           ["client-frozen-2s", percent(client.reader?.frozen_over_2s)],
           ["client-longest-freeze", seconds(client.reader?.longest_freeze_s)],
+          ["client-away", awayText(client.away)],
           ["gateway-idle-p99", seconds(gateway.reader?.idle_p99_s)],
           ["client-idle-p99", seconds(client.reader?.idle_p99_s)],
         ],

@@ -8,6 +8,12 @@
  * the wait should be. The plot shows arrivals against what was displayed, with its
  * freezes shaded, and the tier's expected line; the QoE and the longest freeze appear at
  * the end.
+ * While the reply streams, the page's reader channel tells the gateway when the tab is
+ * hidden (away: the page stops showing and keeps the reader's place), shown again
+ * (watching), when the reader waits on an empty buffer, and when the page closes or Stop is
+ * pressed (left); on the voice tier, Pause speech pauses the speech and tells the gateway
+ * the listener is away, Resume speech that they are back. The "Reader signals" panel
+ * lists each signal sent and its answer.
  * On the voice tier the reply is spoken sentence by sentence where the browser can, and
  * the page says whether it can. Send stays disabled until a key is accepted.
  */
@@ -22,7 +28,8 @@ import {
   type QueueNotice,
 } from "../../sdk_web/src/index.js";
 import { askAgain, askForKey, byId, errorMessage, KeyStore } from "./session.js";
-import { onVoicesChanged, SentenceSpeaker, speechSupport } from "./speech.js";
+import { SignalPanel } from "./signal_panel.js";
+import { canSpeak, onVoicesChanged, SentenceSpeaker, speechSupport } from "./speech.js";
 import { TimelinePlot } from "./timeline_plot.js";
 
 type Tier = "chat" | "voice" | "fast";
@@ -39,16 +46,42 @@ const maxTokens = byId<HTMLInputElement>("max-tokens");
 const message = byId<HTMLTextAreaElement>("message");
 const send = byId<HTMLButtonElement>("send");
 const stop = byId<HTMLButtonElement>("stop");
+const pauseSpeech = byId<HTMLButtonElement>("pause-speech");
 const status = byId<HTMLSpanElement>("status");
 const reply = byId<HTMLDivElement>("reply");
 const problem = byId<HTMLParagraphElement>("problem");
 const speech = byId<HTMLParagraphElement>("speech");
 const plot = new TimelinePlot(byId("plot"));
+const signals = new SignalPanel(byId<HTMLTableSectionElement>("signals"), byId("presence"));
 
 const history: Message[] = [];
 let apiKey: string | null = null;
 let model: string | null = null;
 let current: AbortController | null = null;
+/** The reply being spoken (voice tier), while it streams: Pause speech tells it the listener is away. */
+let spoken: PacedStream<ChatCompletionChunk> | null = null;
+
+/** Pause or resume the speech: the listener is away while it is paused, and the reply waits for them. */
+function toggleSpeech(): void {
+  if (spoken === null) return;
+  const pausing = pauseSpeech.getAttribute("aria-pressed") !== "true";
+  pauseSpeech.setAttribute("aria-pressed", String(pausing));
+  pauseSpeech.textContent = pausing ? "Resume speech" : "Pause speech";
+  if (canSpeak()) {
+    if (pausing) speechSynthesis.pause();
+    else speechSynthesis.resume();
+  }
+  spoken.setPresence(pausing ? "away" : "watching");
+}
+
+/** Pause speech is offered while a voice reply streams. */
+function offerPause(stream: PacedStream<ChatCompletionChunk> | null): void {
+  if (stream === null && pauseSpeech.getAttribute("aria-pressed") === "true" && canSpeak()) speechSynthesis.resume();
+  spoken = stream;
+  pauseSpeech.hidden = stream === null;
+  pauseSpeech.setAttribute("aria-pressed", "false");
+  pauseSpeech.textContent = "Pause speech";
+}
 
 function setStatus(state: "no-key" | "idle" | "waiting" | "queued" | "streaming" | "done" | "aborted" | "error", text: string): void {
   status.dataset["state"] = state;
@@ -163,6 +196,7 @@ async function converse(text: string, tier: Tier): Promise<void> {
   stop.disabled = false;
   let answer = "";
   const sentAt = performance.now();
+  signals.reset(sentAt);
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -189,8 +223,15 @@ async function converse(text: string, tier: Tier): Promise<void> {
       requestStart: sentAt,
       signal: controller.signal,
       telemetry: { url: "/v1/tokenpace/telemetry" },
+      readerSignals: {
+        transport: signals.transport({
+          url: "/v1/tokenpace/reader",
+          token: response.headers.get("X-TokenPace-Telemetry-Token") ?? undefined,
+        }),
+      },
     });
     plot.setExpected(stream.expected);
+    if (speaker !== null) offerPause(stream);
     for await (const chunk of stream) {
       const piece = contentOf(chunk);
       if (!piece) continue;
@@ -212,6 +253,7 @@ async function converse(text: string, tier: Tier): Promise<void> {
     const aborted = controller.signal.aborted;
     setStatus(aborted ? "aborted" : "error", aborted ? "Stopped." : `Failed: ${error instanceof Error ? error.message : String(error)}`);
   } finally {
+    offerPause(null);
     history.push({ role: "assistant", content: answer });
     current = null;
     send.disabled = apiKey === null || model === null;
@@ -230,3 +272,4 @@ ask.addEventListener("submit", (event) => {
   if (text) void converse(text, tierSelect.value as Tier);
 });
 stop.addEventListener("click", () => current?.abort());
+pauseSpeech.addEventListener("click", toggleSpeech);

@@ -280,28 +280,103 @@ describe("demo page", () => {
     await page.close();
   });
 
-  test("a page hidden mid-reply sends the report as a beacon with the token", { timeout: 60_000 }, async () => {
+  test("a hidden tab says away and stops showing; shown again, it says watching and the reply resumes; closing says left", { timeout: 90_000 }, async () => {
     const { page, reports } = await openDemo();
-    await enterKey(page, gw.demoKey);
-    await sendMessage(page, { tier: "chat", maxTokens: 400, text: "Another long answer" });
-    await eventually(async () => (await growth(page)).length >= 3, 20_000, "three tokens on screen");
-    // what the browser does when the user switches tabs (headless Chromium is never hidden)
-    await page.evaluate(() => {
-      Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
-      document.dispatchEvent(new Event("visibilitychange"));
+    const signals = [];
+    page.on("request", (request) => {
+      if (request.url().endsWith("/v1/tokenpace/reader")) signals.push(request);
     });
-    const beacon = await eventually(() => reports[0], 10_000, "the beacon");
-    assert.equal(beacon.resourceType(), "ping", "sent with navigator.sendBeacon");
-    const headers = await beacon.allHeaders();
-    assert.equal(headers.authorization, undefined);
-    assert.equal(headers["x-tokenpace-telemetry-token"], undefined);
-    assert.match(headers["content-type"], /^text\/plain/);
-    const body = JSON.parse(beacon.postData());
-    assert.equal(body.outcome, "aborted");
-    assert.ok(body.telemetry_token.startsWith("tpt1."));
-    assert.ok(body.displayed.length >= 3);
-    const response = await eventually(() => beacon.response(), 10_000, "the beacon's answer");
-    assert.equal(response.status(), 200);
+    // The gateway's answer per docs/protocol.md ("SDK → gateway: reader signals"), given
+    // here so that the page is tested on its own; the signals are the page's, unchanged.
+    await page.route("**/v1/tokenpace/reader", (route) => {
+      const body = JSON.parse(route.request().postData());
+      route.fulfill({
+        status: 202,
+        contentType: "application/json",
+        body: JSON.stringify({ object: "tokenpace.reader_signal", request_id: body.request_id, presence: body.presence }),
+      });
+    });
+    /** Switch the tab away or back: what the browser does (headless Chromium never hides a page). */
+    const setHidden = (hidden) =>
+      page.evaluate((hidden) => {
+        Object.defineProperty(document, "visibilityState", { configurable: true, get: () => (hidden ? "hidden" : "visible") });
+        document.dispatchEvent(new Event("visibilitychange"));
+        return performance.now();
+      }, hidden);
+    const bodies = () => signals.map((r) => JSON.parse(r.postData()));
+    await enterKey(page, gw.demoKey);
+    // a reply long enough that the gateway still streams it when the tab is hidden and shown
+    // (the simulated engine writes about 5 ms a token; the page shows 4.8 tokens a second)
+    await sendMessage(page, { tier: "chat", maxTokens: 3000, text: "A long answer, please" });
+    await eventually(async () => (await growth(page)).length >= 3, 20_000, "three tokens on screen");
+
+    await setHidden(true);
+    const away = await eventually(() => bodies().find((b) => b.presence === "away"), 10_000, "the away signal");
+    const request = signals.find((r) => JSON.parse(r.postData()).presence === "away");
+    const headers = await request.allHeaders();
+    assert.ok(headers["x-tokenpace-telemetry-token"]?.startsWith("tpt1."), "authenticated by the telemetry token");
+    assert.equal(headers.authorization, undefined, "never by the key");
+    assert.match(away.request_id, /^[0-9a-f]{32}$/);
+    assert.ok(Number.isInteger(away.buffer_tokens) && away.buffer_tokens >= 0);
+    const hiddenAt = (await page.textContent("#reply")).length;
+    await page.waitForTimeout(1500);
+    assert.equal((await page.textContent("#reply")).length, hiddenAt, "nothing is shown while away");
+    assert.equal(await page.textContent("#presence"), "away");
+
+    await page.evaluate(() => (window.__shown = []));
+    const shownAt = await setHidden(false);
+    const back = await eventually(() => bodies().find((b) => b.presence === "watching"), 10_000, "the watching signal");
+    assert.equal(back.request_id, away.request_id);
+    assert.ok(back.buffer_tokens > 0, "the tokens that came while away wait in the buffer");
+    const resumed = await eventually(async () => (await growth(page))[0]?.[0], 10_000, "the reply to resume");
+    const resumeS = (resumed - shownAt) / 1000;
+    console.log(`# reader back: the reply resumed ${resumeS.toFixed(3)} s after the tab was shown`);
+    assert.ok(resumeS <= 2.0, `resumed ${resumeS.toFixed(3)} s after the return: more than a 2 s freeze`);
+    await eventually(async () => (await page.textContent("#signals")).includes("accepted"), 10_000, "the panel to show the answers");
+
+    await page.evaluate(() => window.dispatchEvent(new PageTransitionEvent("pagehide", { persisted: false })));
+    const left = await eventually(() => signals.find((r) => JSON.parse(r.postData()).presence === "left"), 10_000, "the left beacon");
+    assert.equal(left.resourceType(), "ping", "sent with navigator.sendBeacon");
+    assert.match((await left.allHeaders())["content-type"], /^text\/plain/);
+    const leftBody = JSON.parse(left.postData());
+    assert.ok(leftBody.telemetry_token.startsWith("tpt1."));
+    assert.equal(leftBody.request_id, away.request_id);
+    const report = JSON.parse((await eventually(() => reports[0], 10_000, "the report beacon")).postData());
+    assert.equal(report.outcome, "aborted");
+    assert.equal(report.away.length, 1, "the report says when the reader was away");
+    const [from, to] = report.away[0];
+    assert.ok(to - from >= 1.5, `away ${from}-${to} s`);
+    await page.close();
+  });
+
+  test("on the voice tier, pausing the speech says away and holds the reply; resuming says watching", { timeout: 90_000 }, async () => {
+    const { page } = await openDemo();
+    const signals = [];
+    page.on("request", (request) => {
+      if (request.url().endsWith("/v1/tokenpace/reader")) signals.push(JSON.parse(request.postData()));
+    });
+    // the gateway's answer per docs/protocol.md, given here so that the page is tested on its own
+    await page.route("**/v1/tokenpace/reader", (route) => route.fulfill({ status: 202, contentType: "application/json", body: "{}" }));
+    await enterKey(page, gw.demoKey);
+    assert.equal(await page.isVisible("#pause-speech"), false, "offered only while a voice reply streams");
+    await sendMessage(page, { tier: "voice", maxTokens: 3000, text: "Read me a long story" });
+    await eventually(async () => (await growth(page)).length >= 2, 20_000, "two tokens on screen");
+    await page.click("#pause-speech");
+    await eventually(() => signals.find((b) => b.presence === "away"), 10_000, "the away signal");
+    assert.equal(await page.textContent("#pause-speech"), "Resume speech");
+    const pausedAt = (await page.textContent("#reply")).length;
+    await page.waitForTimeout(1200);
+    assert.equal((await page.textContent("#reply")).length, pausedAt, "nothing is shown or spoken while paused");
+    await page.evaluate(() => (window.__shown = []));
+    const resumedAt = await page.evaluate(() => performance.now());
+    await page.click("#pause-speech");
+    await eventually(() => signals.find((b) => b.presence === "watching"), 10_000, "the watching signal");
+    const resumed = await eventually(async () => (await growth(page))[0]?.[0], 10_000, "the reply to resume");
+    assert.ok((resumed - resumedAt) / 1000 <= 2.0, `resumed ${((resumed - resumedAt) / 1000).toFixed(3)} s after the speech did`);
+    await page.click("#stop");
+    await page.waitForSelector("#status[data-state=aborted]", { timeout: 10_000 });
+    await eventually(() => signals.find((b) => b.presence === "left"), 10_000, "the left signal on Stop");
+    assert.equal(await page.isVisible("#pause-speech"), false);
     await page.close();
   });
 
@@ -509,6 +584,10 @@ describe("dashboard", () => {
     assert.equal(await field("client-frozen-2s"), `${(reader.frozen_over_2s * 100).toFixed(1)} %`);
     assert.equal(await field("client-idle-p99"), `${reader.idle_p99_s.toFixed(2)} s`);
     assert.match(await field("client-longest-freeze"), /^\d+\.\d\d s$/);
+    // readers away: the gateway's summary of the reports that said when (reader signals)
+    const away = api.tenants.demo.tiers.chat.client.away;
+    const awayCell = away === undefined ? "–" : `${(away.away_share * 100).toFixed(1)} % (mean ${away.mean_away_s.toFixed(2)} s)`;
+    assert.equal(await field("client-away"), awayCell);
     assert.match(await page.textContent("#reader-hint"), /Eq\. 9/);
     assert.equal(await page.textContent('tr[data-key="embedded"] td[data-field="healthy"]'), "healthy");
     assert.ok(Number(await page.textContent('tr[data-key="demo"] td[data-field="output-tokens"]')) >= 16);
