@@ -286,16 +286,6 @@ describe("demo page", () => {
     page.on("request", (request) => {
       if (request.url().endsWith("/v1/tokenpace/reader")) signals.push(request);
     });
-    // The gateway's answer per docs/protocol.md ("SDK → gateway: reader signals"), given
-    // here so that the page is tested on its own; the signals are the page's, unchanged.
-    await page.route("**/v1/tokenpace/reader", (route) => {
-      const body = JSON.parse(route.request().postData());
-      route.fulfill({
-        status: 202,
-        contentType: "application/json",
-        body: JSON.stringify({ object: "tokenpace.reader_signal", request_id: body.request_id, presence: body.presence }),
-      });
-    });
     /** Switch the tab away or back: what the browser does (headless Chromium never hides a page). */
     const setHidden = (hidden) =>
       page.evaluate((hidden) => {
@@ -316,6 +306,8 @@ describe("demo page", () => {
     const headers = await request.allHeaders();
     assert.ok(headers["x-tokenpace-telemetry-token"]?.startsWith("tpt1."), "authenticated by the telemetry token");
     assert.equal(headers.authorization, undefined, "never by the key");
+    const answer = await eventually(() => request.response(), 10_000, "the gateway's answer");
+    assert.equal(answer.status(), 202, "the gateway took it");
     assert.match(away.request_id, /^[0-9a-f]{32}$/);
     assert.ok(Number.isInteger(away.buffer_tokens) && away.buffer_tokens >= 0);
     const hiddenAt = (await page.textContent("#reply")).length;
@@ -355,8 +347,6 @@ describe("demo page", () => {
     page.on("request", (request) => {
       if (request.url().endsWith("/v1/tokenpace/reader")) signals.push(JSON.parse(request.postData()));
     });
-    // the gateway's answer per docs/protocol.md, given here so that the page is tested on its own
-    await page.route("**/v1/tokenpace/reader", (route) => route.fulfill({ status: 202, contentType: "application/json", body: "{}" }));
     await enterKey(page, gw.demoKey);
     assert.equal(await page.isVisible("#pause-speech"), false, "offered only while a voice reply streams");
     await sendMessage(page, { tier: "voice", maxTokens: 3000, text: "Read me a long story" });
