@@ -202,6 +202,28 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 unit="s",
                 width=8,
             ),
+            Panel(
+                "Readers away now",
+                "Streams relayed whose reader's client says nobody watches or listens (the tab "
+                "hidden, the speech paused), as a share of all streams relayed.",
+                (
+                    Query(
+                        'sum (tokenpace_reader_streams{presence="away"}) '
+                        "/ sum (tokenpace_reader_streams)",
+                        "away",
+                    ),
+                ),
+                unit="percentunit",
+                width=12,
+            ),
+            Panel(
+                "Capacity the away readers give back",
+                "The tier pace (tokens/s) of the streams whose readers are away: what the "
+                "engines are no longer asked to deliver until they come back.",
+                (Query("sum (tokenpace_reader_pace_away_tps)", "tokens/s"),),
+                unit="short",
+                width=12,
+            ),
         ),
     ),
     (
