@@ -4,8 +4,10 @@ One JSON document behind the admin key: backend health and load, requests in fli
 and queued, and per tenant its fair-share standing (its weight and its counter, the
 weighted service it has had, shared by every replica: the Virtual Token Counter of
 "Fairness in Serving Large Language Models", Sheng et al.) and the output tokens and
-requests this replica served it (completions only). In-flight, queued and token figures are this
-replica's (as on ``/metrics``); a dashboard on several replicas adds them up.
+requests this replica served it (completions only), and the streams it relays by their
+readers' last signal (``readers``: watching, away, and the tier pace the away ones no
+longer ask, :mod:`gateway.relay.reader`). In-flight, queued, reader and token figures are
+this replica's (as on ``/metrics``); a dashboard on several replicas adds them up.
 QoE is ``GET /v1/tokenpace/qoe``.
 
 ``GET /v1/tokenpace/admin/history?seconds=S``: the same load (in flight, queued, each
@@ -36,6 +38,7 @@ async def status(
     """The document (see the module docstring); StoreUnavailable when the store is down."""
     counters = await store.counters()
     load = load_sample(metrics, tenants)
+    sample = metrics.registry.get_sample_value
     return {
         "object": "tokenpace.status",
         "time": load["time"],
@@ -54,6 +57,11 @@ async def status(
             }
             for s in router.states
         ],
+        "readers": {
+            presence: int(sample("tokenpace_reader_streams", {"presence": presence}) or 0)
+            for presence in ("watching", "away")
+        }
+        | {"pace_away_tps": sample("tokenpace_reader_pace_away_tps") or 0.0},
         "tenants": {
             name: {
                 "weight": t.weight,

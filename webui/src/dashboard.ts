@@ -71,6 +71,8 @@ interface Load {
 
 interface Status extends Load {
   ready: boolean;
+  /** This replica's streams by their readers' last signal; the tier pace the away ones give back. */
+  readers: { watching: number; away: number; pace_away_tps: number };
   backends: Array<{
     name: string;
     healthy: boolean;
@@ -187,11 +189,18 @@ function pushLoad(load: Load): void {
   previous = load;
 }
 
+/** "away of all, the pace they give back": e.g. "3 / 40 · 14.4 tok/s back". */
+function readersAway(readers: Status["readers"]): string {
+  const all = readers.watching + readers.away;
+  return `${readers.away} / ${all} · ${readers.pace_away_tps.toFixed(1)} tok/s back`;
+}
+
 function showStatus(status: Status): void {
   byId("ready").textContent = status.ready ? "ready" : "NOT READY";
   byId("ready").dataset["ready"] = String(status.ready);
   byId("in-flight").textContent = String(status.requests_in_flight);
   byId("queued").textContent = String(status.requests_queued);
+  byId("readers-away").textContent = readersAway(status.readers);
   pushLoad(status);
   fillTable(
     "backend-rows",

@@ -557,6 +557,9 @@ describe("dashboard", () => {
     const cell = 'tr[data-key="demo/chat"] td[data-field="client-count"]';
     await page.waitForSelector(cell, { timeout: 10_000 });
     assert.ok(Number(await page.textContent(cell)) >= 1, "the client-side report is shown");
+    // the readers away now, of the streams this replica relays, and the pace they give back
+    await page.waitForSelector("#readers-away:has-text('tok/s back')");
+    assert.match(await page.textContent("#readers-away"), /^\d+ \/ \d+ · \d+\.\d tok\/s back$/);
     const clientQoE = Number(await page.textContent('tr[data-key="demo/chat"] td[data-field="client-andes"]'));
     assert.ok(clientQoE > 0 && clientQoE <= 1);
     // what the readers saw, both sides: the share of replies frozen over 2 s and idle p99

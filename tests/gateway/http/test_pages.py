@@ -109,6 +109,7 @@ async def test_admin_status_shows_backends_load_and_fair_share() -> None:
             assert status["ready"] is True
             assert status["backends"][0]["name"] == "up" and status["backends"][0]["healthy"]
             assert status["requests_in_flight"] == 0 and status["requests_queued"] == 0
+            assert status["readers"] == {"watching": 0, "away": 0, "pace_away_tps": 0.0}
             acme = status["tenants"]["acme"]
             assert acme["weight"] == 2.0 and acme["requests"] == 1
             assert acme["output_tokens"] > 0 and acme["vtc_counter"] > 0

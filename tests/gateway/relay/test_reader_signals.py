@@ -166,7 +166,11 @@ async def read_until_tokens(lines, n: int) -> int:
 
 
 async def test_left_ends_the_stream_cleanly_closes_the_upstream_and_charges_what_was_sent() -> None:
-    async with upstream(n_tokens=400, token_interval=0.02) as fake, gateway(config(fake)) as gw:
+    admin_key = "tp-admin-reader-signals"
+    async with (
+        upstream(n_tokens=400, token_interval=0.02) as fake,
+        gateway(config(fake, admin={"key": admin_key})) as gw,
+    ):
         async with gw.client() as acme, acme.stream("POST", "/v1/chat/completions", json=LONG) as r:
             assert r.status_code == 200
             rid = r.headers["x-request-id"]
@@ -180,6 +184,9 @@ async def test_left_ends_the_stream_cleanly_closes_the_upstream_and_charges_what
             assert 'tokenpace_reader_streams{presence="away"} 1.0' in metrics
             tds = float(r.headers["X-TokenPace-TDS"])
             assert f"tokenpace_reader_pace_away_tps {tds}" in metrics  # the capacity given back
+            async with gw.client(admin_key) as admin:  # the operator's dashboard reads it here
+                status = (await admin.get("/v1/tokenpace/admin/status")).json()
+            assert status["readers"] == {"watching": 0, "away": 1, "pace_away_tps": tds}
             started = time.monotonic()
             left = await acme.post(URL, json={"request_id": rid, "presence": "left"})
             assert left.status_code == 202
