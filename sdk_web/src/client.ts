@@ -14,7 +14,7 @@
  */
 import { openAIChunks } from "./chunks.js";
 import { systemClock } from "./clock.js";
-import { errorBody, TokenPaceError } from "./errors.js";
+import { refusal } from "./errors.js";
 import { parseQueueNotice, type QueueNotice } from "./queue.js";
 import { pace, type PacedStream, type PaceOptions } from "./stream.js";
 import { parseSSE } from "./sse.js";
@@ -117,19 +117,7 @@ async function streamChat(
   const requestId = response.headers.get("X-Request-Id") ?? undefined;
   if (!response.ok || response.body === null) {
     const text = await response.text().catch(() => "");
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(text);
-    } catch {
-      parsed = undefined;
-    }
-    const error = errorBody(parsed) ?? {};
-    throw new TokenPaceError(
-      `${response.status} ${error.message ?? (text.slice(0, 200) || response.statusText)}`,
-      error,
-      response.status,
-      requestId,
-    );
+    throw refusal(`${response.status} `, response.status, text, requestId, response.statusText);
   }
   const onComment = (comment: string): void => {
     const notice = parseQueueNotice(comment);

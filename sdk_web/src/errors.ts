@@ -27,6 +27,30 @@ export class TokenPaceError extends Error {
   }
 }
 
+/** A response body's JSON, or undefined when it is not JSON. */
+export function parseBody(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The error of a refused request: `prefix`, then the body's OpenAI error message, else
+ * the body's first 200 characters (`fallback` when it is empty).
+ */
+export function refusal(
+  prefix: string,
+  status: number,
+  text: string,
+  requestId: string | undefined,
+  fallback = "",
+): TokenPaceError {
+  const error = errorBody(parseBody(text)) ?? {};
+  return new TokenPaceError(`${prefix}${error.message ?? (text.slice(0, 200) || fallback)}`, error, status, requestId);
+}
+
 /** `error` of a parsed JSON body, when it has the OpenAI shape. */
 export function errorBody(value: unknown): ErrorBody | undefined {
   if (typeof value !== "object" || value === null || !("error" in value)) return undefined;

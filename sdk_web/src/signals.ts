@@ -12,8 +12,7 @@
  *   `navigator.sendBeacon`: a `text/plain` body (no preflight, no headers) whose JSON
  *   carries the token as `"telemetry_token"`.
  */
-import { errorBody, TokenPaceError } from "./errors.js";
-import { beaconSender } from "./telemetry.js";
+import { beaconSender, postForRequest } from "./telemetry.js";
 
 /** A client sends at most one signal per reply this often (s); a change of presence goes at once. */
 export const MIN_INTERVAL_S = 0.25;
@@ -68,26 +67,7 @@ export function httpTransport(endpoint: SignalEndpoint): SignalTransport {
   const fetchFn = endpoint.fetch ?? globalThis.fetch;
   return {
     async send(body: ReaderSignalBody): Promise<void> {
-      const headers: Record<string, string> = { "Content-Type": "application/json" };
-      if (endpoint.token !== undefined) headers["X-TokenPace-Telemetry-Token"] = endpoint.token;
-      else if (endpoint.apiKey !== undefined) headers["Authorization"] = `Bearer ${endpoint.apiKey}`;
-      else throw new TokenPaceError("No telemetry token in the response and no API key: the reader signal was not sent.");
-      const response = await fetchFn(endpoint.url, { method: "POST", keepalive: true, headers, body: JSON.stringify(body) });
-      if (response.ok) return;
-      const text = await response.text();
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(text);
-      } catch {
-        parsed = undefined;
-      }
-      const error = errorBody(parsed) ?? {};
-      throw new TokenPaceError(
-        `Reader signal refused (${response.status}): ${error.message ?? text.slice(0, 200)}`,
-        error,
-        response.status,
-        body.request_id,
-      );
+      await postForRequest(endpoint.url, body, endpoint, "reader signal", fetchFn);
     },
     beacon(body: ReaderSignalBody): boolean {
       const send = beaconSender();

@@ -16,7 +16,7 @@
  * two timelines of 1,000 entries stay near 40 KB.
  */
 import { ceilMicroseconds, reportTimeline } from "./coalesce.js";
-import { errorBody, TokenPaceError } from "./errors.js";
+import { parseBody, refusal, TokenPaceError } from "./errors.js";
 import { globalPage } from "./presence.js";
 import type { Expectation, Outcome, Timeline, TimelineEntry, TimeSpan } from "./types.js";
 import { SDK_NAME, SDK_VERSION } from "./version.js";
@@ -78,6 +78,32 @@ export interface ReportAuth {
   apiKey?: string | undefined;
 }
 
+/**
+ * POST `payload` (one request's: a QoE report, a reader signal) to the gateway with a
+ * keepalive fetch, authenticated with the response's telemetry token, else the API key;
+ * resolves to the gateway's answer, rejects on any failure. `what` names it in errors.
+ */
+export async function postForRequest(
+  url: string,
+  payload: { request_id: string },
+  auth: ReportAuth,
+  what: string,
+  fetchFn: typeof fetch = globalThis.fetch,
+): Promise<unknown> {
+  const headers: Record<string, string> = { "Content-Type": "application/json" };
+  if (auth.token !== undefined) headers["X-TokenPace-Telemetry-Token"] = auth.token;
+  else if (auth.apiKey !== undefined) headers["Authorization"] = `Bearer ${auth.apiKey}`;
+  else throw new TokenPaceError(`No telemetry token in the response and no API key: the ${what} was not sent.`);
+  const body = JSON.stringify(payload);
+  const response = await fetchFn(url, { method: "POST", keepalive: true, headers, body });
+  const text = await response.text();
+  if (!response.ok) {
+    const refused = `${what.charAt(0).toUpperCase()}${what.slice(1)} refused (${response.status}): `;
+    throw refusal(refused, response.status, text, payload.request_id);
+  }
+  return parseBody(text);
+}
+
 /** POST the report with a keepalive fetch; resolves to the gateway's answer, rejects on any failure. */
 export async function postReport(
   url: string,
@@ -85,29 +111,7 @@ export async function postReport(
   auth: ReportAuth,
   fetchFn: typeof fetch = globalThis.fetch,
 ): Promise<TelemetryResult> {
-  const headers: Record<string, string> = { "Content-Type": "application/json" };
-  if (auth.token !== undefined) headers["X-TokenPace-Telemetry-Token"] = auth.token;
-  else if (auth.apiKey !== undefined) headers["Authorization"] = `Bearer ${auth.apiKey}`;
-  else throw new TokenPaceError("No telemetry token in the response and no API key: the QoE report was not sent.");
-  const body = JSON.stringify(report);
-  const response = await fetchFn(url, { method: "POST", keepalive: true, headers, body });
-  const text = await response.text();
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(text);
-  } catch {
-    parsed = undefined;
-  }
-  if (!response.ok) {
-    const error = errorBody(parsed) ?? {};
-    throw new TokenPaceError(
-      `QoE report refused (${response.status}): ${error.message ?? text.slice(0, 200)}`,
-      error,
-      response.status,
-      report.request_id,
-    );
-  }
-  return parsed as TelemetryResult;
+  return (await postForRequest(url, report, auth, "QoE report", fetchFn)) as TelemetryResult;
 }
 
 /** The browser's `navigator.sendBeacon`, when there is one. */
