@@ -54,6 +54,22 @@ from gateway.telemetry.tokens import TOKEN_HEADER
 TENANT_KEY_REQUIRED: dict[str, Any] = {"security": [{tenant_bearer.scheme_name: []}]}
 
 
+def token_header(note: str | None = None) -> dict[str, Any]:
+    """The OpenAPI parameter of the telemetry token header, which a report or a reader
+    signal may carry instead of the API key; ``note``: what else to say of it."""
+    description = (
+        "the request's telemetry token, instead of the API key (or, text/plain for "
+        "sendBeacon, as the body's 'telemetry_token')"
+    )
+    return {
+        "name": TOKEN_HEADER,
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": description if note is None else f"{description}; {note}",
+    }
+
+
 def add_api_routes(
     app: FastAPI,
     *,
@@ -123,17 +139,7 @@ def add_api_routes(
         },
         openapi_extra={
             **TENANT_KEY_REQUIRED,
-            "parameters": [
-                {
-                    "name": TOKEN_HEADER,
-                    "in": "header",
-                    "required": False,
-                    "schema": {"type": "string"},
-                    "description": "the stream's telemetry token, instead of the API key "
-                    "(or, text/plain for sendBeacon, as the body's 'telemetry_token'); "
-                    "it stays valid for the QoE report",
-                }
-            ],
+            "parameters": [token_header("it stays valid for the QoE report")],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": READER_SIGNAL_SCHEMA}},
@@ -240,16 +246,7 @@ def add_api_routes(
             503: STORE_DOWN,
         },
         openapi_extra={
-            "parameters": [
-                {
-                    "name": TOKEN_HEADER,
-                    "in": "header",
-                    "required": False,
-                    "schema": {"type": "string"},
-                    "description": "the request's telemetry token, instead of the API key "
-                    "(or, text/plain for sendBeacon, as the body's 'telemetry_token')",
-                }
-            ],
+            "parameters": [token_header()],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": TELEMETRY_SCHEMA}},
