@@ -38,6 +38,7 @@ from gateway.app import create_app
 from gateway.config.loader import parse_config
 from gateway.config.schema import GatewayConfig
 from qos.metrics import andes_qoe, freezes, reader_summary, user_idle_latency
+from qos.policy.reader import NON_READER_TIERS
 
 API_KEY = "tp-bench-key-0000001"
 ROOT = Path(__file__).resolve().parents[1]  # the checkout whose qos the engines load
@@ -370,16 +371,24 @@ def summarize(results: Sequence[JobResult], stats: dict[str, Any]) -> dict[str, 
     loaded = sum(n for r in results for t, n in r.times if r.job.at_s + t <= last_arrival)
     steps = max(int(stats.get("steps", 0)), 1)
     step_s = stats.get("schedule_s", 0.0) + stats.get("model_s", 0.0) + stats.get("update_s", 0.0)
-    reader = reader_summary([r.longest_freeze_s for r in results], [r.idle_s for r in results])
+    everyone = reader_summary([r.longest_freeze_s for r in results], [r.idle_s for r in results])
+    # Freezes count for the replies someone reads as they stream: a batch job's reply has
+    # nobody watching it stall (NON_READER_TIERS, as bench/robustness.py counts them);
+    # the share over every reply is reported beside.
+    read = [r for r in results if r.job.tier not in NON_READER_TIERS]
+    readers = reader_summary([r.longest_freeze_s for r in read], [r.idle_s for r in read])
     return {
         "requests": len(results),
         "avg_qoe": float(qoe.mean()),
-        "frozen_over_2s": reader.frozen_share[2.0],
-        "frozen_over_5s": reader.frozen_share[5.0],
-        "longest_freeze_s": reader.longest_freeze_s,
-        "idle_p99_s": reader.idle_p99_s,
+        "frozen_over_2s": readers.frozen_share[2.0],
+        "frozen_over_5s": readers.frozen_share[5.0],
+        "longest_freeze_s": readers.longest_freeze_s,
+        "frozen_over_2s_all": everyone.frozen_share[2.0],
+        "longest_freeze_all_s": everyone.longest_freeze_s,
+        "idle_p99_s": everyone.idle_p99_s,
         "p10_qoe": float(np.percentile(qoe, 10)),
         "p90_ttft_s": float(np.percentile(ttft, 90)),
+        "readers_p90_ttft_s": float(np.percentile([r.ttft for r in read], 90)),
         "throughput_tok_s": tokens / (end - start),
         "loaded_tok_s": loaded / (last_arrival - start) if last_arrival > start else 0.0,
         "preemptions_per_request": stats.get("preemptions", 0) / len(results),
