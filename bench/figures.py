@@ -259,7 +259,7 @@ def reader_signals(data: Data, path: Path) -> str:
     plt = pyplot()
     profiles = data["profiles"]
     fig, axes = plt.subplots(
-        2, len(profiles), figsize=(3.4 * len(profiles), 5.2), sharex=True, squeeze=False
+        2, len(profiles), figsize=(3.5 * len(profiles), 5.4), sharex=True, squeeze=False
     )
     lines = []
     for col, p in enumerate(profiles):
@@ -287,19 +287,25 @@ def reader_signals(data: Data, path: Path) -> str:
             )
         top.axhline(0.9, color="grey", linestyle=":", linewidth=1)
         cap = p["capacity_req_s"]
+        frozen = {k: max(r["frozen_over_2s"] for r in p["runs"][k]) for k, *_ in SIGNAL_VARIANTS}
         top.set_title(
             f"{p['profile']}\nstall-free: told {cap['andes-tp+signals']:.2f}, untold "
-            f"{cap['andes-tp']:.2f}, FCFS {cap['fcfs']:.2f} req/s",
+            f"{cap['andes-tp']:.2f}, FCFS {cap['fcfs']:.2f} req/s\nfrozen > 2 s watched, worst: "
+            f"told {frozen['andes-tp+signals']:.1%}, FCFS {frozen['fcfs']:.1%}",
             fontsize=7,
         )
         bottom.set_xlabel(f"load (x ceiling, {p['ceiling_req_s']:.2f} req/s)")
         top.grid(alpha=0.3)
         bottom.grid(alpha=0.3)
         ratio = p["capacity_ratio"]
-        lines.append(
-            f"{p['profile']}: stall-free capacity told / untold {ratio:.2f}x"
+        told = (
+            f"stall-free capacity told / untold {ratio:.2f}x"
             if ratio is not None
-            else f"{p['profile']}: no stall-free capacity untold"
+            else "no stall-free capacity untold"
+        )
+        lines.append(
+            f"{p['profile']}: {told}, frozen > 2 s told up to "
+            f"{frozen['andes-tp+signals']:.1%} (FCFS {frozen['fcfs']:.1%})"
         )
     axes[0][0].set_ylabel("avg QoE, watched time")
     axes[1][0].set_ylabel("user idle latency p99 (s)")

@@ -71,7 +71,12 @@ def ceiling() -> dict[str, Any]:
 def reader_signals() -> dict[str, Any]:
     def runs(qoe: float) -> list[dict[str, Any]]:
         return [
-            {"load": load, "qoe_watched": qoe / load, "idle_p99_s": 10 * load}
+            {
+                "load": load,
+                "qoe_watched": qoe / load,
+                "idle_p99_s": 10 * load,
+                "frozen_over_2s": 0.0 if qoe == 1.0 else 0.05 * load,
+            }
             for load in (0.8, 1.1)
         ]
 
@@ -186,7 +191,7 @@ KEY_FIGURES = {
     "vllm_compare": "poisson: QoE 2.00x, tokens/s 0.99x",
     "routing_vllm": "shared: p90 TTFT 0.75x",
     "throughput_ceiling": "opt-66b-4xa100 2.91 req/s",
-    "reader_signals": "opt-66b-4xa100: stall-free capacity told / untold 1.04x",
+    "reader_signals": "told / untold 1.04x, frozen > 2 s told up to 0.0% (FCFS 5.5%)",
     "price_plans": "lowest QoE of plan ent: 1.00 weighted, 0.25 unweighted",
     "sdk_pacing": "release error p99 3.1-10.2 ms at 4.8 tokens/s",
     "gateway_cost": "CPU per token <= 1.15x the floor's at 64: 1.11 (met)",
