@@ -328,7 +328,7 @@ def price_plans(data: Data, path: Path) -> str:
     """``tokenpace bench qoe --tenants ...``: each plan's QoE and user idle latency p99
     against the request rate, weights honoured (solid) and ignored (dashed)."""
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.4), sharex=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.6, 3.9), sharex=True)
     runs = sorted(data["runs"], key=lambda r: r["rate"])
     policies = data["config"]["policies"]
     plans = [k for k in runs[0]["tenants"] if k != "share_over_time"]
@@ -353,20 +353,23 @@ def price_plans(data: Data, path: Path) -> str:
     for ax in (left, right):
         ax.set_xlabel("requests/s (all plans)")
         ax.grid(alpha=0.3)
-    left.legend(fontsize=6, loc="lower left")
+    fig.legend(*left.get_legend_handles_labels(), fontsize=7, loc="lower center", ncol=2)
+    frozen = max(r["tenants"][plan]["frozen_over_2s"] for r in runs for plan in plans)
     c = data["config"]
     fig.suptitle(
-        f"Who absorbs the shortfall? Plans {c['tenants']}, {c['profile']}, {c['arrivals']}, "
-        f"seed {c['seed']}, {c['n']} requests (simulated)",
+        f"Who absorbs the shortfall? Plans {c['tenants']} (name:weight:demand), "
+        f"{c['profile']}, {c['arrivals']},\nseed {c['seed']}, {c['n']} requests (simulated); "
+        f"replies frozen over 2 s, any plan, any rate: {frozen:.1%}",
         fontsize=8,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.13, 1, 1))  # the legend below
     save_svg(fig, path)
     top = plans[-1]
     return (
         f"lowest QoE of plan {top}: {worst[f'{top} andes-tp']:.2f} weighted, "
         f"{worst.get(f'{top} andes-tp-unweighted', float('nan')):.2f} unweighted; "
-        f"of plan {plans[0]}: {worst[f'{plans[0]} andes-tp']:.2f} weighted"
+        f"of plan {plans[0]}: {worst[f'{plans[0]} andes-tp']:.2f} weighted; frozen > 2 s "
+        f"at most {frozen:.1%}"
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 from tests.support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import figures  # noqa: E402
+import figures
 
 
 def _vllm_run(qoe: float, tok_s: float, ttft: float, idle: float) -> dict[str, Any]:
@@ -99,7 +99,12 @@ def price_plans() -> dict[str, Any]:
         tenants: dict[str, Any] = {"share_over_time": {"t_s": [0.0]}}
         for plan, weight in (("free", 1), ("pro", 2), ("ent", 4)):
             qoe = 1.0 if policy == "andes-tp" and plan == "ent" else 1.0 / rate
-            tenants[plan] = {"weight": weight, "avg_qoe": qoe, "idle_p99_s": rate / weight}
+            tenants[plan] = {
+                "weight": weight,
+                "avg_qoe": qoe,
+                "idle_p99_s": rate / weight,
+                "frozen_over_2s": 0.0,
+            }
         return {"policy": policy, "rate": rate, "tenants": tenants}
 
     policies = ["andes-tp", "andes-tp-unweighted"]
