@@ -376,6 +376,13 @@ def price_plans(data: Data, path: Path) -> str:
 # --- the SDKs ------------------------------------------------------------------------
 
 
+SDK_CLIENTS = {  # bench/sdk_pacing.py's ways of reading, as the plot names them
+    "paced": "network, paced",
+    "paced+telemetry": "network, paced + telemetry",
+    "replay + one asyncio.sleep per release (no pacer)": "replay, bare timers",
+}
+
+
 def sdk_pacing(data: Data, path: Path) -> str:
     """bench/sdk_pacing.py: the release error (p50, p99) of each way of reading at the
     lowest TDS measured, and on an overloaded engine the QoE as arrived and as displayed
@@ -385,7 +392,7 @@ def sdk_pacing(data: Data, path: Path) -> str:
     rows = [r for r in data["cost"] if r["tds"] == tds and r.get("release_error_ms")]
     overload = data["overload"]
     fig, (left, right) = plt.subplots(
-        1, 2, figsize=(8.0, 3.6), gridspec_kw={"width_ratios": [3, 2] if overload else [1, 0.01]}
+        1, 2, figsize=(8.8, 3.6), gridspec_kw={"width_ratios": [3, 2] if overload else [1, 0.01]}
     )
     ys = range(len(rows))
     p50 = [r["release_error_ms"]["p50"] for r in rows]
@@ -393,14 +400,15 @@ def sdk_pacing(data: Data, path: Path) -> str:
     left.barh([y + 0.2 for y in ys], p99, height=0.4, color=TOKENPACE_COLOR, label="p99")
     left.barh([y - 0.2 for y in ys], p50, height=0.4, color=OTHER_COLORS[0], label="p50")
     left.axvline(5.0, color=BASELINE_COLOR, linestyle=":", label="target p99 5 ms")
-    left.set_yticks(list(ys), [r["client"] for r in rows], fontsize=7)
+    left.set_yticks(list(ys), [SDK_CLIENTS.get(r["client"], r["client"]) for r in rows], fontsize=7)
+    left.set_xscale("log")
     left.invert_yaxis()
-    left.set_xlabel("release error (ms)")
+    left.set_xlabel("release error (ms, log scale)")
     left.set_title(
         f"How exact is the pacing? {data['args']['streams']} streams at {tds:g} tokens/s",
         fontsize=8,
     )
-    left.legend(fontsize=7, loc="lower right")
+    left.legend(fontsize=7, loc="lower right", framealpha=0.9)
     left.grid(axis="x", alpha=0.3)
     summary = f"release error p99 {min(p99):.1f}-{max(p99):.1f} ms at {tds:g} tokens/s"
     if overload:
@@ -427,10 +435,10 @@ def sdk_pacing(data: Data, path: Path) -> str:
                 fontsize=6,
             )
         right.set_xticks(list(xs), [f"{n} engine" for n in labels], fontsize=7)
-        right.set_ylim(0, 1.15)
+        right.set_ylim(0, 1.3)
         right.set_ylabel("avg QoE")
-        right.set_title("What the buffer is worth (overloaded engine)", fontsize=8)
-        right.legend(fontsize=6, loc="upper right")
+        right.set_title("What is the buffer worth? (overloaded engine)", fontsize=8)
+        right.legend(fontsize=6, loc="upper left", ncol=2)
         summary += "; QoE displayed / arrived: " + ", ".join(
             f"{n} {b:.3f} / {a:.3f}" for n, a, b in zip(labels, arrived, shown, strict=True)
         )
