@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -462,11 +463,15 @@ def _added(run: Data, direct: Data, key: str, q: str) -> float:
 
 def gateway_cost(data: Data, path: Path) -> str:
     """bench/gateway_load.py (direct, floor, gateway): per stream count, CPU per 1k
-    tokens, added TTFT p50/p99 against direct, sustained chunks/s; the stack floor
-    beside the gateway, the repeats as points."""
+    tokens, added TTFT p50/p99 against direct, sustained chunks/s, and (where measured)
+    CPU per one-token request; the stack floor beside the gateway, the repeats as points."""
     plt = pyplot()
     ns = sorted(data["runs"], key=int)
-    fig, (cpu, ttft, sat) = plt.subplots(1, 3, figsize=(9.6, 3.4))
+    per_request = {t: rs for t, rs in data.get("per_request_repeats", {}).items() if rs}
+    fig, axes = plt.subplots(
+        1, 4 if per_request else 3, figsize=(12.4 if per_request else 9.6, 3.4)
+    )
+    cpu, ttft, sat = axes[:3]
     proxies = [t for t in ("floor", "gateway") if t in data["runs"][ns[0]]]
     width = 0.8 / len(proxies)
     for j, t in enumerate(proxies):
@@ -518,7 +523,18 @@ def gateway_cost(data: Data, path: Path) -> str:
         ax.set_ylabel(ylabel, fontsize=8)
         ax.set_title(title, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend
+        ax.legend(fontsize=6, ncol=2)
+    if per_request:
+        ax = axes[3]
+        for x, (t, runs) in enumerate(per_request.items()):
+            values = [r["cpu_ms_per_request"] for r in runs]
+            ax.bar(x, statistics.median(values), width=0.6, color=GATEWAY_COLORS.get(t), alpha=0.7)
+            ax.plot([x] * len(values), values, "o", color="black", markersize=2.5)
+        ax.set_xticks(range(len(per_request)), list(per_request), fontsize=8)
+        ax.set_ylabel("server CPU ms per request", fontsize=8)
+        ax.set_title("CPU per one-token request", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
     # the key figures as the benchmark judged them (repeat pairs against the floor)
     lines = [
         f"{t['target']}: {t['measured']:.3g} ({'met' if t['met'] else 'missed'})"
@@ -563,6 +579,12 @@ def gateway_workers(data: Data, path: Path) -> str:
         for x, n in zip(xs, ns, strict=True):
             reps = data["runs"][n][t]["saturation_chunks_per_s"]
             sat.plot([x] * len(reps), reps, "o", color="black", markersize=2.5)
+            run = data["runs"][n][t]["saturation"]
+            if "server_cpu_s" in run:  # the gateway's CPUs used while saturated
+                cpus = run["server_cpu_s"] / run["wall_s"]
+                sat.annotate(
+                    f"{cpus:.2f}\nCPUs", (x, max(reps)), ha="center", va="bottom", fontsize=6
+                )
         if t == "direct":
             continue
         for q, alpha in (("p50", 0.7), ("p99", 0.4)):
@@ -588,14 +610,15 @@ def gateway_workers(data: Data, path: Path) -> str:
         ]
         lines.append(f"{n} streams, sustained chunks/s: " + ", ".join(gains))
     for ax, ylabel, title in (
-        (sat, "chunks/s", "Sustained chunks/s (saturation)"),
+        (sat, "chunks/s", "Sustained chunks/s (saturation; the gateway's CPUs used)"),
         (ttft, "added TTFT over direct (ms)", "Added TTFT p50 / p99 (fixed rate)"),
     ):
         ax.set_xticks(range(len(ns)), [f"{n} streams" for n in ns], fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.set_title(title, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend
+        ax.legend(fontsize=6, ncol=2)
     fig.suptitle("What does a second gateway worker buy? (gateway-2w: two processes)", fontsize=9)
     fig.tight_layout()
     save_svg(fig, path)
