@@ -168,10 +168,11 @@ ROUTING_METRICS = (
 )
 
 
-def routing_vllm(workloads: Sequence[Data], path: Path) -> str:
+def routing_vllm(shared: Data, history: Data, path: Path) -> str:
     """bench/routing_vllm.py, one panel per workload: cache-aware routing over least
     waiting time (today's), medians of the repeats and each repeat."""
     plt = pyplot()
+    workloads = (shared, history)
     fig, axes = plt.subplots(
         1, len(workloads), figsize=(4.3 * len(workloads), 3.6), sharey=True, squeeze=False
     )
@@ -639,10 +640,6 @@ class Plot:
     command: str
 
 
-def _many(draw: Callable[[Sequence[Data], Path], str]) -> Callable[..., str]:
-    return lambda *args: draw(list(args[:-1]), args[-1])
-
-
 PLOTS = (
     Plot(
         "vllm_compare",
@@ -653,7 +650,7 @@ PLOTS = (
     Plot(
         "routing_vllm",
         ("routing-vllm-shared", "routing-vllm-history"),
-        _many(routing_vllm),
+        routing_vllm,
         "bench/routing_vllm.py --workload shared|history --repeats 3 --out DIR",
     ),
     Plot(
