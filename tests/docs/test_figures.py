@@ -68,6 +68,14 @@ def ceiling() -> dict[str, Any]:
     }
 
 
+def reader_qoe(profile: str, arrivals: str, fcfs: float, ours: float) -> dict[str, Any]:
+    capacity = {"fcfs": fcfs, "andes-tp": ours}
+    return {
+        "config": {"profile": profile, "arrivals": arrivals},
+        "analysis": {"reader": {"stall_free_capacity_req_s": capacity}},
+    }
+
+
 def reader_signals() -> dict[str, Any]:
     def runs(qoe: float) -> list[dict[str, Any]]:
         return [
@@ -188,6 +196,10 @@ SMALL = {
     "routing-vllm-shared": routing("shared"),
     "routing-vllm-history": routing("history"),
     "throughput-ceiling": ceiling(),
+    "reader-qoe-opt-poisson": reader_qoe("opt-66b-4xa100", "poisson", 2.4, 2.62),
+    "reader-qoe-opt-gamma": reader_qoe("opt-66b-4xa100", "gamma", 2.24, 2.54),
+    "reader-qoe-llama-poisson": reader_qoe("llama-3.1-8b-h100", "poisson", 36.2, 42.5),
+    "reader-qoe-llama-gamma": reader_qoe("llama-3.1-8b-h100", "gamma", 36.8, 43.68),
     "reader-signals": reader_signals(),
     "price-plans": price_plans(),
     "sdk-pacing": sdk_pacing(),
@@ -199,7 +211,7 @@ SMALL = {
 KEY_FIGURES = {
     "vllm_compare": "poisson: QoE 2.00x, tokens/s 0.99x",
     "routing_vllm": "shared: p90 TTFT 0.75x",
-    "throughput_ceiling": "opt-66b-4xa100 2.91 req/s",
+    "throughput_ceiling": "opt-66b-4xa100 2.91 req/s, tokenpace's stall-free capacity up to 90%",
     "reader_signals": "told / untold 1.04x, frozen > 2 s told up to 0.0% (FCFS 5.5%)",
     "price_plans": "lowest QoE of plan ent: 1.00 weighted, 0.25 unweighted",
     "sdk_pacing": "release error p99 3.1-10.2 ms at 4.8 tokens/s",
