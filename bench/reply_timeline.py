@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from qos.latency import get_profile
 from qos.policy.registry import STOCK_POLICIES, make_policy
 from qos.sim import RequestResult, build_workload, load_andes_trace, parse_tier_mix, simulate
 from qos.timeline import digestion_starts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from figures import BASELINE_COLOR, TOKENPACE_COLOR, pyplot, save_svg
 
 BASELINE = "fcfs"
 SHIPPED = "andes-tp"
@@ -112,27 +116,12 @@ def figure_data(runs: dict[str, dict[str, RequestResult]], s: Settings) -> dict:
     }
 
 
-COLORS = {BASELINE: "#c0392b", SHIPPED: "#1f6fb2"}
+COLORS = {BASELINE: BASELINE_COLOR, SHIPPED: TOKENPACE_COLOR}
 LABELS = {BASELINE: "FCFS (stock vLLM)", SHIPPED: "tokenpace (andes-tp)"}
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    matplotlib.rcParams["svg.hashsalt"] = "tokenpace"
-    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: small, diffable
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:  # type: ignore[no-untyped-def]
-    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None})
-
-
 def draw_timeline(data: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     reply = data["reply"]
     fig, ax = plt.subplots(figsize=(7.2, 3.4))
     n = reply["tokens"]
@@ -157,12 +146,11 @@ def draw_timeline(data: dict, path: Path) -> None:
     ax.legend(fontsize=8, loc="upper left")
     ax.set_ylim(0, n * 1.05)
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    save_svg(fig, path)
 
 
 def draw_freezes(data: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.2, 3.0))
     for name, p in data["policies"].items():
         xs = np.asarray(p["all_longest_freeze_s"], dtype=float)
@@ -186,8 +174,7 @@ def draw_freezes(data: dict, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    save_svg(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

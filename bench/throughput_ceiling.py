@@ -19,7 +19,9 @@ most B_kv = M·E[n − 1] / E[(n − 1)·p + n(n − 1)/2], and the **KV bound**
 formula with B ≤ B_kv. It assumes a steady batch: where τ is concave (OPT-66B's table)
 alternating large batches of short contexts with small ones could in principle beat it.
 
-    .venv/bin/python bench/throughput_ceiling.py [--profile NAME ...]
+    .venv/bin/python bench/throughput_ceiling.py [--profile NAME ...] [--out FILE]
+
+prints each bound, then the report as JSON (also written to ``--out``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -71,6 +74,7 @@ def kv_batch(profile: LatencyProfile, entries: list[TraceEntry]) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", action="append", choices=sorted(PROFILES))
+    parser.add_argument("--out", type=Path, help="also write the report (JSON) here")
     args = parser.parse_args()
     entries = load_andes_trace()
     report = {}
@@ -85,6 +89,9 @@ def main() -> None:
                 f"{bound.req_s:6.2f} req/s, {bound.tok_s:7,.0f} tokens/s"
             )
     print(json.dumps(report))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
