@@ -318,7 +318,7 @@ class CompletionService:
             prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
             outcome = StreamOutcome("completed", done.backend, tokens)
             prompt_tokens = prompt if isinstance(prompt, int) else None
-            failover.trace.set(outcome_attributes(outcome, prompt_tokens, None))
+            failover.trace.set(outcome_attributes(outcome, prompt_tokens, None, None))
         return JSONResponse(done.result, headers=headers)
 
 
