@@ -236,13 +236,15 @@ def watched_times(times: np.ndarray, away: Sequence[tuple[float, float]]) -> np.
 
 def _freezes(gaps: np.ndarray) -> list[Freezes]:
     """The :class:`Freezes` of each reply whose display gaps are ``gaps`` (one reply, or
-    one per row)."""
-    frozen = np.where(gaps > FREEZE_EPSILON_S, gaps, 0.0)
-    rows = np.atleast_2d(frozen)
-    longest = rows.max(axis=-1, initial=0.0).tolist()
-    count = np.count_nonzero(rows, axis=-1).tolist()
-    total = rows.sum(axis=-1).tolist()
-    return [Freezes(*figures) for figures in zip(longest, count, total, strict=True)]
+    one per row); a reply's time frozen is the sum of its frozen gaps alone."""
+    rows = np.atleast_2d(gaps)
+    frozen = rows > FREEZE_EPSILON_S
+    count = np.count_nonzero(frozen, axis=-1)
+    longest = np.where(frozen, rows, 0.0).max(axis=-1, initial=0.0).tolist()
+    total = [0.0] * len(longest)
+    for i in np.flatnonzero(count).tolist():
+        total[i] = float(rows[i][frozen[i]].sum())
+    return [Freezes(*figures) for figures in zip(longest, count.tolist(), total, strict=True)]
 
 
 @dataclass(frozen=True)
