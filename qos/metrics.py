@@ -287,7 +287,7 @@ def replies_qoe(
     tds = np.asarray(expected_tds, dtype=float)
     if sizes.ndim != 1 or ttft.shape != sizes.shape or tds.shape != sizes.shape:
         raise ValueError("lengths, expected_ttft, expected_tds: one of each per reply")
-    if sizes.size and (int(sizes.min()) < 1 or int(sizes.sum()) != flat.size):
+    if int(sizes.sum()) != flat.size or (sizes.size and int(sizes.min()) < 1):
         raise ValueError(f"lengths: positive, and summing to the {flat.size} times given")
     firsts = np.cumsum(sizes) - sizes
     out: list[ReplyQoE | None] = [None] * sizes.size
@@ -317,8 +317,8 @@ def _check_replies(times: np.ndarray, ttft: np.ndarray, tds: np.ndarray, rows: n
     if not ok.all():
         bad = int(np.argmin(ok))
         name = f"replies[{int(rows[bad])}]"
+        token_times(times[bad], name=name)  # raises, naming the reply, for its times
         try:
-            token_times(times[bad], name=name)
             check_expectation(float(ttft[bad, 0]), float(tds[bad, 0]))
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
