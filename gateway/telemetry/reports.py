@@ -200,6 +200,7 @@ class Telemetry:
         self._pending: list[QoERecord] = []
         self._replies = Replies(_PENDING_MAX)  # completed streams, their QoE not measured yet
         self._task: asyncio.Task[None] | None = None
+        self._qoe = series(metrics.qoe)
         self._freeze = series(metrics.longest_freeze)
         self._idle = series(metrics.user_idle)
         # (tenant or None, window) -> (when read, the read): at most one per SUMMARY_TTL_S
@@ -226,7 +227,7 @@ class Telemetry:
     def _measure_streams(self) -> None:
         """The QoE of the streams queued: observed (``tokenpace_qoe`` and the reader's
         histograms) and queued as records."""
-        qoe_of = self.metrics.qoe.labels
+        qoe_of = self._qoe
         for reply, qoe in self._replies.measure():
             record = QoERecord(
                 reply.request_id,
