@@ -9,11 +9,14 @@ ASGI scope keeps them.
   middleware counts and logs the request from it.
 - :class:`RequestContext`: what the gateway decided about a completion request, handed
   to the backend with the body.
-- :class:`StreamOutcome`: what the relay measured on a finished stream.
+- :class:`StreamOutcome`: what the relay measured on a finished stream, and
+  :class:`Emissions`, when a completed stream's tokens went out (its QoE is measured
+  from them in batches, :mod:`gateway.telemetry.replies`).
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -84,13 +87,18 @@ class StreamOutcome:
     backend: str
     tokens: int  # output tokens (the backend's usage count when it sent one)
     ttft_s: float | None = None  # receipt to the first token, as emitted
-    qoe_andes: float | None = None  # Andes Eq. 1 of the emission times (completed only)
-    qoe_monotone: float | None = None
     error: str | None = None  # the message of the error event that ended it
-    # what a reader paced at the tier's TDS saw of the emission times (completed only)
-    longest_freeze_s: float | None = None
-    freezes: int | None = None
-    idle_s: float | None = None  # user idle latency, Wang et al. Eq. 9
+    emissions: Emissions | None = None  # a completed stream's, with a token at least
+
+
+@dataclass(frozen=True, slots=True)
+class Emissions:
+    """When a stream's tokens went out: each write that carried tokens, its time (seconds
+    since the request was received) and its tokens, a timeline of
+    :mod:`qos.timeline`'s per-chunk form."""
+
+    times: array[float]
+    counts: array[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +126,6 @@ class RequestRecord:
     outcome: Outcome | None = None  # None: from the status (error at 400 and above)
     tokens: int | None = None
     ttft_s: float | None = None
-    qoe_andes: float | None = None
-    qoe_monotone: float | None = None
     error: str | None = None
     error_code: str | None = None  # an error answer's code (or type): what the client got
 
@@ -133,8 +139,6 @@ class RequestRecord:
         self.outcome = result.outcome
         self.tokens = result.tokens
         self.ttft_s = None if result.ttft_s is None else round(result.ttft_s, 6)
-        self.qoe_andes = None if result.qoe_andes is None else round(result.qoe_andes, 4)
-        self.qoe_monotone = None if result.qoe_monotone is None else round(result.qoe_monotone, 4)
         self.error = result.error
 
     def log_fields(self) -> dict[str, Any]:
@@ -144,7 +148,7 @@ class RequestRecord:
             fields["tenant"] = self.tenant_name
         if self.tier != UNKNOWN:
             fields["tier"] = self.tier
-        names = ("model", "tokens", "ttft_s", "qoe_andes", "qoe_monotone", "error", "error_code")
+        names = ("model", "tokens", "ttft_s", "error", "error_code")
         for name in names:
             value = getattr(self, name)
             if value is not None:

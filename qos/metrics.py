@@ -62,7 +62,8 @@ def andes_qoe(
     """
     times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
-    qoe = _andes(times, digestion_starts(times, expected_tds), expected_ttft, expected_tds)
+    starts = digestion_starts(times, expected_tds)
+    qoe = float(_andes(times, starts, expected_ttft, expected_tds)[0])
     if ttft_penalty is not None:
         if not 0.0 < ttft_penalty <= 1.0:
             raise ValueError(f"ttft_penalty: α must be in (0, 1], got {ttft_penalty}")
@@ -70,17 +71,28 @@ def andes_qoe(
     return qoe
 
 
+# The private measures below take validated per-token ``times``: one reply (1-D), or
+# many of one length, one per row (2-D, ``expected_ttft`` and ``expected_tds`` then
+# columns, one per row); each returns its figure of each reply as an array of shape
+# ``times.shape[:-1] + (1,)``, the same number for a reply in a row as alone (elementwise
+# arithmetic, and reductions along the last axis: :func:`replies_qoe`).
+Expectation = float | np.ndarray
+
+
 def _andes(
-    times: np.ndarray, starts: np.ndarray, expected_ttft: float, expected_tds: float
-) -> float:
-    """:func:`andes_qoe` (no TTFT penalty) of validated per-token ``times`` whose
-    digestion starts (:func:`~qos.timeline.digestion_starts`) are ``starts``."""
-    ttlt = float(times[-1])
-    s_expected = float(expected_area(ttlt, expected_ttft, expected_tds, float(times.size)))
-    if s_expected <= 0.0:
-        return 1.0  # everything arrived before the expected curve even started
-    s_actual = float(np.sum(digested_area(starts, ttlt, expected_tds)))
-    return min(max(s_actual / s_expected, 0.0), 1.0)
+    times: np.ndarray, starts: np.ndarray, expected_ttft: Expectation, expected_tds: Expectation
+) -> np.ndarray:
+    """:func:`andes_qoe` (no TTFT penalty) of ``times`` whose digestion starts
+    (:func:`~qos.timeline.digestion_starts`) are ``starts``."""
+    ttlt = times[..., -1:]
+    length = float(times.shape[-1])
+    s_expected = np.asarray(expected_area(ttlt, expected_ttft, expected_tds, length))
+    s_actual = np.sum(digested_area(starts, ttlt, expected_tds), axis=-1, keepdims=True)
+    # everything arrived before the expected curve even started: 1
+    started = s_expected > 0.0
+    ratio = s_actual / np.where(started, s_expected, 1.0)
+    qoe: np.ndarray = np.where(started, np.minimum(np.maximum(ratio, 0.0), 1.0), 1.0)
+    return qoe
 
 
 def digestion_deficit(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
@@ -94,14 +106,17 @@ def digestion_deficit(timeline: TimelineInput, expected_ttft: float, expected_td
     """
     times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
-    return _deficit(times, expected_ttft, expected_tds)
+    return float(_deficit(times, expected_ttft, expected_tds)[0])
 
 
-def _deficit(times: np.ndarray, expected_ttft: float, expected_tds: float) -> float:
-    """:func:`digestion_deficit` of validated per-token ``times``."""
+def _deficit(
+    times: np.ndarray, expected_ttft: Expectation, expected_tds: Expectation
+) -> np.ndarray:
+    """:func:`digestion_deficit` of ``times`` (the measures' shapes, above)."""
     starts = digestion_starts(times, expected_tds, hold_until=expected_ttft)
-    expected = expected_ttft + np.arange(times.size, dtype=float) / expected_tds
-    return float((starts - expected).sum())
+    expected = _deadlines(times.shape[-1], expected_ttft, expected_tds)
+    deficit: np.ndarray = (starts - expected).sum(axis=-1, keepdims=True)
+    return deficit
 
 
 def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
@@ -114,14 +129,17 @@ def monotone_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: fl
     """
     times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
-    return _monotone(times, expected_ttft, expected_tds)
+    return float(_monotone(times, expected_ttft, expected_tds)[0])
 
 
-def _monotone(times: np.ndarray, expected_ttft: float, expected_tds: float) -> float:
-    """:func:`monotone_qoe` of validated per-token ``times``."""
-    n = times.size
-    area = n * n / (2.0 * expected_tds)
-    return area / (area + _deficit(times, expected_ttft, expected_tds))
+def _monotone(
+    times: np.ndarray, expected_ttft: Expectation, expected_tds: Expectation
+) -> np.ndarray:
+    """:func:`monotone_qoe` of ``times`` (the measures' shapes, above)."""
+    n = times.shape[-1]
+    area = n * n / (2.0 * np.asarray(expected_tds))
+    qoe: np.ndarray = area / (area + _deficit(times, expected_ttft, expected_tds))
+    return qoe
 
 
 def token_deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) -> np.ndarray:
@@ -132,21 +150,24 @@ def token_deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) ->
     return _deadlines(n_tokens, expected_ttft, expected_tds)
 
 
-def _deadlines(n_tokens: int, expected_ttft: float, expected_tds: float) -> np.ndarray:
-    return expected_ttft + np.arange(n_tokens, dtype=float) / expected_tds
+def _deadlines(n_tokens: int, expected_ttft: Expectation, expected_tds: Expectation) -> np.ndarray:
+    deadlines: np.ndarray = expected_ttft + np.arange(n_tokens, dtype=float) / expected_tds
+    return deadlines
 
 
 def user_idle_latency(timeline: TimelineInput, expected_ttft: float, expected_tds: float) -> float:
     """l_r = max_i (t_i - d_i)⁺, Wang et al. Eq. 9."""
     times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
-    return _idle(times, expected_ttft, expected_tds)
+    return float(_idle(times, expected_ttft, expected_tds)[0])
 
 
-def _idle(times: np.ndarray, expected_ttft: float, expected_tds: float) -> float:
-    """:func:`user_idle_latency` of validated per-token ``times``."""
-    deadlines = _deadlines(times.size, expected_ttft, expected_tds)
-    return max(float((times - deadlines).max()), 0.0)
+def _idle(times: np.ndarray, expected_ttft: Expectation, expected_tds: Expectation) -> np.ndarray:
+    """:func:`user_idle_latency` of ``times`` (the measures' shapes, above)."""
+    deadlines = _deadlines(times.shape[-1], expected_ttft, expected_tds)
+    late = (times - deadlines).max(axis=-1, keepdims=True)
+    idle: np.ndarray = np.maximum(late, 0.0)
+    return idle
 
 
 @dataclass(frozen=True)
@@ -171,9 +192,10 @@ def display_gaps(times: np.ndarray, tds: float) -> np.ndarray:
     return _gaps(digestion_starts(times, tds), tds)
 
 
-def _gaps(shown: np.ndarray, tds: float) -> np.ndarray:
-    """:func:`display_gaps` of the tokens shown at ``shown`` (their digestion starts)."""
-    gaps: np.ndarray = shown[1:] - shown[:-1] - 1.0 / tds
+def _gaps(shown: np.ndarray, tds: Expectation) -> np.ndarray:
+    """:func:`display_gaps` of the tokens shown at ``shown`` (their digestion starts; the
+    measures' shapes, above)."""
+    gaps: np.ndarray = shown[..., 1:] - shown[..., :-1] - 1.0 / np.asarray(tds)
     return gaps
 
 
@@ -190,7 +212,7 @@ def freezes(
     """
     times = token_times(timeline, name="timeline")
     check_expectation(0.0, expected_tds)
-    return _freezes(display_gaps(watched_times(times, away), expected_tds))
+    return _freezes(display_gaps(watched_times(times, away), expected_tds))[0]
 
 
 def watched_times(times: np.ndarray, away: Sequence[tuple[float, float]]) -> np.ndarray:
@@ -212,12 +234,17 @@ def watched_times(times: np.ndarray, away: Sequence[tuple[float, float]]) -> np.
     return watched
 
 
-def _freezes(gaps: np.ndarray) -> Freezes:
-    """The :class:`Freezes` of a reply whose display gaps are ``gaps``."""
-    frozen = gaps[gaps > FREEZE_EPSILON_S]
-    if not frozen.size:
-        return Freezes(0.0, 0, 0.0)
-    return Freezes(float(frozen.max()), int(frozen.size), float(frozen.sum()))
+def _freezes(gaps: np.ndarray) -> list[Freezes]:
+    """The :class:`Freezes` of each reply whose display gaps are ``gaps`` (one reply, or
+    one per row); a reply's time frozen is the sum of its frozen gaps alone."""
+    rows = np.atleast_2d(gaps)
+    frozen = rows > FREEZE_EPSILON_S
+    count = np.count_nonzero(frozen, axis=-1)
+    longest = np.where(frozen, rows, 0.0).max(axis=-1, initial=0.0).tolist()
+    total = [0.0] * len(longest)
+    for i in np.flatnonzero(count).tolist():
+        total[i] = float(rows[i][frozen[i]].sum())
+    return [Freezes(*figures) for figures in zip(longest, count.tolist(), total, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -238,13 +265,74 @@ def reply_qoe(timeline: TimelineInput, expected_ttft: float, expected_tds: float
     stream. Raises ``ValueError`` as they do."""
     times = token_times(timeline, name="timeline")
     check_expectation(expected_ttft, expected_tds)
-    starts = digestion_starts(times, expected_tds)
-    return ReplyQoE(
-        _andes(times, starts, expected_ttft, expected_tds),
-        _monotone(times, expected_ttft, expected_tds),
-        _freezes(_gaps(starts, expected_tds)),
-        _idle(times, expected_ttft, expected_tds),
+    return _replies(times, expected_ttft, expected_tds)[0]
+
+
+def replies_qoe(
+    times: npt.ArrayLike,
+    lengths: npt.ArrayLike,
+    expected_ttft: npt.ArrayLike,
+    expected_tds: npt.ArrayLike,
+) -> list[ReplyQoE]:
+    """:func:`reply_qoe` of many replies at once, each figure the very number
+    :func:`reply_qoe` gives of its reply alone: ``times`` are the replies' per-token times
+    one after another, ``lengths`` their tokens, ``expected_ttft`` and ``expected_tds``
+    one per reply. The replies of each length are measured together, one per row, in as
+    many numpy calls as one reply takes: where a reply's few tokens make numpy's fixed
+    cost the whole cost (the gateway measures the replies it relayed in batches). Raises
+    ``ValueError`` as :func:`reply_qoe` does, naming the first reply refused."""
+    flat = np.asarray(times, dtype=float)
+    sizes = np.asarray(lengths, dtype=np.int64)
+    ttft = np.asarray(expected_ttft, dtype=float)
+    tds = np.asarray(expected_tds, dtype=float)
+    if sizes.ndim != 1 or ttft.shape != sizes.shape or tds.shape != sizes.shape:
+        raise ValueError("lengths, expected_ttft, expected_tds: one of each per reply")
+    if int(sizes.sum()) != flat.size or (sizes.size and int(sizes.min()) < 1):
+        raise ValueError(f"lengths: positive, and summing to the {flat.size} times given")
+    firsts = np.cumsum(sizes) - sizes
+    out: list[ReplyQoE | None] = [None] * sizes.size
+    for n in np.unique(sizes).tolist():
+        rows = np.flatnonzero(sizes == n)
+        grid = flat[firsts[rows, None] + np.arange(n)]
+        ttfts, tdss = ttft[rows, None], tds[rows, None]
+        _check_replies(grid, ttfts, tdss, rows)
+        for row, qoe in zip(rows.tolist(), _replies(grid, ttfts, tdss), strict=True):
+            out[row] = qoe
+    return [qoe for qoe in out if qoe is not None]
+
+
+def _check_replies(times: np.ndarray, ttft: np.ndarray, tds: np.ndarray, rows: np.ndarray) -> None:
+    """The checks of :func:`~qos.timeline.token_times` and
+    :func:`~qos.timeline.check_expectation`, on every row of ``times`` at once (rows:
+    the replies' indices, for the message)."""
+    ok = (
+        (times[:, 0] >= 0)
+        & np.isfinite(times[:, -1])
+        & (times[:, 1:] >= times[:, :-1]).all(axis=1)
+        & np.isfinite(ttft[:, 0])
+        & (ttft[:, 0] >= 0)
+        & np.isfinite(tds[:, 0])
+        & (tds[:, 0] > 0)
     )
+    if not ok.all():
+        bad = int(np.argmin(ok))
+        name = f"replies[{int(rows[bad])}]"
+        token_times(times[bad], name=name)  # raises, naming the reply, for its times
+        try:
+            check_expectation(float(ttft[bad, 0]), float(tds[bad, 0]))
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+
+
+def _replies(times: np.ndarray, ttft: Expectation, tds: Expectation) -> list[ReplyQoE]:
+    """:class:`ReplyQoE` of validated ``times`` (the measures' shapes, above): the
+    timeline's digestion schedule computed once for Andes Eq. 1 and the display."""
+    starts = digestion_starts(times, tds)
+    andes = _andes(times, starts, ttft, tds).ravel().tolist()
+    monotone = _monotone(times, ttft, tds).ravel().tolist()
+    seen = _freezes(_gaps(starts, tds))
+    idle = _idle(times, ttft, tds).ravel().tolist()
+    return [ReplyQoE(*figures) for figures in zip(andes, monotone, seen, idle, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -72,18 +72,25 @@ def check_expectation(expected_ttft: float, expected_tds: float) -> None:
         raise ValueError(f"expected_tds: must be a finite number > 0, got {expected_tds}")
 
 
-def digestion_starts(times: np.ndarray, tds: float, *, hold_until: float = 0.0) -> np.ndarray:
+def digestion_starts(
+    times: np.ndarray, tds: float | np.ndarray, *, hold_until: float | np.ndarray = 0.0
+) -> np.ndarray:
     """Digestion start time of every token, recursion (D) above.
 
     ``hold_until`` holds tokens back until that time (used by the monotone QoE, which
-    holds tokens that arrive before the expected TTFT until the expected TTFT).
+    holds tokens that arrive before the expected TTFT until the expected TTFT). ``times``
+    may also be one reply per row (all of one length), ``tds`` and ``hold_until`` then a
+    column, one per row: each row's starts are those of the reply alone.
     """
     held = np.maximum(times, hold_until)
-    offsets = np.arange(held.size, dtype=float) / tds
-    return offsets + np.maximum.accumulate(held - offsets)
+    offsets = np.arange(held.shape[-1], dtype=float) / tds
+    starts: np.ndarray = offsets + np.maximum.accumulate(held - offsets, axis=-1)
+    return starts
 
 
-def digested_area(starts: np.ndarray | float, until: float, tds: float) -> np.ndarray | float:
+def digested_area(
+    starts: np.ndarray | float, until: np.ndarray | float, tds: np.ndarray | float
+) -> np.ndarray | float:
     """∫_0^until of each token's digestion ramp, elementwise.
 
     Token k contributes a ramp from 0 at ``d_k`` to 1 at ``d_k + 1/TDS``; its integral

@@ -17,9 +17,9 @@ from gateway.context import Caller, request_record
 from gateway.errors import GatewayError
 from gateway.http.auth import READER_PATH, Access, Authenticator, access_rule
 from gateway.http.errors import COMPLETION_PATHS, Refused, answer, too_large
+from gateway.relay.disconnect import ClientGone
 from gateway.relay.reader import MAX_BODY_BYTES as READER_MAX_BODY_BYTES
 from gateway.request.body import check_shape
-from gateway.request.disconnect import ClientGone
 from gateway.request.raw_json import check_raw_json
 from gateway.store import StoreUnavailable, store_unavailable
 from gateway.telemetry.errors import anonymous_bodies_busy

@@ -3,7 +3,7 @@
 The interrupter cancels the waiting task; the waiter, catching the ``CancelledError``,
 asks :meth:`Interruptible.caught` whether that cancellation is the interrupt alone (the
 task is then uncancelled and carries on) or also comes from elsewhere (it propagates).
-:class:`~gateway.request.disconnect.DisconnectWatch` interrupts when the client leaves,
+:class:`~gateway.relay.disconnect.DisconnectWatch` interrupts when the client leaves,
 :class:`~gateway.relay.read_deadline.ReadDeadline` when a read's deadline passes; the await
 stays in the waiter's own frame, with no task or coroutine per await.
 """

@@ -1,15 +1,16 @@
-"""The streaming response: sse-starlette's, with the relay sending its body."""
+"""The streaming response: SSE headers, and the relay sending its body in a task of its
+own, cancelled when the client leaves by the watch that guarded the request's set-up."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
-import anyio
-from sse_starlette.sse import EventSourceResponse
-from starlette.background import BackgroundTask
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.context import server_send
+from gateway.relay.disconnect import ClientGone, DisconnectWatch
 
 
 class Body(Protocol):
@@ -24,50 +25,54 @@ class Body(Protocol):
         """Tear down, once; also for a body that never started."""
 
 
-class RelayResponse(EventSourceResponse):
-    """sse-starlette's response (its disconnect and shutdown listeners, its headers) with
-    the relay's own body loop: :meth:`StreamRelay.send_body
-    <gateway.relay.streaming.StreamRelay.send_body>` sends every write itself.
+# sse-starlette's: no cache may keep the stream, no proxy may buffer it
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
-    sse-starlette's loop steps an async generator and wraps each send in
-    ``anyio.move_on_after(send_timeout)``, even without a timeout; on a relay that sends
-    thousands of chunks a second, those layers were a measurable share of the gateway's
-    CPU per chunk (docs/benchmarks.md). The start goes through the middleware stack; the
-    body messages, which every middleware passes through unchanged, go straight to the
-    server's ``send`` (:func:`gateway.context.server_send`). This overrides
-    sse-starlette's private ``_stream_response`` and its shutdown listener (pinned in
-    pyproject.toml to the version it was tested with;
-    tests/gateway/test_dependency_interfaces.py).
+
+class RelayResponse(Response):
+    """``text/event-stream`` whose body :meth:`StreamRelay.send_body
+    <gateway.relay.streaming.StreamRelay.send_body>` sends, write by write.
+
+    The body runs in a task of its own, whose only frames are the relay's (every chunk
+    resumes each coroutine frame between the task and the backend's read: the request's
+    task holds every middleware's), awaited under the request's
+    :class:`~gateway.relay.disconnect.DisconnectWatch`, handed over from the set-up it
+    guarded: its one watcher task, which waits for ``http.disconnect``, cancels the body
+    when the client leaves (the relay's teardown then closes the upstream and returns
+    the slot). sse-starlette's response ran the body in an anyio task group of three
+    tasks per stream: its body loop, a disconnect listener (a second watcher after the
+    set-up's) and a shutdown listener the gateway's drain replaces; the relay sends its
+    own pings and ends its own streams at shutdown (:mod:`gateway.relay.drain`). The
+    start goes through the middleware stack; the body messages, which every middleware
+    passes through unchanged, go straight to the server's ``send``
+    (:func:`gateway.context.server_send`).
     """
 
-    def __init__(self, relay: Body, headers: dict[str, str]) -> None:
-        super().__init__(
-            iter(()),  # never iterated: the relay sends the body
-            headers=headers,
-            ping=0,  # the relay sends its own pings, only while it waits
-            sep="\n",
-            background=BackgroundTask(relay.finish),  # for a body that never started
-        )
-        # hop-by-hop, the server's to say (sse-starlette's "keep-alive" next to the
-        # server's "close" contradicted it, for HTTP/1.0 and when draining)
-        del self.headers["connection"]
+    media_type = "text/event-stream"
+
+    def __init__(self, relay: Body, headers: dict[str, str], watch: DisconnectWatch) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers({**headers, **SSE_HEADERS})
         self._relay = relay
-        self._body_send: Send | None = None
+        self._watch = watch
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._body_send = server_send(scope)
-        await super().__call__(scope, receive, send)
-
-    async def _listen_for_exit_signal_with_grace(self) -> None:
-        """Never: sse-starlette's shutdown listener cut every stream as soon as the server
-        was told to stop; the gateway's drain ends them (:mod:`gateway.relay.drain`)."""
-        await anyio.sleep_forever()
-
-    async def _stream_response(self, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        await self._relay.send_body(self._body_send or send)  # ends with relay.finish()
-        async with self._send_lock:
-            self.active = False
+        try:
+            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            await send(start)
+            try:
+                # ends with relay.finish(); ClientGone: cancelled, the client left
+                await self._watch.run(_in_task(self._relay, server_send(scope) or send))
+            except ClientGone:
+                return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self._watch.close()
+            await self._relay.finish()  # a body that never started is torn down too
+
+
+async def _in_task(relay: Body, send: Send) -> None:
+    """``relay``'s body in a task of its own; cancelled, the body is cancelled and its
+    teardown awaited (awaiting a task does both)."""
+    await asyncio.ensure_future(relay.send_body(send))

@@ -10,14 +10,13 @@ sends more output tokens than the request allows, max_tokens × n: ``upstream_to
 before the batch that passes it). Every chunk
 carrying tokens is timed as it is handed to the client; :meth:`StreamRelay.finish`
 returns the stream's
-:class:`~gateway.context.StreamOutcome` (TTFT and, for a completed stream, the
-gateway-side QoE: :func:`qos.metrics.andes_qoe`, Andes Eq. 1, and
-:func:`qos.metrics.monotone_qoe`; and what a reader paced at the tier's TDS saw:
-:func:`qos.metrics.freezes` and :func:`qos.metrics.user_idle_latency`, Wang et al.
-Eq. 9; all four at once, :func:`qos.metrics.reply_qoe`). docs/architecture/gateway.md,
-"The streaming relay". A traced request's body is the span
-``tokenpace.stream``, which ends with the outcome, the QoE and the longest freeze on the
-request's span too.
+:class:`~gateway.context.StreamOutcome`: TTFT and, for a completed stream, its
+:class:`~gateway.context.Emissions`, from which the telemetry measures its QoE with
+other streams' in a batch (:mod:`gateway.telemetry.replies`), off the request's path.
+docs/architecture/gateway.md, "The streaming relay". A traced request's body is the span
+``tokenpace.stream``, which ends with the outcome, the QoE
+(:func:`qos.metrics.reply_qoe`, measured then: tracing pays for it) and the longest
+freeze on the request's span too.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from starlette.types import Send
 
 from gateway.backends import BackendError, Batch
 from gateway.config.schema import TimeoutsConfig
-from gateway.context import Outcome, StreamOutcome
+from gateway.context import Emissions, Outcome, StreamOutcome
 from gateway.errors import SERVER_ERROR, TIMEOUT, GatewayError, sse_error_event
 from gateway.relay.dispatch import Attempt, Failover
 from gateway.relay.drain import Drain, shutting_down
@@ -43,7 +42,7 @@ from gateway.relay.read_deadline import ReadDeadline
 from gateway.relay.reader import ReaderChannel
 from gateway.telemetry.metrics import GatewayMetrics, observe_many
 from gateway.telemetry.tracing import end_span, outcome_attributes
-from qos.metrics import freezes, reply_qoe
+from qos.metrics import ReplyQoE, freezes, reply_qoe
 from qos.signals import Presence, ReaderSignal
 
 if TYPE_CHECKING:
@@ -330,14 +329,24 @@ class StreamRelay:
         return np.repeat(times, np.frombuffer(self.counts, dtype=np.int64))
 
     def _traced(self, result: StreamOutcome) -> None:
-        """The stream's span ended, and the request's span told how it went."""
+        """The stream's span ended, and the request's span told how it went: a completed
+        stream's QoE, else the longest freeze of what was sent."""
         assert self.failover.trace is not None
-        longest = result.longest_freeze_s  # a completed stream's, else what was sent
-        if longest is None and self.n_tokens:
-            longest = freezes(self._timeline(), self.ctx.tier.tds).longest_s
+        qoe: ReplyQoE | None = None
+        longest: float | None = None
+        if self.n_tokens:
+            tier = self.ctx.tier
+            try:
+                if result.emissions is not None:
+                    qoe = reply_qoe(self._timeline(), tier.ttft, tier.tds)
+                    longest = qoe.freezes.longest_s
+                else:
+                    longest = freezes(self._timeline(), tier.tds).longest_s
+            except ValueError as exc:  # cannot happen with monotonic times
+                log.warning("QoE not computed: %s", exc)
         prompt = (self.usage or {}).get("prompt_tokens")
         prompt_tokens = prompt if isinstance(prompt, int) else None
-        attributes = outcome_attributes(result, prompt_tokens, longest)
+        attributes = outcome_attributes(result, prompt_tokens, qoe, longest)
         self.failover.trace.set(attributes)
         if self._span is not None:
             self._span.set_attributes(attributes)
@@ -350,20 +359,6 @@ class StreamRelay:
         result = StreamOutcome(self.outcome, self.backend, tokens, error=self.error)
         if self.n_tokens:
             result.ttft_s = self.times[0]
-        if self.outcome != "completed" or not self.n_tokens:
-            return result
-        ctx, m = self.ctx, self.metrics
-        timeline = self._timeline()  # per token, once here, not in each formula
-        ttft, tds = ctx.tier.ttft, ctx.tier.tds
-        try:
-            qoe = reply_qoe(timeline, ttft, tds)
-        except ValueError as exc:  # cannot happen with monotonic times; never fail a stream
-            log.warning("QoE not computed: %s", exc)
-            return result
-        m.qoe.labels(ctx.tenant, ctx.tier.name, "andes").observe(qoe.andes)
-        m.qoe.labels(ctx.tenant, ctx.tier.name, "monotone").observe(qoe.monotone)
-        result.qoe_andes = qoe.andes
-        result.qoe_monotone = qoe.monotone
-        result.longest_freeze_s, result.freezes = qoe.freezes.longest_s, qoe.freezes.count
-        result.idle_s = qoe.idle_s
+            if self.outcome == "completed":
+                result.emissions = Emissions(self.times, self.counts)
         return result

@@ -26,6 +26,7 @@ from gateway.backends.routing import Router
 from gateway.config.schema import GatewayConfig, TenantConfig
 from gateway.context import Endpoint, RequestContext, RequestRecord, StreamOutcome
 from gateway.errors import INVALID_REQUEST, GatewayError
+from gateway.relay.disconnect import ClientGone, DisconnectWatch, ShuttingDown
 from gateway.relay.dispatch import Attempt, Dispatcher, Failover
 from gateway.relay.drain import Drain, shutting_down
 from gateway.relay.queued import QueuedRelay
@@ -33,7 +34,6 @@ from gateway.relay.reader import ReaderChannel
 from gateway.relay.response import RelayResponse
 from gateway.relay.streaming import StreamRelay
 from gateway.request.body import check_forwardable, check_limits
-from gateway.request.disconnect import ClientGone, DisconnectWatch, ShuttingDown
 from gateway.request.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.request.tiers import resolve_tier
 from gateway.telemetry.metrics import GatewayMetrics, series
@@ -138,13 +138,16 @@ class CompletionService:
                 trace = self.tracing.request(request_attributes(ctx, max_tokens, body.n or 1))
             watch = DisconnectWatch(request.receive)
             self.drain.add(watch)
+            response: Response | None = None
             try:
-                return await self._admitted(watch, raw, ctx, tenant, record, headers, trace)
+                response = await self._admitted(watch, raw, ctx, tenant, record, headers, trace)
+                return response
             except ShuttingDown:
                 raise shutting_down() from None
             finally:
-                self.drain.discard(watch)
-                await watch.close()  # before the response listens for the disconnect
+                self.drain.discard(watch)  # a stream's body the relay ends at the drain
+                if not isinstance(response, RelayResponse):  # else the response's to close
+                    await watch.close()
         except GatewayError as exc:
             exc.headers = {**headers, **exc.headers}
             raise
@@ -175,7 +178,7 @@ class CompletionService:
         headers.update(entered.rate.headers())
         headers.update(token)
         if isinstance(entered, Waiting):
-            return await self._queued_stream(entered, raw, ctx, record, headers, trace)
+            return await self._queued_stream(watch, entered, raw, ctx, record, headers, trace)
         # from here every path closes the ticket (no await until _stream/_complete); the
         # failover moves it on in the router's order
         failover = self.dispatcher.failover(raw, ctx, entered, trace)
@@ -228,7 +231,7 @@ class CompletionService:
         record.backend = attempt.state.name
         relay = self._relay(failover, attempt, record)
         try:
-            return RelayResponse(relay, headers)
+            return RelayResponse(relay, headers, watch)
         except BaseException:
             await relay.finish()
             raise
@@ -257,6 +260,7 @@ class CompletionService:
 
     async def _queued_stream(
         self,
+        watch: DisconnectWatch,
         waiting: Waiting,
         raw: dict[str, Any],
         ctx: RequestContext,
@@ -286,7 +290,7 @@ class CompletionService:
 
         body = QueuedRelay(waiting, start, failed, left, self.drain, self.readers)
         try:
-            response = RelayResponse(body, headers)
+            response = RelayResponse(body, headers, watch)
         except BaseException:
             await waiting.abandon()
             raise
@@ -318,7 +322,7 @@ class CompletionService:
             prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
             outcome = StreamOutcome("completed", done.backend, tokens)
             prompt_tokens = prompt if isinstance(prompt, int) else None
-            failover.trace.set(outcome_attributes(outcome, prompt_tokens, None))
+            failover.trace.set(outcome_attributes(outcome, prompt_tokens, None, None))
         return JSONResponse(done.result, headers=headers)
 
 

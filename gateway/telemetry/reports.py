@@ -17,8 +17,10 @@ under (the ``expected`` the client sends is checked for form only). A timeline w
 numbers give no finite QoE is a 400 naming it, before anything is written.
 
 Every completed stream the gateway relays adds a ``gateway`` record with the same
-measures of its emission times (computed in :mod:`gateway.relay.streaming`); these are
-batched, one store call per replica every :data:`FLUSH_INTERVAL_S`. ``GET
+measures of its emission times, measured in batches (:mod:`gateway.telemetry.replies`)
+when the records are flushed, one store call per replica every :data:`FLUSH_INTERVAL_S`,
+and when ``/metrics`` is read (the ``tokenpace_qoe`` and reader histograms are observed
+then). ``GET
 /v1/tokenpace/qoe`` puts both sides next to each other per tenant and tier over a
 window; ``/metrics`` exports the same summary (``tokenpace_qoe_window``). Both read the
 store's aggregates (:mod:`gateway.store.aggregates`), never the records, and a summary
@@ -58,6 +60,7 @@ from gateway.telemetry.errors import (
     unknown_request,
 )
 from gateway.telemetry.metrics import GatewayMetrics, QoESummary, series
+from gateway.telemetry.replies import Replies
 from qos.metrics import freezes, reply_qoe, watched_times
 
 log = logging.getLogger("tokenpace.gateway.telemetry")
@@ -195,7 +198,9 @@ class Telemetry:
         self.store = store
         self.metrics = metrics
         self._pending: list[QoERecord] = []
+        self._replies = Replies(_PENDING_MAX)  # completed streams, their QoE not measured yet
         self._task: asyncio.Task[None] | None = None
+        self._qoe = series(metrics.qoe)
         self._freeze = series(metrics.longest_freeze)
         self._idle = series(metrics.user_idle)
         # (tenant or None, window) -> (when read, the read): at most one per SUMMARY_TTL_S
@@ -215,24 +220,32 @@ class Telemetry:
 
     # -- gateway side ------------------------------------------------------------------
     def record_stream(self, ctx: RequestContext, result: StreamOutcome) -> None:
-        """Queue the gateway-side QoE of a finished stream (a completed one has it)."""
-        if result.qoe_andes is None or result.qoe_monotone is None:
-            return
-        record = QoERecord(
-            ctx.request_id,
-            ctx.tenant,
-            ctx.tier.name,
-            "gateway",
-            result.qoe_andes,
-            result.qoe_monotone,
-            result.outcome,
-            longest_freeze_s=result.longest_freeze_s,
-            freezes=result.freezes,
-            idle_s=result.idle_s,
-        )
-        self._observe(record)
-        if len(self._pending) < _PENDING_MAX:
-            self._pending.append(record)
+        """Queue a finished stream for its gateway-side QoE (a completed one has it)."""
+        if result.emissions is not None:
+            self._replies.add(ctx, result.outcome, result.emissions)
+
+    def _measure_streams(self) -> None:
+        """The QoE of the streams queued: observed (``tokenpace_qoe`` and the reader's
+        histograms) and queued as records."""
+        qoe_of = self._qoe
+        for reply, qoe in self._replies.measure():
+            record = QoERecord(
+                reply.request_id,
+                reply.tenant,
+                reply.tier,
+                "gateway",
+                qoe.andes,
+                qoe.monotone,
+                reply.outcome,
+                longest_freeze_s=qoe.freezes.longest_s,
+                freezes=qoe.freezes.count,
+                idle_s=qoe.idle_s,
+            )
+            qoe_of(reply.tenant, reply.tier, "andes").observe(qoe.andes)
+            qoe_of(reply.tenant, reply.tier, "monotone").observe(qoe.monotone)
+            self._observe(record)
+            if len(self._pending) < _PENDING_MAX:
+                self._pending.append(record)
 
     def _observe(self, rec: QoERecord) -> None:
         """The reader's histograms (``tokenpace_longest_freeze_seconds``, ``_user_idle_``)."""
@@ -241,7 +254,9 @@ class Telemetry:
             self._idle(rec.tenant, rec.tier, rec.side).observe(rec.idle_s)
 
     async def flush(self) -> None:
-        """Write the queued records now (the flush loop does every ``FLUSH_INTERVAL_S``)."""
+        """Measure the queued streams and write the queued records now (the flush loop
+        does every ``FLUSH_INTERVAL_S``)."""
+        self._measure_streams()
         if not self._pending:
             return
         batch, self._pending = self._pending, []
@@ -370,7 +385,9 @@ class Telemetry:
         return {"object": "tokenpace.qoe_summary", "window_s": window_s, "tenants": tenants}
 
     async def refresh_metrics(self) -> None:
-        """Recompute the ``/metrics`` summary (kept as it was if the store fails)."""
+        """Observe the queued streams' QoE and recompute the ``/metrics`` summary (kept
+        as it was if the store fails)."""
+        self._measure_streams()
         with contextlib.suppress(StoreUnavailable, StoreCommandError):
             groups = await self._aggregates(None, self.cfg.window_s)
             self.metrics.qoe_window.summary = summarize(groups)

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
+    from qos.metrics import ReplyQoE
+
 SERVICE_NAME = "tokenpace-gateway"
 UNTRACED_URLS = "/healthz,/readyz,/metrics"  # probes and scrapes: no trace each
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -222,9 +224,13 @@ def request_attributes(ctx: RequestContext, max_tokens: int | None, choices: int
 
 
 def outcome_attributes(
-    result: StreamOutcome, input_tokens: int | None, longest_freeze_s: float | None
+    result: StreamOutcome,
+    input_tokens: int | None,
+    qoe: ReplyQoE | None,
+    longest_freeze_s: float | None,
 ) -> Attributes:
-    """How a stream ended: tokens, TTFT, the gateway-side QoE and the longest freeze."""
+    """How a stream ended: tokens, TTFT, the gateway-side QoE (a completed stream's) and
+    the longest freeze."""
     attributes: dict[str, str | bool | int | float] = {
         "gen_ai.usage.output_tokens": result.tokens,
         "tokenpace.backend": result.backend,
@@ -233,8 +239,8 @@ def outcome_attributes(
     optional = {
         "gen_ai.usage.input_tokens": input_tokens,
         "tokenpace.ttft_s": result.ttft_s,
-        "tokenpace.qoe.andes": result.qoe_andes,
-        "tokenpace.qoe.monotone": result.qoe_monotone,
+        "tokenpace.qoe.andes": None if qoe is None else qoe.andes,
+        "tokenpace.qoe.monotone": None if qoe is None else qoe.monotone,
         "tokenpace.freeze.longest_s": longest_freeze_s,
     }
     attributes.update({k: v for k, v in optional.items() if v is not None})

@@ -9,10 +9,8 @@ import inspect
 import openai
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from sse_starlette.sse import EventSourceResponse
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.relay.response import RelayResponse
 from gateway.runtime.server import GuardedHttpToolsProtocol
 from gateway.telemetry.metrics import observe_many
 
@@ -20,18 +18,6 @@ from gateway.telemetry.metrics import observe_many
 def _overridden(cls: type, base: type) -> list[str]:
     """Methods ``cls`` defines itself that ``base`` also defines."""
     return [name for name in vars(cls) if callable(vars(cls)[name]) and hasattr(base, name)]
-
-
-def test_relay_response_overrides_sse_starlettes_body_loop() -> None:
-    assert "_stream_response" in _overridden(RelayResponse, EventSourceResponse)
-    params = inspect.signature(EventSourceResponse._stream_response).parameters
-    assert list(params) == ["self", "send"]
-    # what the override sets and takes, as sse-starlette's own loop does
-    response = EventSourceResponse(())
-    assert response.active is True and hasattr(response, "_send_lock")
-    # its shutdown listener, which cut every stream at SIGTERM, is replaced by the drain
-    assert "_listen_for_exit_signal_with_grace" in _overridden(RelayResponse, EventSourceResponse)
-    assert "_listen_for_exit_signal_with_grace" in inspect.getsource(EventSourceResponse.__call__)
 
 
 def test_guarded_protocol_overrides_uvicorns_methods() -> None:

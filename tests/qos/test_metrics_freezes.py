@@ -13,6 +13,7 @@ from qos.metrics import (
     freezes,
     monotone_qoe,
     reader_summary,
+    replies_qoe,
     reply_qoe,
     user_idle_latency,
     watched_times,
@@ -120,3 +121,39 @@ def test_watched_times_take_out_the_time_away():
         watched_times(times, [(1.0, 3.0), (2.0, 4.0)])
     with pytest.raises(ValueError, match="end >= start"):
         watched_times(times, [(3.0, 1.0)])
+
+
+def _random_reply(rng: np.random.Generator, n: int) -> tuple[np.ndarray, float, float]:
+    """Per-token times with bursts, stalls and ties; a TTFT and TDS around them."""
+    steps = rng.choice([0.0, 0.01, 0.05, 0.3, 2.0], size=n, p=[0.3, 0.3, 0.2, 0.15, 0.05])
+    times = rng.uniform(0.0, 3.0) + np.cumsum(steps)
+    return times, float(rng.choice([0.0, 0.5, 2.0])), float(rng.choice([3.0, 5.0, 20.0]))
+
+
+def test_replies_qoe_is_reply_qoe_of_each_reply_to_the_last_bit():
+    rng = np.random.default_rng(7)
+    # lengths past numpy's summation blocks (8, 128), and many replies of one length
+    sizes = [1, 1, 1, 2, 7, 8, 9, 9, 9, 50, 127, 128, 129, 300, 1, 2, 300, 1000]
+    replies = [_random_reply(rng, n) for n in sizes]
+    got = replies_qoe(
+        np.concatenate([times for times, _, _ in replies]),
+        sizes,
+        [ttft for _, ttft, _ in replies],
+        [tds for _, _, tds in replies],
+    )
+    alone = [reply_qoe(times, ttft, tds) for times, ttft, tds in replies]
+    assert got == alone  # exact: the same floats, not approximately
+    assert any(q.freezes.count for q in got) and any(not q.freezes.count for q in got)
+    assert replies_qoe([], [], [], []) == []
+
+
+def test_replies_qoe_names_the_reply_it_refuses():
+    good, late = [0.1, 0.2], [0.5, 0.4]
+    with pytest.raises(ValueError, match=r"replies\[1\].*not non-decreasing"):
+        replies_qoe([*good, *late], [2, 2], [1.0, 1.0], [5.0, 5.0])
+    with pytest.raises(ValueError, match=r"replies\[0\].*expected_tds"):
+        replies_qoe(good, [2], [1.0], [0.0])
+    with pytest.raises(ValueError, match="summing to the 2 times"):
+        replies_qoe(good, [3], [1.0], [5.0])
+    with pytest.raises(ValueError, match="one of each per reply"):
+        replies_qoe(good, [2], [1.0, 1.0], [5.0])

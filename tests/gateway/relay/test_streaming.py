@@ -188,7 +188,7 @@ async def test_client_disconnect_closes_upstream_within_1s():
         gateway(make_config([backend_entry(fake, "a")])) as gw,
     ):
         async with gw.client() as client:
-            # warm up: the server's and sse-starlette's own long-lived tasks start now
+            # warm up: the server's own long-lived tasks start now
             await stream_chat(gw, {**CHAT, "max_tokens": 2})
             await asyncio.sleep(0.05)
             gc.collect()

@@ -1,14 +1,16 @@
-"""Cancelling a request's set-up when its client disconnects, or the gateway's drain runs
-out.
+"""Cancelling a request's work when its client disconnects, or, before the response, when
+the gateway's drain runs out.
 
 Starlette does not cancel a handler whose client went away. :class:`DisconnectWatch`
 does, for the awaits before the response (admission, opening the backend request, a
-whole non-streaming response): one watcher task per request waits for
-``http.disconnect`` and cancels the await under way (raising :class:`ClientGone`), so the
-backend request is closed and a generation aborted as soon as nobody waits for it. The
-gateway's drain (:mod:`gateway.relay.drain`) cancels it the same way at its deadline
-(:meth:`DisconnectWatch.shut_down`, raising :class:`ShuttingDown`). The guarded work runs
-in the request's own task, as ``asyncio.timeout`` runs it: no task per await.
+whole non-streaming response) and then for a stream's body
+(:class:`~gateway.relay.response.RelayResponse`, to which the watch is handed over): one
+watcher task per request waits for ``http.disconnect`` and cancels the await under way
+(raising :class:`ClientGone`), so the backend request is closed and a generation aborted
+as soon as nobody waits for it. The gateway's drain (:mod:`gateway.relay.drain`) cancels
+the set-up the same way at its deadline (:meth:`DisconnectWatch.shut_down`, raising
+:class:`ShuttingDown`); a stream's body it ends itself. The guarded work runs in the
+request's own task, as ``asyncio.timeout`` runs it: no task per await.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ class ShuttingDown(Exception):
 class DisconnectWatch:
     """``await watch.run(coro)``: ``coro``'s result, or ClientGone once the client left.
 
-    :meth:`close` must be awaited before anything else reads the request's messages (the
-    response's own disconnect listener).
+    :meth:`close` must be awaited before anything else reads the request's messages, and
+    once the request is answered.
     """
 
     def __init__(self, receive: Receive) -> None:
