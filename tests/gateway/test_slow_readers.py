@@ -17,6 +17,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.support.process import KEY, Process, gateway_process, upstream_process
 from tests.support.redis_server import RedisServer
@@ -56,10 +58,12 @@ def gw() -> Iterator[tuple[Process, redis.Redis]]:
         server.stop()
 
 
-def never_reading(gw: Process, key: str, max_tokens: int) -> socket.socket:
-    """A connection with a 1 KiB receive buffer that sends a stream request and reads nothing."""
+def never_reading(
+    gw: Process, key: str, max_tokens: int, receive_buffer: int = 1024
+) -> socket.socket:
+    """A connection with a small receive buffer that sends a stream request and reads nothing."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     sock.connect(("127.0.0.1", gw.port))
     body = json.dumps(
         {
@@ -75,6 +79,15 @@ def never_reading(gw: Process, key: str, max_tokens: int) -> socket.socket:
     )
     sock.sendall(head + body)
     return sock
+
+
+def read_some(sock: socket.socket, size: int) -> None:
+    """Read ``size`` bytes of the answer, or all of it if shorter."""
+    while size > 0:
+        got = sock.recv(min(size, 65536))
+        if not got:
+            return
+        size -= len(got)
 
 
 @pytest.mark.parametrize("read_first", [0, 8 * 1024, 256 * 1024])
@@ -93,9 +106,7 @@ def test_streams_nobody_reads_give_their_slots_back(
             time.sleep(0.05)
         assert slots.zcard("{slow}:s:up") == CAPPED  # all four streaming
         for sock in hogs:  # some of the stream, then nothing more
-            left = read_first
-            while left > 0:
-                left -= len(sock.recv(min(left, 65536)))
+            read_some(sock, read_first)
         held_from = time.monotonic()
         while slots.zcard("{slow}:s:up") and time.monotonic() < held_from + 20:
             time.sleep(0.1)
@@ -171,3 +182,40 @@ def test_a_tenant_that_never_reads_leaves_a_slot_for_the_others(
     while slots.zcard("{slow}:s:up") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert slots.zcard("{slow}:s:up") == 0
+
+
+@settings(
+    max_examples=4,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    read_first=st.integers(0, 512 * 1024),
+    receive_buffer=st.sampled_from([1024, 8 * 1024, 64 * 1024]),
+    max_tokens=st.integers(40_000, 65_536),  # 20-33 s at 2,000 a second; the plan's cap
+)
+def test_a_client_that_stops_reading_anywhere_gives_its_slot_back(
+    gw: tuple[Process, redis.Redis], read_first: int, receive_buffer: int, max_tokens: int
+) -> None:
+    """Fuzzed: a long stream whose client, with any receive buffer, stops reading at
+    any point is cut once the buffers between (the client's, the kernel's send buffer,
+    up to megabytes) are full and its writes stay blocked for the write timeout: its
+    slot is back well before the reply would have ended (20 s or more here)."""
+    gateway, slots = gw
+    cut_before = gateway.output().count("client read nothing")
+    sock = never_reading(gateway, HOG, max_tokens, receive_buffer)
+    try:
+        sock.settimeout(10.0)
+        status = sock.recv(12, socket.MSG_PEEK | socket.MSG_WAITALL)
+        assert status == b"HTTP/1.1 200"  # admitted, streaming
+        read_some(sock, read_first)
+        held_from = time.monotonic()
+        while slots.zcard("{slow}:s:up") and time.monotonic() < held_from + 20:
+            time.sleep(0.05)
+        freed_after = time.monotonic() - held_from
+        assert slots.zcard("{slow}:s:up") == 0, "a stream nobody reads still holds its slot"
+        assert freed_after < 15.0, f"slot given back after {freed_after:.1f} s"
+        assert gateway.output().count("client read nothing") > cut_before  # cut, not ended
+    finally:
+        sock.close()
