@@ -495,76 +495,109 @@ def _added(run: Data, direct: Data, key: str, q: str) -> float:
     return float(run[key][q] - direct[key][q])
 
 
+def _group_xs(count: int, j: int, groups: int) -> tuple[list[float], float]:
+    """Where the ``j``-th of ``groups`` bars side by side stands at x = 0..``count``-1,
+    and the bars' width."""
+    width = 0.8 / groups
+    return [i + (j - (groups - 1) / 2) * width for i in range(count)], width
+
+
+def _points(ax: Any, xs: list[float], repeats: list[list[float]]) -> None:
+    """Each bar's repeats, as black points on it."""
+    for x, reps in zip(xs, repeats, strict=True):
+        ax.plot([x] * len(reps), reps, "o", color="black", markersize=2.5)
+
+
+def _saturation_bars(
+    ax: Any, data: Data, ns: list[str], t: str, xs: list[float], width: float, color: str | None
+) -> None:
+    """Target ``t``'s sustained chunks/s at each stream count: the median and the repeats."""
+    runs = data["runs"]
+    chunks = [runs[n][t]["saturation"]["chunks_per_s"] for n in ns]
+    ax.bar(xs, chunks, width=width, color=color, alpha=0.7, label=t)
+    _points(ax, xs, [runs[n][t]["saturation_chunks_per_s"] for n in ns])
+
+
+def _added_ttft_bars(
+    ax: Any,
+    data: Data,
+    ns: list[str],
+    t: str,
+    xs: list[float],
+    width: float,
+    color: str | None,
+    styles: tuple[tuple[str, float, str | None], ...],
+) -> None:
+    """Target ``t``'s TTFT over direct's at each stream count, a half-width bar per
+    (percentile, alpha, hatch) of ``styles``, p50 left of ``xs``, p99 right."""
+    runs = data["runs"]
+    for q, alpha, hatch in styles:
+        added = [_added(runs[n][t]["fixed"], runs[n]["direct"]["fixed"], "ttft_ms", q) for n in ns]
+        offset = -width / 4 if q == "p50" else width / 4
+        ax.bar(
+            [x + offset for x in xs],
+            added,
+            width=width / 2,
+            color=color,
+            alpha=alpha,
+            hatch=hatch,
+            label=f"{t} {q}",
+        )
+
+
+def _stream_axes(panels: tuple[tuple[Any, str, str], ...], ns: list[str]) -> None:
+    """The stream-count panels' ticks, labels, grid and a legend with room above the bars."""
+    for ax, ylabel, title in panels:
+        ax.set_xticks(range(len(ns)), [f"{n} streams" for n in ns], fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_title(title, fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
+        ax.legend(fontsize=6, ncol=2)
+
+
 def gateway_cost(data: Data, path: Path) -> str:
     """bench/gateway_load.py (direct, floor, gateway): per stream count, CPU per 1k
     tokens, added TTFT p50/p99 against direct, sustained chunks/s, and (where measured)
     CPU per one-token request; the stack floor beside the gateway, the repeats as points."""
     plt = pyplot()
-    ns = sorted(data["runs"], key=int)
+    runs = data["runs"]
+    ns = sorted(runs, key=int)
     per_request = {t: rs for t, rs in data.get("per_request_repeats", {}).items() if rs}
     fig, axes = plt.subplots(
         1, 4 if per_request else 3, figsize=(12.4 if per_request else 9.6, 3.4)
     )
     cpu, ttft, sat = axes[:3]
-    proxies = [t for t in ("floor", "gateway") if t in data["runs"][ns[0]]]
-    width = 0.8 / len(proxies)
+    proxies = [t for t in ("floor", "gateway") if t in runs[ns[0]]]
     for j, t in enumerate(proxies):
-        xs = [i + (j - (len(proxies) - 1) / 2) * width for i in range(len(ns))]
+        xs, width = _group_xs(len(ns), j, len(proxies))
         color = GATEWAY_COLORS[t]
-        per_token = [data["runs"][n][t]["fixed"]["cpu_s_per_1k_tokens"] for n in ns]
+        per_token = [runs[n][t]["fixed"]["cpu_s_per_1k_tokens"] for n in ns]
         cpu.bar(xs, per_token, width=width, color=color, alpha=0.7, label=t)
-        for x, n in zip(xs, ns, strict=True):
-            reps = [r["cpu_s_per_1k_tokens"] for r in data["runs"][n][t]["fixed_repeats"]]
-            cpu.plot([x] * len(reps), reps, "o", color="black", markersize=2.5)
-        for q, hatch in (("p50", None), ("p99", "//")):
-            added = [
-                _added(
-                    data["runs"][n][t]["fixed"], data["runs"][n]["direct"]["fixed"], "ttft_ms", q
-                )
-                for n in ns
-            ]
-            offset = -width / 4 if q == "p50" else width / 4
-            ttft.bar(
-                [x + offset for x in xs],
-                added,
-                width=width / 2,
-                color=color,
-                alpha=0.7 if q == "p50" else 0.4,
-                hatch=hatch,
-                label=f"{t} {q}",
-            )
-    targets = ["direct", *proxies]
-    width_s = 0.8 / len(targets)
-    for j, t in enumerate(targets):
-        xs = [i + (j - (len(targets) - 1) / 2) * width_s for i in range(len(ns))]
-        sat.bar(
-            xs,
-            [data["runs"][n][t]["saturation"]["chunks_per_s"] for n in ns],
-            width=width_s,
-            color=GATEWAY_COLORS[t],
-            alpha=0.7,
-            label=t,
+        _points(
+            cpu, xs, [[r["cpu_s_per_1k_tokens"] for r in runs[n][t]["fixed_repeats"]] for n in ns]
         )
-        for x, n in zip(xs, ns, strict=True):
-            reps = data["runs"][n][t]["saturation_chunks_per_s"]
-            sat.plot([x] * len(reps), reps, "o", color="black", markersize=2.5)
-    for ax, ylabel, title in (
-        (cpu, "server CPU ms per token", "CPU per token (fixed rate)"),
-        (ttft, "added TTFT over direct (ms)", "Added TTFT p50 / p99 (fixed rate)"),
-        (sat, "chunks/s", "Sustained chunks/s (saturation)"),
-    ):
-        ax.set_xticks(range(len(ns)), [f"{n} streams" for n in ns], fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
-        ax.set_title(title, fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend
-        ax.legend(fontsize=6, ncol=2)
+        _added_ttft_bars(
+            ttft, data, ns, t, xs, width, color, (("p50", 0.7, None), ("p99", 0.4, "//"))
+        )
+    targets = ["direct", *proxies]
+    for j, t in enumerate(targets):
+        xs, width = _group_xs(len(ns), j, len(targets))
+        _saturation_bars(sat, data, ns, t, xs, width, GATEWAY_COLORS[t])
+    _stream_axes(
+        (
+            (cpu, "server CPU ms per token", "CPU per token (fixed rate)"),
+            (ttft, "added TTFT over direct (ms)", "Added TTFT p50 / p99 (fixed rate)"),
+            (sat, "chunks/s", "Sustained chunks/s (saturation)"),
+        ),
+        ns,
+    )
     if per_request:
         ax = axes[3]
-        for x, (t, runs) in enumerate(per_request.items()):
-            values = [r["cpu_ms_per_request"] for r in runs]
+        for x, (t, repeats) in enumerate(per_request.items()):
+            values = [r["cpu_ms_per_request"] for r in repeats]
             ax.bar(x, statistics.median(values), width=0.6, color=GATEWAY_COLORS.get(t), alpha=0.7)
-            ax.plot([x] * len(values), values, "o", color="black", markersize=2.5)
+            _points(ax, [x], [values])
         ax.set_xticks(range(len(per_request)), list(per_request), fontsize=8)
         ax.set_ylabel("server CPU ms per request", fontsize=8)
         ax.set_title("CPU per one-token request", fontsize=8)
@@ -588,8 +621,9 @@ def gateway_workers(data: Data, path: Path) -> str:
     """bench/gateway_load.py --workers 1,2: per stream count, sustained chunks/s of
     direct and of each gateway (median and the repeats) and added TTFT p50/p99."""
     plt = pyplot()
-    ns = sorted(data["runs"], key=int)
-    targets = [t for t in data["runs"][ns[0]] if t == "direct" or t.startswith("gateway")]
+    runs = data["runs"]
+    ns = sorted(runs, key=int)
+    targets = [t for t in runs[ns[0]] if t == "direct" or t.startswith("gateway")]
     colors = dict(
         zip(
             targets,
@@ -598,61 +632,33 @@ def gateway_workers(data: Data, path: Path) -> str:
         )
     )
     fig, (sat, ttft) = plt.subplots(1, 2, figsize=(8.0, 3.4))
-    width = 0.8 / len(targets)
-    lines = []
     for j, t in enumerate(targets):
-        xs = [i + (j - (len(targets) - 1) / 2) * width for i in range(len(ns))]
-        sat.bar(
-            xs,
-            [data["runs"][n][t]["saturation"]["chunks_per_s"] for n in ns],
-            width=width,
-            color=colors[t],
-            alpha=0.7,
-            label=t,
-        )
+        xs, width = _group_xs(len(ns), j, len(targets))
+        _saturation_bars(sat, data, ns, t, xs, width, colors[t])
         for x, n in zip(xs, ns, strict=True):
-            reps = data["runs"][n][t]["saturation_chunks_per_s"]
-            sat.plot([x] * len(reps), reps, "o", color="black", markersize=2.5)
-            run = data["runs"][n][t]["saturation"]
+            run = runs[n][t]["saturation"]
             if "server_cpu_s" in run:  # the gateway's CPUs used while saturated
                 cpus = run["server_cpu_s"] / run["wall_s"]
-                sat.annotate(
-                    f"{cpus:.2f}\nCPUs", (x, max(reps)), ha="center", va="bottom", fontsize=6
-                )
-        if t == "direct":
-            continue
-        for q, alpha in (("p50", 0.7), ("p99", 0.4)):
-            added = [
-                _added(
-                    data["runs"][n][t]["fixed"], data["runs"][n]["direct"]["fixed"], "ttft_ms", q
-                )
-                for n in ns
-            ]
-            offset = -width / 4 if q == "p50" else width / 4
-            ttft.bar(
-                [x + offset for x in xs],
-                added,
-                width=width / 2,
-                color=colors[t],
-                alpha=alpha,
-                label=f"{t} {q}",
+                top = max(runs[n][t]["saturation_chunks_per_s"])
+                sat.annotate(f"{cpus:.2f}\nCPUs", (x, top), ha="center", va="bottom", fontsize=6)
+        if t != "direct":
+            _added_ttft_bars(
+                ttft, data, ns, t, xs, width, colors[t], (("p50", 0.7, None), ("p99", 0.4, None))
             )
-    for n in ns:
-        by = data["runs"][n]
-        gains = [
-            f"{t} {by[t]['saturation']['chunks_per_s']:,.0f}" for t in targets if t != "direct"
-        ]
-        lines.append(f"{n} streams, sustained chunks/s: " + ", ".join(gains))
-    for ax, ylabel, title in (
-        (sat, "chunks/s", "Sustained chunks/s (saturation; the gateway's CPUs used)"),
-        (ttft, "added TTFT over direct (ms)", "Added TTFT p50 / p99 (fixed rate)"),
-    ):
-        ax.set_xticks(range(len(ns)), [f"{n} streams" for n in ns], fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
-        ax.set_title(title, fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend
-        ax.legend(fontsize=6, ncol=2)
+    lines = [
+        f"{n} streams, sustained chunks/s: "
+        + ", ".join(
+            f"{t} {runs[n][t]['saturation']['chunks_per_s']:,.0f}" for t in targets if t != "direct"
+        )
+        for n in ns
+    ]
+    _stream_axes(
+        (
+            (sat, "chunks/s", "Sustained chunks/s (saturation; the gateway's CPUs used)"),
+            (ttft, "added TTFT over direct (ms)", "Added TTFT p50 / p99 (fixed rate)"),
+        ),
+        ns,
+    )
     fig.suptitle("What does a second gateway worker buy? (gateway-2w: two processes)", fontsize=9)
     fig.tight_layout()
     save_svg(fig, path)
