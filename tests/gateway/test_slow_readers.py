@@ -81,6 +81,14 @@ def never_reading(
     return sock
 
 
+def seconds_until_slots_free(slots: redis.Redis, within_s: float) -> float:
+    """How long until no stream holds a slot of the capped backend (``within_s`` at most)."""
+    start = time.monotonic()
+    while slots.zcard("{slow}:s:up") and time.monotonic() < start + within_s:
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
 def read_some(sock: socket.socket, size: int) -> None:
     """Read ``size`` bytes of the answer, or all of it if shorter."""
     while size > 0:
@@ -107,10 +115,7 @@ def test_streams_nobody_reads_give_their_slots_back(
         assert slots.zcard("{slow}:s:up") == CAPPED  # all four streaming
         for sock in hogs:  # some of the stream, then nothing more
             read_some(sock, read_first)
-        held_from = time.monotonic()
-        while slots.zcard("{slow}:s:up") and time.monotonic() < held_from + 20:
-            time.sleep(0.1)
-        freed_after = time.monotonic() - held_from
+        freed_after = seconds_until_slots_free(slots, within_s=20)
         assert slots.zcard("{slow}:s:up") == 0, "the streams nobody reads still hold slots"
         # the 20,000 tokens take 10 s at 2,000 a second: they were cut, not finished
         assert freed_after < 8.0, f"slots given back after {freed_after:.1f} s"
@@ -178,9 +183,7 @@ def test_a_tenant_that_never_reads_leaves_a_slot_for_the_others(
         for sock in greedy:
             sock.close()
     # its queued stream is admitted once one of its own ends, never past its cap
-    deadline = time.monotonic() + 15
-    while slots.zcard("{slow}:s:up") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    seconds_until_slots_free(slots, within_s=15)
     assert slots.zcard("{slow}:s:up") == 0
 
 
@@ -210,10 +213,7 @@ def test_a_client_that_stops_reading_anywhere_gives_its_slot_back(
         status = sock.recv(12, socket.MSG_PEEK | socket.MSG_WAITALL)
         assert status == b"HTTP/1.1 200"  # admitted, streaming
         read_some(sock, read_first)
-        held_from = time.monotonic()
-        while slots.zcard("{slow}:s:up") and time.monotonic() < held_from + 20:
-            time.sleep(0.05)
-        freed_after = time.monotonic() - held_from
+        freed_after = seconds_until_slots_free(slots, within_s=20)
         assert slots.zcard("{slow}:s:up") == 0, "a stream nobody reads still holds its slot"
         assert freed_after < 15.0, f"slot given back after {freed_after:.1f} s"
         assert gateway.output().count("client read nothing") > cut_before  # cut, not ended
