@@ -112,6 +112,16 @@ def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
+def invalid_json() -> GatewayError:
+    """A body that is not JSON: OpenAI's answer, word for word."""
+    return bad_request(
+        "We could not parse the JSON body of your request. (HINT: This likely means you "
+        "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, "
+        "but what was sent was not valid JSON.)",
+        code="invalid_json",
+    )
+
+
 def validation_error(errors: Sequence[Mapping[str, Any]]) -> GatewayError:
     """Turn pydantic/FastAPI validation errors into one OpenAI 400 (like OpenAI: the first)."""
     if not errors:
@@ -123,12 +133,7 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> GatewayError:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if kind == "json_invalid":
-        return bad_request(
-            "We could not parse the JSON body of your request. (HINT: This likely means you "
-            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, "
-            "but what was sent was not valid JSON.)",
-            code="invalid_json",
-        )
+        return invalid_json()
     if param is None:
         if kind == "missing":
             return bad_request("The request body is empty; a JSON object is required.")

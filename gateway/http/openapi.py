@@ -1,18 +1,20 @@
 """The OpenAPI document: the responses each route documents, and FastAPI's document
 corrected to what the gateway does (400, not 422; the tier header's values; the
-telemetry report's schema, which is read raw)."""
+completion bodies and the telemetry report's schema, which are read raw)."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import FastAPI, Header
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
 from gateway.http.auth import TELEMETRY_PATH
-from gateway.request.schemas import ErrorResponse
+from gateway.request.schemas import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from gateway.request.tiers import TIER_HEADER
 from gateway.telemetry.reports import MAX_TIMELINE_S, TelemetryReport
 from gateway.telemetry.tokens import TOKEN_HEADER
@@ -75,13 +77,31 @@ _SSE_EVENT = {
     "required": ["data"],
 }
 
-TierHeader = Annotated[
-    str | None,
-    Header(
-        alias=TIER_HEADER,
-        description="QoE tier for this request (or use the body's `tokenpace.tier`)",
-    ),
-]
+# The completion bodies are read and validated by the handlers (gateway.request.body),
+# so their schemas, like the telemetry report's, are given to the document by hand.
+_COMPLETION_REFS, _COMPLETION_DEFS = models_json_schema(
+    [(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+    ref_template="#/components/schemas/{model}",
+)
+
+
+def completion_request(model: type[BaseModel]) -> dict[str, Any]:
+    """A completion route's ``openapi_extra``: its body, ``model``, and the tier header."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _COMPLETION_REFS[(model, "validation")]}},
+        },
+        "parameters": [
+            {
+                "name": TIER_HEADER,
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "QoE tier for this request (or use the body's `tokenpace.tier`)",
+            }
+        ],
+    }
 
 
 # The telemetry body is read raw (size limit and authentication before parsing), so its
@@ -151,6 +171,7 @@ def openapi_document(app: FastAPI, tiers: Iterable[str], max_points: int) -> dic
     telemetry["application/json"]["schema"] = _telemetry_schema(max_points)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.update(_TELEMETRY_DEFS)
+    components.update(_COMPLETION_DEFS["$defs"])
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     app.openapi_schema = schema

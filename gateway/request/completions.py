@@ -1,10 +1,11 @@
 """The completion request path: checks, tier, admission, dispatch, the response.
 
-After authentication and validation (:mod:`gateway.http`, FastAPI with the models of
-:mod:`gateway.request.schemas`): the body within the configured caps and encodable for
-the backend (400), the tier (:mod:`gateway.request.tiers`, 400/403), the model (404),
-admission (:mod:`gateway.admission`: 429, 503 ``overloaded``, or a wait in the queue
-for a backend slot, held until the response ends), then the backend: streaming through
+After authentication (:mod:`gateway.http`): the body parsed and validated against the
+models of :mod:`gateway.request.schemas` (:func:`~gateway.request.body.parse_body`),
+within the configured caps and encodable for the backend (400), the tier
+(:mod:`gateway.request.tiers`, 400/403), the model (404), admission
+(:mod:`gateway.admission`: 429, 503 ``overloaded``, or a wait in the queue for a backend
+slot, held until the response ends), then the backend: streaming through
 :class:`~gateway.relay.streaming.StreamRelay` in a
 :class:`~gateway.relay.response.RelayResponse`, non-streaming through
 :meth:`~gateway.relay.dispatch.Failover.complete`, both with failover before the
@@ -33,9 +34,9 @@ from gateway.relay.queued import QueuedRelay
 from gateway.relay.reader import ReaderChannel
 from gateway.relay.response import RelayResponse
 from gateway.relay.streaming import StreamRelay
-from gateway.request.body import check_forwardable, check_limits
+from gateway.request.body import check_forwardable, check_limits, parse_body
 from gateway.request.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.request.tiers import resolve_tier
+from gateway.request.tiers import TIER_HEADER, resolve_tier
 from gateway.telemetry.metrics import GatewayMetrics, series
 from gateway.telemetry.reports import Telemetry
 from gateway.telemetry.tokens import TelemetryTokens
@@ -48,6 +49,12 @@ from gateway.telemetry.tracing import (
     span_of,
 )
 from qos.prompt_tokens import estimate_prompt_tokens
+
+# What each endpoint's body is validated as.
+_MODELS: dict[Endpoint, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    "chat.completions": ChatCompletionRequest,
+    "completions": CompletionRequest,
+}
 
 
 def model_not_found(model: str) -> GatewayError:
@@ -92,24 +99,17 @@ class CompletionService:
         self._queued = series(metrics.queued_with_notice)
 
     async def serve(
-        self,
-        request: Request,
-        record: RequestRecord,
-        endpoint: Endpoint,
-        body: ChatCompletionRequest | CompletionRequest,
-        tenant: TenantConfig,
-        header_tier: str | None,
+        self, request: Request, record: RequestRecord, endpoint: Endpoint, tenant: TenantConfig
     ) -> Response:
-        # The JSON FastAPI parsed into ``body`` (Starlette keeps it on the request: not
-        # parsed again), as the client wrote it: the base of the upstream body. Every
-        # decision below reads the validated ``body``.
-        raw: dict[str, Any] = await request.json()
         headers: dict[str, str] = {}
         try:
+            # ``raw``, the JSON as the client wrote it, is the base of the upstream body;
+            # every decision below reads the validated ``body``
+            raw, body = parse_body(await request.body(), _MODELS[endpoint])
             check_forwardable(raw)
             check_limits(body, self.config.limits)
             options = body.tokenpace.model_dump(exclude_unset=True) if body.tokenpace else None
-            tier = resolve_tier(self.config, tenant, header_tier, options)
+            tier = resolve_tier(self.config, tenant, request.headers.get(TIER_HEADER), options)
             record.tier = tier.name
             headers = tier.headers()
             record.model = model = body.model

@@ -84,7 +84,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_headers = True
         self._body_pending = False  # headers read, the body's last byte not yet
         self._header_bytes = 0
+        # The header or body deadline (loop time), and which; one timer, moved lazily
+        # (:meth:`_arm`)
+        self._deadline: float | None = None
+        self._deadline_of = "headers"
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._write_timer: asyncio.TimerHandle | None = None  # while writes are paused
         self._linger: asyncio.TimerHandle | None = None
 
@@ -108,6 +113,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._linger is not None:
             self._linger.cancel()
         self._disarm()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._writable()
         if not self._refused:
             super().connection_lost(exc)
@@ -155,7 +163,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # -- parser callbacks -----------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._timer is None:
+        if self._deadline is None:
             self._arm(self.header_timeout_s, "headers")
 
     def on_headers_complete(self) -> None:
@@ -205,16 +213,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- the limits -----------------------------------------------------------------------
     def _arm(self, seconds: float, what: str) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, self._timed_out, what)
+        """``what`` is due within ``seconds``. One timer per connection fires no later
+        than the deadline and, when it fires early (the deadline moved on since it was
+        armed: a later request on the connection), re-arms itself once for the new one:
+        a request arms and cancels no timer of its own, as the relay's reads do not
+        (:mod:`gateway.relay.read_deadline`)."""
+        self._deadline = self.loop.time() + seconds
+        self._deadline_of = what
+        if self._timer is None or self._timer_at > self._deadline:
+            self._set_timer(self._deadline)
 
     def _disarm(self) -> None:
+        self._deadline = None  # the timer, if it fires, finds nothing due
+
+    def _set_timer(self, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
+        self._timer_at = at
+        self._timer = self.loop.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._deadline is None:  # nothing due: the next deadline arms the timer again
+            return
+        if self.loop.time() < self._deadline:  # the deadline moved since it was armed
+            self._set_timer(self._deadline)
+            return
+        self._deadline = None
+        self._timed_out(self._deadline_of)
 
     def _timed_out(self, what: str) -> None:
-        self._timer = None
         if self._closed or self.transport.is_closing():
             return
         seconds = self.header_timeout_s if what == "headers" else self.body_timeout_s

@@ -143,6 +143,23 @@ async def test_slow_headers_and_slow_bodies_are_timed_out(gw) -> None:
         assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
 
 
+async def test_a_later_request_on_a_connection_gets_its_own_header_timeout(gw) -> None:
+    # one timer per connection, moved lazily: the second request's headers are timed from
+    # its own first byte, not from the connection's (nor left untimed)
+    reader, writer = await connect(gw.url)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3.0)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    await asyncio.sleep(0.3)  # the first deadline set on the connection falls in the next
+    start = time.monotonic()
+    answer = asyncio.create_task(asyncio.wait_for(reader.read(-1), 3.0))
+    await trickle(writer, b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 100, 1, 0.05, answer)
+    # closed (a connection that has answered before is closed without another answer)
+    assert await answer == b"" and 0.4 < time.monotonic() - start < 3.0
+    writer.close()
+
+
 async def test_connections_past_the_cap_get_503_and_the_others_carry_on(gw) -> None:
     held = [await connect(gw.url) for _ in range(LIMITS["max_connections"])]
     await asyncio.sleep(0.05)
