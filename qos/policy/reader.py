@@ -51,8 +51,9 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    cache alone would let in readers who then freeze; and the
    prefills admitted in one iteration stay within the slack of every reply that runs in
    it and of every reply left out beyond the next iteration, so an admission never
-   freezes a reader (the first prefill of an iteration always goes in, and an engine
-   with nothing committed admits the first request that fits the cache: progress; the
+   freezes a reader (the first prefill of an iteration always goes in, an engine that
+   would run nothing brings back the replies that gave way that fit the cache, and an
+   engine with nothing committed admits the first request that fits it: progress; the
    prefill of a request that would pass its TTFT before the next decision goes in too:
    its user is about to notice a wait as well).
    Among fresh requests, the policy's order, except that requests overdue (waiting
@@ -444,6 +445,11 @@ class ReaderGuard:
             batch.take(_by(slack, rest & running), capacity.kv_tokens - batch.kv)
             batch.take(_by(slack, rest & ~running), watermark - batch.kv)
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
+        if not batch.keep.any():
+            # progress: an engine that would run nothing brings back a reply that gave
+            # way, least slack first, even where the committed replies' KV together
+            # exceeds the cache (a batch job's reply, never due, would wait for ever)
+            batch.take(_by(slack, committed), capacity.kv_tokens)
         if not committed.any() and not batch.keep.any():
             _admit_first(batch, lines, watermark)
         holds = np.zeros(table.n, dtype=np.int8)

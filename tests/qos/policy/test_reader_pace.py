@@ -87,6 +87,25 @@ def test_a_batch_consumer_is_not_guarded(tier):
     assert guard.asks(table, 25.0)[row] == (0.0 if tier == "batch" else 4.0)
 
 
+@pytest.mark.parametrize("pauses", [True, False])
+def test_batch_jobs_that_lost_their_kv_come_back_on_an_idle_engine(pauses):
+    """Two batch jobs' replies lost their KV (801 tokens each, 1,602 together in a cache
+    of 1,200) and nothing else is left. Never due, they wait for room; with nothing
+    running, the engine brings back the one that fits rather than idle for ever."""
+    now = 5.0
+    table = RequestTable()
+    jobs = []
+    for key in ("a", "b"):
+        row = table.add(key, arrival=0.0, prompt_tokens=700, ttft=60.0, tds=5.0, tier="batch")
+        table.admit(row)
+        table.record_tokens(row, 0.5, 100)
+        table.preempt(row, 1.0)
+        jobs.append(row)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    run = policy.schedule(table, Capacity(1_200, 8, block_size=1, pauses=pauses), now)
+    assert run[jobs].tolist() == [True, False]
+
+
 def test_which_tiers_are_readers_is_a_setting():
     table = RequestTable()
     job = table.add("job", arrival=0.0, prompt_tokens=5, ttft=60.0, tds=50.0, tier="batch")
