@@ -27,8 +27,8 @@ constraints.txt) plus a margin, not targets:
   QoE costs about what one reply's does). 2,630 while FastAPI validated the body as a
   route parameter and the connection armed a timer per request; 2,955 before the body
   left sse-starlette's task group of three tasks; 2,754 on 2026-11-26, before the
-  freezes, the idle latency and the store's aggregates. The margin (150) is a few small steps, not a store round trip, a
-  second pass over the timeline or a task.
+  freezes, the idle latency and the store's aggregates. The margin (150) is a few small
+  steps, not a store round trip, a second pass over the timeline or a task.
 - the bytes kept per chunk in the middle of a stream: its emission time and token count
   (16 bytes in two arrays, grown in steps), nothing per chunk besides.
 
