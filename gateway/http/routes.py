@@ -86,7 +86,7 @@ def add_api_routes(
     tenant_names = {t.name for t in service.config.tenants}
 
     # The completion routes read and validate their bodies themselves
-    # (gateway.request.body.parse_body, FastAPI's answers word for word): FastAPI solves
+    # (gateway.request.body.parse_body, FastAPI's answers): FastAPI solves
     # no dependency on the gateway's hottest routes.
     @app.post(
         "/v1/chat/completions",

@@ -97,8 +97,9 @@ def parse_body(
     """The body as the client wrote it (Python's JSON parser, as FastAPI's: the base of
     the upstream body, unknown fields, number formats and key order untouched) and the
     same validated by ``model``; 400 naming the first field at fault otherwise
-    (:func:`~gateway.errors.validation_error`), word for word FastAPI's answer to a body
-    parameter. Done in the handler, the route solves no dependency per request."""
+    (:func:`~gateway.errors.validation_error`), FastAPI's answer to a body parameter word
+    for word, but for JSON that is not an object, which gets the shape check's message.
+    Done in the handler, the route solves no dependency per request."""
     if not body:
         raise bad_request("The request body is empty; a JSON object is required.")
     try:
