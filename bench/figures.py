@@ -302,24 +302,9 @@ def reader_signals(data: Data, path: Path) -> str:
         for key, label, color, style in SIGNAL_VARIANTS:
             runs = p["runs"][key]
             loads = [r["load"] for r in runs]
-            top.plot(
-                loads,
-                [r["qoe_watched"] for r in runs],
-                style,
-                color=color,
-                marker="o",
-                markersize=3,
-                label=label,
-            )
-            bottom.plot(
-                loads,
-                [r["idle_p99_s"] for r in runs],
-                style,
-                color=color,
-                marker="o",
-                markersize=3,
-                label=label,
-            )
+            for ax, field in ((top, "qoe_watched"), (bottom, "idle_p99_s")):
+                values = [r[field] for r in runs]
+                ax.plot(loads, values, style, color=color, marker="o", markersize=3, label=label)
         top.axhline(0.9, color="grey", linestyle=":", linewidth=1)
         cap = p["capacity_req_s"]
         frozen = {k: max(r["frozen_over_2s"] for r in p["runs"][k]) for k, *_ in SIGNAL_VARIANTS}
