@@ -122,6 +122,16 @@ def invalid_json() -> GatewayError:
     )
 
 
+def empty_body() -> GatewayError:
+    """A request that needs a JSON object sent none."""
+    return bad_request("The request body is empty; a JSON object is required.")
+
+
+def not_an_object() -> GatewayError:
+    """A body that is JSON but not the object the request needs."""
+    return bad_request("The request body must be a JSON object.", code="invalid_type")
+
+
 def validation_error(errors: Sequence[Mapping[str, Any]]) -> GatewayError:
     """Turn pydantic/FastAPI validation errors into one OpenAI 400 (like OpenAI: the first)."""
     if not errors:
@@ -136,7 +146,7 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> GatewayError:
         return invalid_json()
     if param is None:
         if kind == "missing":
-            return bad_request("The request body is empty; a JSON object is required.")
+            return empty_body()
         return bad_request(f"The request body must be a JSON object ({msg}).", code="invalid_type")
     if kind == "missing":
         return bad_request(

@@ -12,7 +12,7 @@ import orjson
 from pydantic import ValidationError
 
 from gateway.config.schema import LimitsConfig
-from gateway.errors import bad_request, invalid_json, validation_error
+from gateway.errors import bad_request, empty_body, invalid_json, not_an_object, validation_error
 from gateway.request.schemas import ChatCompletionRequest, CompletionRequest
 
 # A body up to this size that is not strict JSON is left to the parser, which names the
@@ -69,7 +69,7 @@ def check_shape(body: bytes, max_messages: int, max_parts: int) -> None:
                 m = _MESSAGE.decode(message)
                 parts += len(_items(m.content)) + len(_items(m.tool_calls))
     except msgspec.ValidationError:
-        raise bad_request("The request body must be a JSON object.", code="invalid_type") from None
+        raise not_an_object() from None
     except msgspec.DecodeError:
         if len(body) <= STRICT_JSON_BYTES:
             return
@@ -101,13 +101,13 @@ def parse_body(
     for word, but for JSON that is not an object, which gets the shape check's message.
     Done in the handler, the route solves no dependency per request."""
     if not body:
-        raise bad_request("The request body is empty; a JSON object is required.")
+        raise empty_body()
     try:
         raw = json.loads(body)
     except json.JSONDecodeError:
         raise invalid_json() from None
     if not isinstance(raw, dict):
-        raise bad_request("The request body must be a JSON object.", code="invalid_type")
+        raise not_an_object()
     try:
         return raw, model.model_validate(raw)
     except ValidationError as exc:
