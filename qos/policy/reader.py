@@ -33,7 +33,11 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    plugin), the replies ahead of their readers give their batch slots to fresh requests
    and to due replies; where it would lose the KV (a recompute), a running reply is left
    out only to make room for a due one, and only if its slack after that recompute is
-   above the margin.
+   above the margin. A paused reply keeps its KV only while the cache has room, so a due
+   reply that lost its KV comes back only into what is left once the replies in the
+   cache that are due, or would be after a recompute, keep theirs: where the replies
+   have outgrown the cache, bringing it back would push one of them out to come back
+   the same way, a recompute every decision with nobody served sooner.
 3. **The shortfall lands before the first token.** A request with no token yet is
    admitted only into the room left once every committed reply (started, or running)
    has its KV counted, parked ones included, and what the running ones grow by until
@@ -71,9 +75,10 @@ its ask. Nothing a signal says makes a deadline earlier or an ask larger
 (docs/architecture/reader-signals.md derives the return bound).
 
 What remains is bounded: a reply can wait beyond its reader's pace for at most one
-iteration with the longest single (re)compute prefill (the progress rule, or the cache
-outgrown by the replies' own growth, when a paused one loses its KV). docs/architecture/policy.md
-derives this and docs/benchmarks.md measures it.
+iteration with the longest single (re)compute prefill (the progress rule); but a paused
+reply that loses its KV to the replies' own growth waits, as under FCFS, for
+completions to free room for it. docs/architecture/policy.md derives this and
+docs/benchmarks.md measures it.
 """
 
 from __future__ import annotations
@@ -378,7 +383,18 @@ class ReaderGuard:
         due = _by(slack, must)
         if levels is not None:
             due = due[np.argsort(levels[due], kind="stable")]
-        batch.take(due, capacity.kv_tokens)
+        resident = running | (table.col("computed") > 0)  # its KV in the cache
+        holding = 0
+        if capacity.pauses:
+            # a due reply that lost its KV comes back only into what is left once the
+            # replies in the cache that are due, or would be after a recompute, keep
+            # theirs: pushing one out would pass the recompute on, one a decision, with
+            # nobody served sooner (rule 2, as where pausing loses the KV)
+            batch.take(due[resident[due]], capacity.kv_tokens)
+            keeps = resident & started & ~batch.keep & (slack - recompute <= margin)
+            holding = int(demand @ keeps)
+            due = due[~resident[due]]
+        batch.take(due, capacity.kv_tokens - batch.kv - holding)
         batch.budget = self._prefill_budget(slack, batch.keep, committed, tau)
         rest = committed & ~batch.keep
         rate = reader_rate - float(asks[committed].sum())  # the rate room
@@ -426,7 +442,6 @@ class ReaderGuard:
             # replies' own growth) the one brought back pushes another out later, to come
             # back in turn, each move a recompute (replies went in and out dozens of
             # times, docs/benchmarks.md, "Price plans"); it comes back when due (rule 1).
-            resident = running | (table.col("computed") > 0)
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
             if self.lend_after_s is not None:
                 # lenders halfway due come back into the KV of paused replies that would

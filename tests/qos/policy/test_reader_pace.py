@@ -106,6 +106,24 @@ def test_batch_jobs_that_lost_their_kv_come_back_on_an_idle_engine(pauses):
     assert run[jobs].tolist() == [True, False]
 
 
+def test_a_due_reply_that_lost_its_kv_does_not_push_a_due_one_out():
+    """Three fast readers' replies run, 41 tokens of KV each, due at every decision (the
+    engine cannot keep up with them, and a decision stands 0.1 s, as in the plugin); a
+    fourth, as due, lost its KV a second ago, and the cache of 130 tokens holds three.
+    Bringing it back would leave a running one out, to lose its KV and come back the
+    same way at the next decision: a recompute each time and nobody served sooner. The
+    three run; it waits for room."""
+    now = 10.0
+    table = RequestTable()
+    running = [reply(table, f"fast{i}", tds=100.0, tier="fast", now=now) for i in range(3)]
+    lost = reply(table, "lost", tds=100.0, tier="fast", now=now - 1.0)
+    table.preempt(lost, now - 1.0)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    capacity = Capacity(130, 8, pauses=True, decision_interval_s=0.1)
+    decision = policy.decide(table, capacity, now)
+    assert decision.run[running].all() and not decision.run[lost]
+
+
 def test_which_tiers_are_readers_is_a_setting():
     table = RequestTable()
     job = table.add("job", arrival=0.0, prompt_tokens=5, ttft=60.0, tds=50.0, tier="batch")
