@@ -3,7 +3,8 @@
 Hand-made tables check each rule on one decision; the simulator checks the promise over
 whole runs: on random small workloads (hypothesis), under either engine (pausing with
 the KV kept, or preempting by recompute), no reply ever freezes for longer than the
-documented bound, one iteration with the longest single (re)compute prefill.
+documented bound, one iteration with the longest single (re)compute prefill or with
+a second of first prefills of requests about to pass their TTFT.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from qos.latency import LatencyProfile
 from qos.metrics import freezes
 from qos.policy.andes import tokenpace_andes
 from qos.policy.decision import Hold
-from qos.policy.reader import NOTICEABLE_GAP_S, ReaderGuard
+from qos.policy.reader import FIRST_DUE_PREFILL_S, NOTICEABLE_GAP_S, ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 from qos.sim.engine import simulate
 from qos.sim.workload import SimRequest
@@ -219,6 +220,25 @@ def test_an_admission_waits_when_its_prefill_would_freeze_a_running_reply(waited
     assert decision.held_for(Hold.PREFILL) == (waited < 1.0)
 
 
+def test_a_burst_past_its_ttft_takes_at_most_a_second_of_prefill_an_iteration():
+    """Four requests, 2,000 prompt tokens each (0.4 s of prefill), have waited past their
+    TTFT beside a running reply with 0.2 s of slack. Their users are waiting too, so
+    their prefills go in beyond the reply's slack, but only FIRST_DUE_PREFILL_S of them
+    an iteration: two (0.81 s), not all four (1.6 s, which the reply's reader would
+    wait on whole)."""
+    now = 2.4
+    table = RequestTable()
+    reply = started(table, "tight", tokens=10, last_at=0.5, now=now)  # out at 2.5 s
+    burst = [fresh(table, f"burst{i}", arrival=now - 1.1, prompt=2_000) for i in range(4)]
+    decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(
+        table, Capacity(20_000, 8, pauses=True), now
+    )
+    assert decision.run[reply]
+    assert decision.run[burst].tolist() == [True, True, False, False]
+    assert decision.held_for(Hold.PREFILL) == 2
+    assert 2 * (0.4 + SMALL.prefill_base_s) <= FIRST_DUE_PREFILL_S < 3 * 0.4
+
+
 def test_overdue_requests_go_first_oldest_first():
     guard = ReaderGuard(SMALL, overdue_after_ttfts=10.0)
     table = RequestTable()
@@ -281,10 +301,13 @@ def test_bad_options_are_refused_naming_the_option():
 
 def freeze_bound(profile: LatencyProfile, workload: list[SimRequest]) -> float:
     """The documented bound (docs/architecture/policy.md, "The reader guard"): one iteration at
-    the full batch with the longest single (re)compute prefill, a whole context's."""
+    the full batch with the longest single (re)compute prefill, a whole context's, or with
+    the first prefills of requests about to pass their TTFT (FIRST_DUE_PREFILL_S at most,
+    and no more than all of the workload's prompts)."""
     longest = max(r.prompt_tokens + r.output_tokens for r in workload)
+    firsts = sum(profile.prefill_s(r.prompt_tokens) for r in workload)
     tau = float(profile.decode_s(profile.max_batch))
-    return tau + profile.prefill_s(longest)
+    return tau + max(profile.prefill_s(longest), min(firsts, FIRST_DUE_PREFILL_S))
 
 
 workloads = st.lists(
