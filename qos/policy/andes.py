@@ -612,10 +612,12 @@ def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     the two side by side. The watermark only has to leave room for a few iterations of
     growth, since a triggered solver re-plans every iteration: without the guard, 0.95
     served more than the paper's 0.9 at nearly every rate measured, with no forced
-    preemption (1.0 does force them). With the guard, 0.98 admitted what FCFS admits on
-    most of the robustness sweep's KV-bound points (``bench/robustness.py``), but where
-    fast readers' replies grew into it, paused replies lost their KV and were recomputed
-    (a point at 0.98 of the ceiling: 1.0 recompute a request, tokens/s 16 % below
-    FCFS's, against 8 % at 0.95). ``overrides`` are :class:`Andes` keyword arguments.
+    preemption (1.0 does force them). With the guard, 0.98 admits what FCFS admits on
+    most of the robustness sweep's KV-bound points (``bench/robustness.py``) and, on two
+    seeds of 200 points, halves the targets missed at 0.95; but on the real vLLM CPU
+    engine it served no better (QoE 1.38-1.49x FCFS's against 1.45-1.59x, readers' p90
+    TTFT 1.15-1.30x against 1.08-1.36x), and 0.97 and 1.0 froze replies on the sweep
+    where fast readers' replies outgrew the cache. ``overrides`` are :class:`Andes`
+    keyword arguments.
     """
     return Andes(profile, **{**TOKENPACE_ANDES, **overrides})
