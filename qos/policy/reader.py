@@ -55,12 +55,14 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    cache alone would let in readers who then freeze; and the
    prefills admitted in one iteration stay within the slack of every reply that runs in
    it and of every reply left out beyond the next iteration, so an admission never
-   freezes a reader (the first prefill of an iteration always goes in, an engine that
-   would run nothing brings back the replies that gave way that fit the cache, and an
-   engine with nothing committed admits the first request that fits it: progress; the
-   prefill of a request that would pass its TTFT before the next decision goes in too,
-   up to FIRST_DUE_PREFILL_S of them an iteration: its user is about to notice a wait
-   as well).
+   freezes a reader that a slot can pace (those no slot of the full batch paces fall
+   behind under any order: a prefill held for them is made within their reply all the
+   same, and each split costs a prefill base). Exceptions: the first prefill of an
+   iteration always goes in, an engine that would run nothing brings back the replies
+   that gave way that fit the cache, and an engine with nothing committed admits the
+   first request that fits it (progress); the prefill of a request that would pass its
+   TTFT before the next decision goes in too, up to FIRST_DUE_PREFILL_S of them an
+   iteration (its user is about to notice a wait as well).
    Among fresh requests, the policy's order, except that requests overdue (waiting
    more than ``overdue_after_ttfts`` times their TTFT, and under sustained overload
    more than OVERDUE_AFTER_FCFS_WAITS times what FCFS would make a new request wait)
@@ -77,9 +79,10 @@ its ask. Nothing a signal says makes a deadline earlier or an ask larger
 
 What remains is bounded: a reply can wait beyond its reader's pace for at most one
 iteration with the longest single (re)compute prefill (the progress rule) or
-FIRST_DUE_PREFILL_S of first prefills; but a paused reply that loses its KV to the
-replies' own growth waits, as under FCFS, for completions to free room for it.
-docs/architecture/policy.md derives this and docs/benchmarks.md measures it.
+FIRST_DUE_PREFILL_S of first prefills. Two cases are left to FCFS's bounds: a paused
+reply that loses its KV to the replies' own growth waits for completions to free room
+for it, and a reader no slot paces waits one iteration with all of its admissions'
+prefills. docs/architecture/policy.md derives this and docs/benchmarks.md measures it.
 """
 
 from __future__ import annotations
@@ -384,7 +387,8 @@ class ReaderGuard:
             table, capacity, demand, committed, waiting, room_wait_s, loans
         )
         readers = self.readers(table)
-        asks = self.asks(table, reader_rate / capacity.max_batch, yielding)
+        sequence_rate = reader_rate / capacity.max_batch
+        asks = self.asks(table, sequence_rate, yielding)
         batch = _Batch(table, demand, committed, asks, readers, capacity.max_batch, self.profile)
         # a request that would pass its TTFT before the next decision has a user about to
         # notice a wait too (the wait for the first token is idle latency, Wang et al. Eq.
@@ -406,7 +410,12 @@ class ReaderGuard:
             holding = int(demand @ keeps)
             due = due[~resident[due]]
         batch.take(due, capacity.kv_tokens - batch.kv - holding)
-        batch.budget = self._prefill_budget(slack, batch.keep, committed, tau)
+        # a reader asking more than one slot's share of the full batch's rate is paced by
+        # no slot: a prefill held for it is done later within its reply all the same
+        unpaced = table.col("reader_pace") >= sequence_rate
+        batch.budget = self._prefill_budget(
+            np.where(unpaced, np.inf, slack), batch.keep, committed, tau
+        )
         rest = committed & ~batch.keep
         rate = reader_rate - float(asks[committed].sum())  # the rate room
         lines = [_Line(overdue, fresh)]
@@ -595,7 +604,11 @@ class ReaderGuard:
     ) -> float:
         """Seconds of prefill the iteration may add without making a reader wait: no
         more than the slack of any reply that runs in it, nor than what the replies left
-        out can spare beyond the next iteration (they may run at the next decision)."""
+        out can spare beyond the next iteration (they may run at the next decision).
+        The caller gives an infinite slack to the readers no slot of the full batch
+        paces (:meth:`asks`): splitting admissions' prefills over iterations for them
+        would cost a prefill base each time and delay first tokens, and their replies
+        fall behind their readers under any order."""
         ran = slack[keep & np.isfinite(slack)]
         waits = slack[committed & ~keep & np.isfinite(slack)]
         budget = float(ran.min()) if ran.size else np.inf

@@ -124,6 +124,27 @@ def test_a_due_reply_that_lost_its_kv_does_not_push_a_due_one_out():
     assert decision.run[running].all() and not decision.run[lost]
 
 
+@pytest.mark.parametrize(("tds", "fed_until"), [(4.0, 5.96), (100.0, 10.0)])
+def test_only_a_reader_a_slot_can_pace_holds_a_prefill_back(tds, fed_until):
+    """A running reply with 0.1-0.3 s of slack and two requests of 1,000 prompt tokens
+    (0.2 s of prefill each). A chat reader (4 tokens/s, which a slot of the full batch
+    gives) cannot wait for both: the first goes in, the second waits. A reader at 100
+    tokens/s, four times a slot's 25, is paced by no slot: a prefill held for it would be
+    made within its reply all the same, so both go in."""
+    now = 10.0
+    table = RequestTable()
+    row = reply(table, "reader", tds=tds, tier="chat", now=fed_until)
+    first = table.add("first", arrival=now - 0.2, prompt_tokens=1_000, ttft=5.0, tds=5.0)
+    second = table.add("second", arrival=now - 0.1, prompt_tokens=1_000, ttft=5.0, tds=5.0)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    decision = policy.decide(table, Capacity(4_000, 8, pauses=True), now)
+    assert policy.guard is not None
+    assert 0.0 < policy.guard.slack(table, now, 0.04)[row] < 0.4
+    assert decision.run[row] and decision.run[first]
+    assert bool(decision.run[second]) == (tds > 25.0)
+    assert decision.held_for(Hold.PREFILL) == (tds < 25.0)
+
+
 def test_which_tiers_are_readers_is_a_setting():
     table = RequestTable()
     job = table.add("job", arrival=0.0, prompt_tokens=5, ttft=60.0, tds=50.0, tier="batch")
