@@ -373,8 +373,10 @@ class ReaderGuard:
         p = self.profile
         recompute = p.prefill_base_s + p.prefill_per_token_s * table.context  # KV lost
         must = started & (slack <= margin)
+        # started replies that could not wait for their own recompute (KV lost) either
+        short = started & (slack - recompute <= margin)
         if not capacity.pauses:  # a running reply left out would be recomputed first
-            must |= running & started & (slack - recompute <= margin)
+            must |= running & short
         must |= running & ~started  # a prefill under way (the engine's own chunking)
         forced = _count(must & ~running)
         fresh = admissions_in_order[~committed[admissions_in_order]]
@@ -406,16 +408,12 @@ class ReaderGuard:
             # theirs: pushing one out would pass the recompute on, one a decision, with
             # nobody served sooner (rule 2, as where pausing loses the KV)
             batch.take(due[resident[due]], capacity.kv_tokens)
-            keeps = resident & started & ~batch.keep & (slack - recompute <= margin)
+            keeps = resident & short & ~batch.keep
             holding = int(demand @ keeps)
             due = due[~resident[due]]
         batch.take(due, capacity.kv_tokens - batch.kv - holding)
-        # a reader asking more than one slot's share of the full batch's rate is paced by
-        # no slot: a prefill held for it is done later within its reply all the same
-        unpaced = table.col("reader_pace") >= sequence_rate
-        batch.budget = self._prefill_budget(
-            np.where(unpaced, np.inf, slack), batch.keep, committed, tau
-        )
+        paced = table.col("reader_pace") < sequence_rate
+        batch.budget = self._prefill_budget(slack, paced, batch.keep, committed, tau)
         rest = committed & ~batch.keep
         rate = reader_rate - float(asks[committed].sum())  # the rate room
         lines = [_Line(overdue, fresh)]
@@ -600,17 +598,23 @@ class ReaderGuard:
                 return
 
     def _prefill_budget(
-        self, slack: np.ndarray, keep: np.ndarray, committed: np.ndarray, tau: float
+        self,
+        slack: np.ndarray,
+        paced: np.ndarray,
+        keep: np.ndarray,
+        committed: np.ndarray,
+        tau: float,
     ) -> float:
         """Seconds of prefill the iteration may add without making a reader wait: no
         more than the slack of any reply that runs in it, nor than what the replies left
         out can spare beyond the next iteration (they may run at the next decision).
-        The caller gives an infinite slack to the readers no slot of the full batch
-        paces (:meth:`asks`): splitting admissions' prefills over iterations for them
-        would cost a prefill base each time and delay first tokens, and their replies
-        fall behind their readers under any order."""
-        ran = slack[keep & np.isfinite(slack)]
-        waits = slack[committed & ~keep & np.isfinite(slack)]
+        Only the ``paced`` rows count: those whose reader asks no more than one slot's
+        share of the full batch's rate (:meth:`asks`). No slot paces the others, whose
+        replies fall behind under any order; a prefill held for them is made within
+        their reply all the same, each split costing a prefill base."""
+        counted = paced & np.isfinite(slack)
+        ran = slack[keep & counted]
+        waits = slack[committed & ~keep & counted]
         budget = float(ran.min()) if ran.size else np.inf
         if waits.size:
             budget = min(budget, float(waits.min()) - tau - self.profile.prefill_base_s)
