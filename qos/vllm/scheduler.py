@@ -462,8 +462,10 @@ class AndesScheduler(TimedScheduler):
         (vLLM's ``num_output_placeholders``: one a decode step, more with speculative
         decoding) already holds the blocks for them, so after its next token it holds
         ``ceil((n + p + 1) / B)`` blocks where the table's demand counts
-        ``ceil((n + 1) / B)``, for ``n`` tokens of prompt and output. Under synchronous
-        scheduling nothing is in flight when the policy decides.
+        ``ceil((n + 1) / B)``, for ``n`` tokens of prompt and output. A request whose
+        tokens in flight reach its ``max_tokens`` ends with them: vLLM does not schedule
+        it again (the same test as ``Scheduler.schedule``'s), so it needs no more blocks.
+        Under synchronous scheduling nothing is in flight when the policy decides.
         """
         if not self.async_scheduling:
             return self.capacity
@@ -471,7 +473,11 @@ class AndesScheduler(TimedScheduler):
         extra = 0
         for request in self.running:  # paused requests included: they keep their blocks
             in_flight = request.num_output_placeholders
-            if in_flight:
+            ends = (
+                request.num_computed_tokens + 2 - in_flight
+                >= request.num_prompt_tokens + request.max_tokens
+            )
+            if in_flight and not ends:
                 after = request.num_tokens + 1
                 extra += -(-(after + in_flight) // size) - -(-after // size)
         if not extra:
