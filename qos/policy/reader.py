@@ -444,12 +444,14 @@ class ReaderGuard:
             reserved = committed & ~yielding
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
-        # what the running replies grow by until the next one ends and frees its KV, one
-        # token an iteration each (at most what each has left, where its length is known):
-        # admitting into it would have the cache outgrown
-        steps = min(room_wait_s, GROWTH_HORIZON_S) / tau
+        # what the running replies grow by until the next one ends and frees its KV, and
+        # at least until the next decision, one token an iteration each (at most what
+        # each has left, where its length is known), in the whole blocks the engine
+        # allocates: admitting into it would have the cache outgrown
+        steps = math.ceil(max(min(room_wait_s, GROWTH_HORIZON_S), margin) / tau)
         left = table.col("max_tokens") - table.col("output")
-        growth = int(np.where(left >= 0, np.minimum(left, steps), steps)[running].sum())
+        grown = table.context + 1 + np.where(left >= 0, np.minimum(left, steps), steps)
+        growth = int((capacity.in_blocks(grown) - demand)[running].sum())
         room = watermark - int(demand @ reserved) - growth
         if capacity.pauses:
             # Pausing keeps the KV: fresh requests take the slots that replies ahead of

@@ -73,10 +73,14 @@ class Capacity:
 
     def demand(self, table: RequestTable) -> np.ndarray:
         """KV tokens each request occupies after its next token, rounded up to whole blocks."""
-        need = table.context + 1
+        return self.in_blocks(table.context + 1)
+
+    def in_blocks(self, tokens: np.ndarray) -> np.ndarray:
+        """``tokens`` (integers) rounded up to whole blocks: the KV they take."""
         if self.block_size == 1:
-            return need
-        return -(-need // self.block_size) * self.block_size
+            return tokens
+        rounded: np.ndarray = -(-tokens // self.block_size) * self.block_size
+        return rounded
 
 
 class RequestTable:

@@ -239,6 +239,27 @@ def test_a_burst_past_its_ttft_takes_at_most_a_second_of_prefill_an_iteration():
     assert 2 * (0.4 + SMALL.prefill_base_s) <= FIRST_DUE_PREFILL_S < 3 * 0.4
 
 
+@pytest.mark.parametrize("pauses", [True, False])
+def test_the_room_keeps_the_blocks_the_running_replies_open_before_the_next_decision(pauses):
+    """A running reply fills its 16 blocks of 16 tokens: its next token opens a 17th,
+    which the engine allocates whole, although no reply has ended yet to say when the
+    next will (so no growth horizon is known). A fresh request of 7 blocks would fit
+    the 95 % watermark beside 16 blocks but not beside 17: it waits."""
+    now = 5.0
+    capacity = Capacity(400, 8, block_size=16, pauses=pauses)
+    table = RequestTable()
+    reply = table.add("reply", arrival=0.0, prompt_tokens=250, ttft=1.0, tds=5.0)
+    table.admit(reply)
+    for _ in range(5):
+        table.record_tokens(reply, now - 0.1)
+    newcomer = fresh(table, "new", arrival=now - 0.1, prompt=100)
+    fresh(table, "too-long", arrival=now - 0.1, prompt=299)  # fits nowhere: the solver runs
+    assert capacity.demand(table)[[reply, newcomer]].tolist() == [256, 112]
+    assert 256 + 112 <= 0.95 * 400 < 256 + 16 + 112
+    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(table, capacity, now)
+    assert run[reply] and not run[newcomer]
+
+
 def test_overdue_requests_go_first_oldest_first():
     guard = ReaderGuard(SMALL, overdue_after_ttfts=10.0)
     table = RequestTable()
