@@ -60,9 +60,12 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    same, and each split costs a prefill base). Exceptions: the first prefill of an
    iteration always goes in, an engine that would run nothing brings back the replies
    that gave way that fit the cache, and an engine with nothing committed admits the
-   first request that fits it (progress); the prefill of a request that would pass its
-   TTFT before the next decision goes in too, up to FIRST_DUE_PREFILL_S of them an
-   iteration (its user is about to notice a wait as well).
+   first request that fits it (progress). A request that would pass its TTFT before the
+   next decision has a user about to notice a wait as well: its prefill goes in beyond
+   the readers' slack while the iteration's prefills stay within FIRST_DUE_PREFILL_S,
+   and it may take the headroom the KV watermark keeps above the room (insurance
+   against the replies growing for longer than expected, which FCFS, filling the
+   cache, does not keep), the longest waiting first.
    Among fresh requests, the policy's order, except that requests overdue (waiting
    more than ``overdue_after_ttfts`` times their TTFT, and under sustained overload
    more than OVERDUE_AFTER_FCFS_WAITS times what FCFS would make a new request wait)
@@ -144,10 +147,11 @@ NON_READER_TIERS = frozenset({"batch"})
 once it ends): not guarded as readers, their QoE is about when they finish."""
 
 FIRST_DUE_PREFILL_S = 1.0
-"""The most prefill, in seconds, an iteration takes beyond the readers' slack for requests
-about to pass their TTFT (rule 3): half the shortest freeze the QoE records count (2 s,
-:data:`qos.metrics.FREEZE_THRESHOLDS_S`), so that a burst's first tokens go in over a
-few iterations and no running reader waits one iteration of all their prefills. Of 0.5,
+"""The most prefill, in seconds, an iteration takes, all its prefills counted, where it
+goes beyond the readers' slack for requests about to pass their TTFT (rule 3): half the
+shortest freeze the QoE records count (2 s, :data:`qos.metrics.FREEZE_THRESHOLDS_S`), so
+that a burst's first tokens go in over a few iterations and no running reader waits one
+iteration of all their prefills. Of 0.5,
 1 and no bound, on the robustness sweep's 400 points (two seeds), 1 s ended the one
 point where a burst froze running readers (a Gamma burst's 6,700 prompt tokens in one
 2.04 s iteration on the slow 70B engine, 13.5 % of its replies) and changed nothing
@@ -453,6 +457,9 @@ class ReaderGuard:
         grown = table.context + 1 + np.where(left >= 0, np.minimum(left, steps), steps)
         growth = int((capacity.in_blocks(grown) - demand)[running].sum())
         room = watermark - int(demand @ reserved) - growth
+        # requests past their TTFT may take the watermark's headroom too, but not the KV
+        # of replies whose readers are away: it comes back with them
+        late_room = capacity.kv_tokens - committed_kv - growth
         if capacity.pauses:
             # Pausing keeps the KV: fresh requests take the slots that replies ahead of
             # their readers give up, then the replies fill what is left: those whose KV
@@ -463,6 +470,7 @@ class ReaderGuard:
             # back in turn, each move a recompute (replies went in and out dozens of
             # times, docs/benchmarks.md, "Price plans"); it comes back when due (rule 1).
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
+            _admit_late(batch, lines, table.col("arrival"), late_room, capacity, rate)
             if self.lend_after_s is not None:
                 # lenders halfway due come back into the KV of paused replies that would
                 # lend theirs, within the prefill budget: spread over the iterations, not
@@ -480,6 +488,7 @@ class ReaderGuard:
             batch.take(_by(slack, rest & running), capacity.kv_tokens - batch.kv)
             batch.take(_by(slack, rest & ~running), watermark - batch.kv)
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
+            _admit_late(batch, lines, table.col("arrival"), late_room, capacity, rate)
         if not batch.keep.any():
             # progress: an engine that would run nothing brings back a reply that gave
             # way, least slack first, even where the committed replies' KV together
@@ -651,7 +660,8 @@ class _Batch:
         profile: LatencyProfile,
     ) -> None:
         self.demand = demand
-        self.reads = readers & ~committed  # new readers: they take of the rate room
+        self.fresh = ~committed  # requests with no token yet, not running
+        self.reads = readers & self.fresh  # new readers: they take of the rate room
         self.asks = np.where(self.reads, asks, 0.0)
         self.uncomputed = table.context - table.col("computed")
         self.slots = max_batch
@@ -663,7 +673,7 @@ class _Batch:
         self.kv = 0
         self.tds = 0.0  # new readers' rate taken
         self.budget = np.inf
-        self.prefilled = False
+        self.prefill_s = 0.0  # the prefill taken, in seconds
 
     def take_in_line(self, order: np.ndarray, kv_tokens: int, tds: float = np.inf) -> bool:
         """Take the rows of ``order`` up to the first that does not fit; whether all did."""
@@ -700,20 +710,51 @@ class _Batch:
             p = self.profile
             cost = np.cumsum(np.where(prefill > 0, p.prefill_per_token_s * prefill, 0.0))
             cost += p.prefill_base_s
-            first_due = self.first_due[rows] & (cost <= FIRST_DUE_PREFILL_S)
+            first_due = self.first_due[rows] & (self.prefill_s + cost <= FIRST_DUE_PREFILL_S)
             fits = (cost <= self.budget) | (prefill == 0) | first_due
-            if not self.prefilled:
+            if not self.prefill_s:
                 fits[int(np.argmax(prefill > 0))] = True
             self.holds[rows[~fits]] = Hold.PREFILL
             rows = rows[fits]
             spent = prefill[fits]
             if spent.any():
-                self.budget -= p.prefill_per_token_s * float(spent.sum()) + p.prefill_base_s
-                self.prefilled = True
+                spent_s = p.prefill_per_token_s * float(spent.sum()) + p.prefill_base_s
+                self.budget -= spent_s
+                self.prefill_s += spent_s
         self.keep[rows] = True
         self.taken += rows.size
         self.kv += int(self.demand[rows].sum())
         self.tds += float(self.asks[rows].sum())
+
+
+def _admit_late(
+    batch: _Batch,
+    lines: list[_Line],
+    arrival: np.ndarray,
+    room: int,
+    capacity: Capacity,
+    rate: float,
+) -> None:
+    """The requests still waiting that would pass their TTFT before the next decision
+    (``batch.first_due``), the longest waiting first within each line, into ``room``
+    tokens of KV less what this decision admitted (the whole cache less the committed
+    replies' KV and growth) and ``rate``, the readers' rate room, less what this
+    decision's new readers took (rule 3). The watermark's headroom insures the replies
+    against growing for longer than expected; a user past the TTFT is already waiting
+    (user idle latency, Wang et al. Eq. 9), as FCFS, which fills the cache, would not
+    have them wait."""
+    waiting = batch.first_due & ~batch.keep
+    late = []
+    for line in lines:
+        rows = np.concatenate((line.overdue, line.fresh))
+        rows = rows[waiting[rows]]
+        order = rows[np.argsort(arrival[rows], kind="stable")]
+        # the KV that borrowed replies give back went to the lines before
+        late.append(line._replace(overdue=rows[:0], fresh=order, reclaim_kv=0))
+    if any(line.fresh.size for line in late):
+        admitted = int(batch.demand @ (batch.keep & batch.fresh))
+        kv = min(room - admitted, capacity.kv_tokens - batch.kv)
+        ReaderGuard._admit(batch, late, kv, rate - batch.tds)
 
 
 def _admit_first(batch: _Batch, lines: list[_Line], kv_tokens: int) -> None:

@@ -260,6 +260,40 @@ def test_the_room_keeps_the_blocks_the_running_replies_open_before_the_next_deci
     assert run[reply] and not run[newcomer]
 
 
+def reply_near_the_watermark(table: RequestTable, now: float) -> int:
+    """A running reply holding 886 KV tokens, its reader busy until 5.7 s."""
+    reply = table.add("reply", arrival=0.0, prompt_tokens=880, ttft=1.0, tds=5.0)
+    table.admit(reply)
+    for _ in range(5):
+        table.record_tokens(reply, now - 0.1)
+    return reply
+
+
+@pytest.mark.parametrize("pauses", [True, False])
+def test_a_request_past_its_ttft_takes_the_headroom_above_the_watermark(pauses):
+    """A running reply holds 886 of 1,000 KV tokens, above what the 95 % watermark
+    leaves a fresh request of 81. Two requests that have waited past their TTFT, whose
+    users already wait, take the headroom, the longest waiting first, as far as it
+    goes (one); a request within its TTFT waits for room below the watermark."""
+    now = 5.0
+    capacity = Capacity(1_000, 8, block_size=1, pauses=pauses)
+    table = RequestTable()
+    reply = reply_near_the_watermark(table, now)
+    young = fresh(table, "young", arrival=now - 0.1, prompt=80)
+    later = fresh(table, "later", arrival=now - 2.0, prompt=80)
+    late = fresh(table, "late", arrival=now - 3.0, prompt=80)
+    assert capacity.demand(table)[[reply, late]].sum() == 967  # > 950, <= 1,000
+    decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(table, capacity, now)
+    assert decision.run[[reply, late]].all() and not decision.run[[later, young]].any()
+    assert decision.holds[later] == decision.holds[young] == Hold.KV
+
+    table = RequestTable()
+    reply = reply_near_the_watermark(table, now)
+    young = fresh(table, "young", arrival=now - 0.1, prompt=80)
+    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(table, capacity, now)
+    assert run[reply] and not run[young]
+
+
 def test_overdue_requests_go_first_oldest_first():
     guard = ReaderGuard(SMALL, overdue_after_ttfts=10.0)
     table = RequestTable()

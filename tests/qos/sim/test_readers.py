@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qos.latency import LatencyProfile
-from qos.metrics import andes_qoe
+from qos.metrics import andes_qoe, freezes
 from qos.policy.andes import tokenpace_andes
+from qos.policy.reader import NOTICEABLE_GAP_S
 from qos.signals import Presence, ReaderSignal
 from qos.sim.engine import Engine, SimResult, simulate
 from qos.sim.readers import ReaderModel, ReaderSim, draw_plans
@@ -170,16 +171,28 @@ def test_a_client_that_lies_gets_nothing_over_an_honest_one(profile):
         assert qoe <= andes_qoe(honest[key], request.ttft, request.tds) + 1e-9
 
 
-def test_honest_buffer_reports_under_network_jitter_add_no_freeze():
-    requests = workload(60, 2.0, seed=6)
+@pytest.mark.parametrize("seed", range(5))
+def test_honest_buffer_reports_under_network_jitter_make_no_reply_late(seed):
+    """Jitter makes honest clients report empty buffers while their tokens are on the
+    wire; those reports must not make the server late for anyone. Measured on the
+    server's delivery, the part scheduling controls: with reports as without, no
+    watched reply falls behind its reader by a noticeable gap. (At the client the
+    network's own stalls, up to seconds in this model, land on whichever tokens are on
+    the wire; any change of schedule moves them, so client-side totals compared on one
+    seed flip with the seed either way.)"""
+    requests = workload(60, 2.0, seed=seed)
     model = ReaderModel(away_share=0.3, away_s=(2.0, 8.0), jitter_s=0.15)
-    frozen = []
     for signals in (False, True):
-        readers = ReaderSim(requests, model, signals=signals, seed=6)
+        readers = ReaderSim(requests, model, signals=signals, seed=seed)
         result = run(requests, readers)
-        by_id = {r.id: r for r in requests}
-        frozen.append(sum(readers.outcome(by_id[r.id]).freezes.total_s for r in result.requests))
-    assert frozen[1] <= frozen[0] + 1e-9, frozen
+        assert len(result.requests) == len(requests)
+        for reply in result.requests:
+            plan = readers.plans.get(reply.id)
+            away = []
+            if plan is not None and plan.away is not None:
+                away = [(plan.away[0] - reply.arrival, plan.away[1] - reply.arrival)]
+            late = freezes(reply.times, reply.tds, away=away).longest_s
+            assert late <= NOTICEABLE_GAP_S, (signals, reply.id, late)
 
 
 def test_a_reader_who_leaves_ends_the_reply_and_is_charged_for_what_was_generated():
