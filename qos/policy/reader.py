@@ -63,9 +63,10 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    first request that fits it (progress). A request that would pass its TTFT before the
    next decision has a user about to notice a wait as well: its prefill goes in beyond
    the readers' slack while the iteration's prefills stay within FIRST_DUE_PREFILL_S,
-   and it may take the headroom the KV watermark keeps above the room (insurance
-   against the replies growing for longer than expected, which FCFS, filling the
-   cache, does not keep), the longest waiting first.
+   and, in the same order as the others, it may take the headroom the KV watermark
+   keeps above the room (insurance against the replies growing for longer than
+   expected, which FCFS, filling the cache, does not keep), while the running replies'
+   growth over the whole GROWTH_HORIZON_S stays free.
    Among fresh requests, the policy's order, except that requests overdue (waiting
    more than ``overdue_after_ttfts`` times their TTFT, and under sustained overload
    more than OVERDUE_AFTER_FCFS_WAITS times what FCFS would make a new request wait)
@@ -449,17 +450,17 @@ class ReaderGuard:
         if self.lend_after_s is not None:  # replies due later than that lend their KV
             reserved = committed & (slack <= self.lend_after_s)
         # what the running replies grow by until the next one ends and frees its KV, and
-        # at least until the next decision, one token an iteration each (at most what
-        # each has left, where its length is known), in the whole blocks the engine
-        # allocates: admitting into it would have the cache outgrown
-        steps = math.ceil(max(min(room_wait_s, GROWTH_HORIZON_S), margin) / tau)
-        left = table.col("max_tokens") - table.col("output")
-        grown = table.context + 1 + np.where(left >= 0, np.minimum(left, steps), steps)
-        growth = int((capacity.in_blocks(grown) - demand)[running].sum())
+        # at least until the next decision: admitting into it would have the cache
+        # outgrown
+        horizon_s = max(min(room_wait_s, GROWTH_HORIZON_S), margin)
+        growth = _growth(table, capacity, demand, horizon_s / tau)
         room = watermark - int(demand @ reserved) - growth
-        # requests past their TTFT may take the watermark's headroom too, but not the KV
-        # of replies whose readers are away: it comes back with them
-        late_room = capacity.kv_tokens - committed_kv - growth
+        # requests past their TTFT may also take the watermark's headroom, while the
+        # running replies' growth over the whole GROWTH_HORIZON_S stays free (past that,
+        # under sustained overload, the cache was outgrown and replies recomputed), but
+        # not the KV of replies whose readers are away: it comes back with them
+        late_growth = _growth(table, capacity, demand, GROWTH_HORIZON_S / tau)
+        late_room = capacity.kv_tokens - committed_kv - late_growth
         if capacity.pauses:
             # Pausing keeps the KV: fresh requests take the slots that replies ahead of
             # their readers give up, then the replies fill what is left: those whose KV
@@ -470,7 +471,7 @@ class ReaderGuard:
             # back in turn, each move a recompute (replies went in and out dozens of
             # times, docs/benchmarks.md, "Price plans"); it comes back when due (rule 1).
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
-            _admit_late(batch, lines, table.col("arrival"), late_room, capacity, rate)
+            _admit_late(batch, lines, late_room, capacity, rate)
             if self.lend_after_s is not None:
                 # lenders halfway due come back into the KV of paused replies that would
                 # lend theirs, within the prefill budget: spread over the iterations, not
@@ -488,7 +489,7 @@ class ReaderGuard:
             batch.take(_by(slack, rest & running), capacity.kv_tokens - batch.kv)
             batch.take(_by(slack, rest & ~running), watermark - batch.kv)
             self._admit(batch, lines, min(room, watermark - batch.kv), rate)
-            _admit_late(batch, lines, table.col("arrival"), late_room, capacity, rate)
+            _admit_late(batch, lines, late_room, capacity, rate)
         if not batch.keep.any():
             # progress: an engine that would run nothing brings back a reply that gave
             # way, least slack first, even where the committed replies' KV together
@@ -727,31 +728,36 @@ class _Batch:
         self.tds += float(self.asks[rows].sum())
 
 
+def _growth(table: RequestTable, capacity: Capacity, demand: np.ndarray, steps: float) -> int:
+    """KV tokens the running replies grow by in ``steps`` iterations, one token an
+    iteration each (at most what each has left, where its length is known), in the whole
+    blocks the engine allocates."""
+    steps = math.ceil(steps)
+    left = table.col("max_tokens") - table.col("output")
+    grown = table.context + 1 + np.where(left >= 0, np.minimum(left, steps), steps)
+    return int((capacity.in_blocks(grown) - demand)[table.running].sum())
+
+
 def _admit_late(
-    batch: _Batch,
-    lines: list[_Line],
-    arrival: np.ndarray,
-    room: int,
-    capacity: Capacity,
-    rate: float,
+    batch: _Batch, lines: list[_Line], room: int, capacity: Capacity, rate: float
 ) -> None:
     """The requests still waiting that would pass their TTFT before the next decision
-    (``batch.first_due``), the longest waiting first within each line, into ``room``
-    tokens of KV less what this decision admitted (the whole cache less the committed
-    replies' KV and growth) and ``rate``, the readers' rate room, less what this
-    decision's new readers took (rule 3). The watermark's headroom insures the replies
-    against growing for longer than expected; a user past the TTFT is already waiting
-    (user idle latency, Wang et al. Eq. 9), as FCFS, which fills the cache, would not
-    have them wait."""
+    (``batch.first_due``), in the lines' order, into ``room`` tokens of KV less what
+    this decision admitted (the whole cache less the committed replies' KV and growth)
+    and ``rate``, the readers' rate room, less what this decision's new readers took
+    (rule 3). The watermark's headroom insures the replies against growing for longer
+    than expected; a user past the TTFT is already waiting (user idle latency, Wang et
+    al. Eq. 9), as FCFS, which fills the cache, would not have them wait."""
     waiting = batch.first_due & ~batch.keep
-    late = []
-    for line in lines:
-        rows = np.concatenate((line.overdue, line.fresh))
-        rows = rows[waiting[rows]]
-        order = rows[np.argsort(arrival[rows], kind="stable")]
-        # the KV that borrowed replies give back went to the lines before
-        late.append(line._replace(overdue=rows[:0], fresh=order, reclaim_kv=0))
-    if any(line.fresh.size for line in late):
+    late = [  # the KV that borrowed replies give back went to the lines before
+        line._replace(
+            overdue=line.overdue[waiting[line.overdue]],
+            fresh=line.fresh[waiting[line.fresh]],
+            reclaim_kv=0,
+        )
+        for line in lines
+    ]
+    if any(line.overdue.size or line.fresh.size for line in late):
         admitted = int(batch.demand @ (batch.keep & batch.fresh))
         kv = min(room - admitted, capacity.kv_tokens - batch.kv)
         ReaderGuard._admit(batch, late, kv, rate - batch.tds)

@@ -20,7 +20,12 @@ from qos.latency import LatencyProfile
 from qos.metrics import freezes
 from qos.policy.andes import tokenpace_andes
 from qos.policy.decision import Hold
-from qos.policy.reader import FIRST_DUE_PREFILL_S, NOTICEABLE_GAP_S, ReaderGuard
+from qos.policy.reader import (
+    FIRST_DUE_PREFILL_S,
+    GROWTH_HORIZON_S,
+    NOTICEABLE_GAP_S,
+    ReaderGuard,
+)
 from qos.policy.table import Capacity, RequestTable
 from qos.sim.engine import simulate
 from qos.sim.workload import SimRequest
@@ -260,9 +265,12 @@ def test_the_room_keeps_the_blocks_the_running_replies_open_before_the_next_deci
     assert run[reply] and not run[newcomer]
 
 
-def reply_near_the_watermark(table: RequestTable, now: float) -> int:
-    """A running reply holding 886 KV tokens, its reader busy until 5.7 s."""
-    reply = table.add("reply", arrival=0.0, prompt_tokens=880, ttft=1.0, tds=5.0)
+def reply_near_the_watermark(table: RequestTable, now: float, max_tokens: int | None = 10) -> int:
+    """A running reply holding 886 KV tokens with ``max_tokens`` - 5 left to generate,
+    its reader busy until 5.7 s."""
+    reply = table.add(
+        "reply", arrival=0.0, prompt_tokens=880, ttft=1.0, tds=5.0, max_tokens=max_tokens
+    )
     table.admit(reply)
     for _ in range(5):
         table.record_tokens(reply, now - 0.1)
@@ -271,10 +279,10 @@ def reply_near_the_watermark(table: RequestTable, now: float) -> int:
 
 @pytest.mark.parametrize("pauses", [True, False])
 def test_a_request_past_its_ttft_takes_the_headroom_above_the_watermark(pauses):
-    """A running reply holds 886 of 1,000 KV tokens, above what the 95 % watermark
-    leaves a fresh request of 81. Two requests that have waited past their TTFT, whose
-    users already wait, take the headroom, the longest waiting first, as far as it
-    goes (one); a request within its TTFT waits for room below the watermark."""
+    """A running reply holds 886 of 1,000 KV tokens and grows by 5 more, above what
+    the 95 % watermark leaves a fresh request of 81. Two requests that have waited past
+    their TTFT, whose users already wait, take the headroom as far as it goes (one); a
+    request within its TTFT waits for room below the watermark."""
     now = 5.0
     capacity = Capacity(1_000, 8, block_size=1, pauses=pauses)
     table = RequestTable()
@@ -284,14 +292,29 @@ def test_a_request_past_its_ttft_takes_the_headroom_above_the_watermark(pauses):
     late = fresh(table, "late", arrival=now - 3.0, prompt=80)
     assert capacity.demand(table)[[reply, late]].sum() == 967  # > 950, <= 1,000
     decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(table, capacity, now)
-    assert decision.run[[reply, late]].all() and not decision.run[[later, young]].any()
-    assert decision.holds[later] == decision.holds[young] == Hold.KV
+    assert decision.run[reply] and decision.run[[late, later]].sum() == 1
+    assert not decision.run[young] and decision.holds[young] == Hold.KV
 
     table = RequestTable()
     reply = reply_near_the_watermark(table, now)
     young = fresh(table, "young", arrival=now - 0.1, prompt=80)
     run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(table, capacity, now)
     assert run[reply] and not run[young]
+
+
+@pytest.mark.parametrize("pauses", [True, False])
+def test_the_headroom_keeps_two_seconds_of_the_replies_growth(pauses):
+    """The same reply, its length unknown: in GROWTH_HORIZON_S it may grow past the
+    headroom, so a request past its TTFT waits for room all the same (given only the
+    growth until the next decision, the trace's sustained overload outgrew the cache)."""
+    now = 5.0
+    capacity = Capacity(1_000, 8, block_size=1, pauses=pauses)
+    table = RequestTable()
+    reply = reply_near_the_watermark(table, now, max_tokens=None)
+    late = fresh(table, "late", arrival=now - 3.0, prompt=80)
+    assert GROWTH_HORIZON_S / TAU > 1_000 - 886 - 81
+    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(table, capacity, now)
+    assert run[reply] and not run[late]
 
 
 def test_overdue_requests_go_first_oldest_first():
