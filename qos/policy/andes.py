@@ -617,7 +617,9 @@ def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     seeds of 200 points, halves the targets missed at 0.95; but on the real vLLM CPU
     engine it served no better (QoE 1.38-1.49x FCFS's against 1.45-1.59x, readers' p90
     TTFT 1.15-1.30x against 1.08-1.36x), and 0.97 and 1.0 froze replies on the sweep
-    where fast readers' replies outgrew the cache. ``overrides`` are :class:`Andes`
-    keyword arguments.
+    where fast readers' replies outgrew the cache. Requests past their TTFT may take the
+    headroom above it while 2 s of the running replies' growth stays free
+    (:mod:`qos.policy.reader`, rule 3). ``overrides`` are :class:`Andes` keyword
+    arguments.
     """
     return Andes(profile, **{**TOKENPACE_ANDES, **overrides})
