@@ -473,11 +473,10 @@ class AndesScheduler(TimedScheduler):
         extra = 0
         for request in self.running:  # paused requests included: they keep their blocks
             in_flight = request.num_output_placeholders
-            ends = (
-                request.num_computed_tokens + 2 - in_flight
-                >= request.num_prompt_tokens + request.max_tokens
-            )
-            if in_flight and not ends:
+            if not in_flight:
+                continue
+            certain = request.num_computed_tokens + 2 - in_flight  # tokens it will have
+            if certain < request.num_prompt_tokens + request.max_tokens:  # scheduled again
                 after = request.num_tokens + 1
                 extra += -(-(after + in_flight) // size) - -(-after // size)
         if not extra:
