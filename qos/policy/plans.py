@@ -25,7 +25,8 @@ split each (``room`` C below is one of them; ``need`` what a request takes of it
 - where pausing keeps the KV, a request within its guarantee that has waited half its
   TTFT takes the KV of replies on borrowed room (:func:`beyond_guarantee`) back
   (:func:`reclaimable`): those whose readers have enough to read to wait for a
-  recompute, never below their tenant's own guarantee. They are paused, the engine
+  recompute, never below their tenant's own guarantee of the cache (a reply that lost
+  its KV has given it back already). They are paused, the engine
   drops their KV, and they are recomputed when their readers need them (not before,
   while the cache is over-committed: :class:`~qos.policy.reader.ReaderGuard`). The
   borrowed replies grow a token an iteration into the room kept beside them; what they
@@ -189,9 +190,13 @@ def reclaimable(
     """How much of one resource (``need`` per row) a request within its guarantee may
     take back from the replies of mask ``lenders`` (on borrowed room, able to give it
     back): per tenant, what its lenders hold, at most what its ``committed`` replies
-    hold beyond its guarantee, so no tenant is taken below its own guarantee."""
+    hold in the cache beyond its guarantee, so no tenant is taken below its own
+    guarantee. A reply that has lost its KV gave it back already: counted as held, its
+    tenant's replies were taken back again and again while the cache stayed
+    over-committed, each time one more recompute (docs/benchmarks.md, "Price plans")."""
     count = guarantee.size
-    beyond = _per_tenant(table, committed, need, count) - guarantee
+    cached = committed & (table.col("computed") > 0)
+    beyond = _per_tenant(table, cached, need, count) - guarantee
     lent = np.minimum(_per_tenant(table, lenders, need, count), np.maximum(beyond, 0.0))
     return float(lent.sum())
 

@@ -174,6 +174,23 @@ def test_a_reclaim_never_takes_a_tenant_below_its_guarantee():
     assert plans.reclaimable(table, committed, lenders, table.demand, guarantee) == 451.0
 
 
+def test_a_reply_that_lost_its_kv_has_given_it_back_already():
+    """Free's three replies are committed (1,353) but one has lost its KV: free holds 902
+    of the cache, 602 beyond its guarantee of 300, and gives back no more than that.
+    Counted as held, the lost reply let the same tenant be taken back again and again
+    while the cache stayed over-committed (at twice FCFS's capacity, voice replies were
+    recomputed up to 39 times each and one reply in eight froze)."""
+    table = RequestTable()
+    rows = [add(table, f"free{i}", "free", 1.0, 450) for i in range(3)]
+    for row in rows:
+        table.admit(row)
+    committed = table.running.copy()
+    table.preempt(rows[2], now=0.0)  # committed still: it comes back when due
+    guarantee = np.array([300.0])
+    lenders = committed & (table.col("computed") > 0)
+    assert plans.reclaimable(table, committed, lenders, table.demand, guarantee) == 602.0
+
+
 # One slot at 50 tokens/s (SMALL at B=1, plenty of cache): ten readers at 5 tokens/s.
 ONE_SLOT = LatencyProfile(
     name="one-slot",
