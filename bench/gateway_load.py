@@ -41,6 +41,34 @@ upstream or the client, and direct is measured on the same CPUs.
 tree's ``gateway`` package run with this environment, e.g. an older commit in a git
 worktree) in every phase, next to this one's, and reports the two repeat by repeat.
 
+``--routing least_waiting,cache_aware --backends 2 --index-conversations 100000``
+measures the gateway once per routing policy (``routing.policy``), side by side in the
+same run: the first policy listed is ``gateway``, each other one ``gateway-POLICY``
+(``gateway-cache_aware``). Every gateway has ``--backends`` HTTP backends, which are the
+one fixed-rate upstream under as many names (``upstream-1``, ``upstream-2``, ...): what
+is measured is the gateway's choice among them, not the engines behind them; a
+cache_aware gateway's index has room for four times what the conversations' prompts
+fill (as in ``bench/routing_cost.py``), so its bound is not what is measured. Before the
+measured phases, each gateway is sent ``--index-conversations`` one-token requests,
+request k a turn of conversation k (``bench/loadgen.py``'s ``conversation_turn``: a
+system prompt of one of four apps, 2,000 characters of earlier turns, a new question;
+about 2.9 KB of prompt), ``FILL_CONCURRENCY`` at a time: that fills a cache_aware
+gateway's per-backend prefix index with every conversation, and a least_waiting
+gateway, which indexes nothing, gets the same requests, so the two processes compared
+have the same history. The gateway exposes no gauge of its index's size, so its memory
+is the RSS growth of the cache_aware gateway over the fill minus the least_waiting
+gateway's over the same requests. From then on, in every phase and for every target,
+each request is the next turn of a random one of those conversations (its prefix held
+by the index, its last message new), so the cache_aware router names and looks up a
+multi-KB prompt per request. The gateway's ``tokenpace_backend_prompt_tokens`` and
+``tokenpace_backend_prefix_cached_tokens`` over the measured phases give the index's
+estimated hit rate. cache_aware minus least_waiting is reported repeat by repeat (each
+pair of runs ran next to each other) and by its median: the server's CPU per request
+(CPU seconds over the run ÷ streams completed) and per token at each N of the
+fixed-rate phase, and its CPU per one-token request, against a budget of +0.1 ms per
+request. ``--index-conversations`` alone (no ``--routing``) fills and loads the
+gateways of the default routing the same way.
+
 ``--workers 1,2`` measures the gateway once per worker count, side by side in the same
 run (``gateway`` is the single process, ``gateway-2w`` ``tokenpace serve --workers 2``).
 A gateway of more workers than the proxy half has CPUs is pinned to every CPU: on two
@@ -90,7 +118,7 @@ from typing import Any, TextIO
 
 import redis
 from launch import Server, free_port
-from loadgen import LoadSpec, spec_json
+from loadgen import HISTORY_CHARS, LoadSpec, spec_json
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +128,9 @@ FLOOR = ROOT / "bench" / "stack_floor.py"
 BENCH_KEY = "tp-bench-key-0001"
 LITELLM_KEY = "sk-tokenpace-bench-0001"  # the proxy's master key (it refuses to run without one)
 TARGETS = ("direct", "floor", "gateway", "litellm")
+POLICIES = ("least_waiting", "cache_aware")  # routing.policy (gateway/config/schema.py)
+FILL_CONCURRENCY = 32  # streams at a time while the index fills
+ROUTING_BUDGET_MS = 0.1  # cache_aware's CPU per request over least_waiting's, at most
 # the gateway's store series (gateway/telemetry/metrics.py) a run reports, by short name
 STORE_SERIES = {
     "tokenpace_store_redis_calls_total": "round_trips",
@@ -140,11 +171,18 @@ class RssSampler:
 
 
 def gateway_config(
-    port: int, upstream_port: int, concurrency: int, redis: tuple[str, str] | None = None
+    port: int,
+    upstream_port: int,
+    concurrency: int,
+    redis: tuple[str, str] | None = None,
+    backends: int = 1,
+    routing: dict[str, Any] | None = None,
 ) -> str:
-    """The gateway's configuration: one tenant, one plain HTTP backend, WARNING logs;
-    ``redis`` = (URL, key prefix) for a Redis store."""
+    """The gateway's configuration: one tenant, ``backends`` plain HTTP backends (the one
+    upstream under as many names), WARNING logs; ``redis`` = (URL, key prefix) for a
+    Redis store; ``routing``: its ``routing`` section, if any."""
     store = {"store": {"redis_url": redis[0], "key_prefix": redis[1]}} if redis else {}
+    names = ["upstream"] if backends == 1 else [f"upstream-{i + 1}" for i in range(backends)]
     return json.dumps(
         {
             **store,
@@ -152,22 +190,35 @@ def gateway_config(
             "tenants": [{"name": "bench", "api_keys": [{"key": BENCH_KEY}]}],
             "backends": [
                 {
-                    "name": "upstream",
+                    "name": name,
                     "url": f"http://127.0.0.1:{upstream_port}/v1",
                     "models": ["*"],
                     "tokenpace": False,
                     "max_connections": concurrency,
                 }
+                for name in names
             ],
+            **({"routing": routing} if routing else {}),
             "logging": {"level": "WARNING"},
         },
         indent=2,
     )
 
 
-def gateway_name(workers: int) -> str:
-    """The target name of the gateway with ``workers`` worker processes."""
-    return "gateway" if workers == 1 else f"gateway-{workers}w"
+def routing_section(policy: str, conversations: int, backends: int) -> dict[str, Any]:
+    """The ``routing`` section of ``policy``: cache_aware's index has room for four times
+    what ``conversations`` conversations' prompts fill (bench/routing_cost.py's sizing)."""
+    if policy != "cache_aware":
+        return {"policy": policy}
+    blocks = 4 * conversations * (HISTORY_CHARS // 256 + 4) // backends
+    return {"policy": policy, "prefix_index_blocks": max(blocks, 65_536)}
+
+
+def gateway_name(workers: int, routing: str = "") -> str:
+    """The target name of the gateway with ``workers`` worker processes and routing policy
+    ``routing`` (none for the first policy measured)."""
+    name = "gateway" if workers == 1 else f"gateway-{workers}w"
+    return f"{name}-{routing}" if routing else name
 
 
 def litellm_config(upstream_port: int, models: list[str]) -> str:
@@ -281,6 +332,8 @@ class Bench:
         self.sampler: RssSampler | None = None
         self.skipped: dict[str, str] = {}
         self.redis: Server | None = None
+        self.policy: dict[str, str] = {}  # gateway -> its routing policy (--routing)
+        self.pairs: list[tuple[str, str]] = []  # (cache_aware, least_waiting) gateways
 
     def launch(
         self,
@@ -318,18 +371,30 @@ class Bench:
             if a.redis or max(a.workers) > 1:
                 redis = self.start_redis()
             sources = [("", ROOT)] + ([("-base", a.baseline.resolve())] if a.baseline else [])
+            policies: list[str] = a.routing or [""]
             for suffix, source in sources:
                 for workers in a.workers:
-                    name = gateway_name(workers) + suffix
-                    port = free_port()
-                    cfg = self.tmp / f"{name}.yaml"
-                    store = (redis, f"bench-{name}") if redis else None
-                    cfg.write_text(gateway_config(port, up_port, conc, store))
-                    serve = ["serve", "--config", str(cfg), "--workers", str(workers)]
-                    cmd = [sys.executable, "-m", "gateway.cli", *serve]
-                    cpus = self.gateway_cpus(workers)
-                    env = {"PYTHONPATH": str(source)}  # that checkout's gateway, this venv
-                    self.launch(name, cmd, port, "/readyz", cpus, env=env, source=source)
+                    names = {
+                        p: gateway_name(workers, p if i else "") + suffix
+                        for i, p in enumerate(policies)
+                    }
+                    for policy, name in names.items():
+                        port = free_port()
+                        cfg = self.tmp / f"{name}.yaml"
+                        store = (redis, f"bench-{name}") if redis else None
+                        routing = None
+                        if policy:
+                            self.policy[name] = policy
+                            routing = routing_section(policy, a.index_conversations, a.backends)
+                        text = gateway_config(port, up_port, conc, store, a.backends, routing)
+                        cfg.write_text(text)
+                        serve = ["serve", "--config", str(cfg), "--workers", str(workers)]
+                        cmd = [sys.executable, "-m", "gateway.cli", *serve]
+                        cpus = self.gateway_cpus(workers)
+                        env = {"PYTHONPATH": str(source)}  # that checkout's gateway, this venv
+                        self.launch(name, cmd, port, "/readyz", cpus, env=env, source=source)
+                    if "cache_aware" in names and "least_waiting" in names:
+                        self.pairs.append((names["cache_aware"], names["least_waiting"]))
         if "floor" in targets:
             port = free_port()
             upstream_url = f"http://127.0.0.1:{up_port}/v1"
@@ -376,6 +441,7 @@ class Bench:
 
     def spec(self, target: str, **kw: Any) -> LoadSpec:
         key = LITELLM_KEY if target == "litellm" else BENCH_KEY
+        kw.setdefault("conversations", self.args.index_conversations)
         return LoadSpec(host="127.0.0.1", port=self.ports[target], key=key, **kw)
 
     def settle(self, max_s: float = 60.0, busy: float = 0.05) -> float:
@@ -446,6 +512,63 @@ class Bench:
                 if sample.name in STORE_SERIES:
                     out[STORE_SERIES[sample.name]] += sample.value
         return out
+
+    def routing_counters(self, target: str) -> dict[str, float]:
+        """The gateway's prompt tokens routed cache_aware, and those its index held, all
+        backends together."""
+        text = urllib.request.urlopen(
+            f"http://127.0.0.1:{self.ports[target]}/metrics", timeout=10
+        ).read()
+        out = {"prompt_tokens": 0.0, "cached_tokens": 0.0}
+        for family in text_string_to_metric_families(text.decode()):
+            for sample in family.samples:
+                if sample.name == "tokenpace_backend_prompt_tokens":
+                    out["prompt_tokens"] += sample.value
+                elif sample.name == "tokenpace_backend_prefix_cached_tokens":
+                    out["cached_tokens"] += sample.value
+        return out
+
+    def fill(self, target: str) -> dict[str, Any]:
+        """``--index-conversations`` one-token requests, request k a turn of conversation k:
+        what fills a cache_aware gateway's index; the gateway's RSS before and after."""
+        a = self.args
+        server = self.servers[target]
+        self.settle()
+        before = server.rss() / 2**20
+
+        def on_progress(done: int) -> None:
+            mb = server.rss() / 2**20
+            _say(self.out, f"  {target}: {done} conversations, RSS {mb:.1f} MB")
+
+        spec = self.spec(
+            target,
+            model="tps-0",
+            tokens=1,
+            concurrency=FILL_CONCURRENCY,
+            ramp_s=0.0,
+            record_s=0.0,
+            stop_s=86_400.0,
+            requests=a.index_conversations,
+            progress_every=max(a.index_conversations // 5, 1),
+            fill=True,
+        )
+        t0, cpu0 = time.monotonic(), server.cpu_s()
+        res = _run_loadgen(spec, self.harness_cpus, on_progress)
+        wall, cpu = time.monotonic() - t0, server.cpu_s() - cpu0
+        self.settle()
+        after = server.rss() / 2**20
+        return {
+            "conversations": a.index_conversations,
+            "concurrency": FILL_CONCURRENCY,
+            "wall_s": wall,
+            "errors": res["errors"],
+            "streams_completed": res["streams_completed"],
+            "cpu_ms_per_request": cpu / max(res["streams_completed"], 1) * 1000,
+            "rss_before_mb": before,
+            "rss_after_mb": after,
+            "rss_growth_mb": after - before,
+            "counters": self.routing_counters(target),
+        }
 
     def warm_up(self, target: str) -> None:
         a = self.args
@@ -696,7 +819,7 @@ def summarize(results: dict[str, Any], targets: list[str], ns: list[int]) -> lis
             pairs = " · ".join(f"{v:.3f}" for v in own[0])
             lines.append(f"| gateway − floor, per pair | {pairs} (median {own[1]:.3f}) | | |")
         lines.append("")
-    return lines + _baseline_lines(results, ns)
+    return lines + _baseline_lines(results, ns) + _routing_lines(results)
 
 
 def _store_lines(by: dict[str, Any], targets: list[str]) -> list[str]:
@@ -816,6 +939,7 @@ def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]
                 }
             )
     checks += _cost_checks(results, ns)
+    checks += _routing_checks(results)
     fallbacks = [
         r["store"]["local_calls"] + r["store"]["outages"]
         for by in results["runs"].values()
@@ -842,6 +966,134 @@ def check_targets(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]
             }
         )
     return checks
+
+
+def _fixed_cpu_per_request(r: dict[str, Any]) -> float | None:
+    """CPU ms per stream of the fixed-rate phase: the server's CPU ÷ streams completed."""
+    done = r.get("streams_completed")
+    return None if "server_cpu_s" not in r or not done else r["server_cpu_s"] / done * 1000
+
+
+def _request_diff(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    x, y = _fixed_cpu_per_request(a), _fixed_cpu_per_request(b)
+    return None if x is None or y is None else x - y
+
+
+def _token_diff_us(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    x, y = a.get("cpu_s_per_1k_tokens"), b.get("cpu_s_per_1k_tokens")
+    return None if x is None or y is None else (x - y) * 1000  # ms → µs per token
+
+
+def routing_comparison(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]]:
+    """Per (cache_aware, least_waiting) pair of gateways: cache_aware minus least_waiting,
+    repeat by repeat (each pair of runs next to each other) and the median: CPU ms per
+    request and µs per token at each N (fixed rate), CPU ms per one-token request; the
+    index's memory (RSS growth over the fill, minus least_waiting's); the estimated hit
+    rate of the measured phases (after the fill)."""
+    routing = results["routing"]
+    out: list[dict[str, Any]] = []
+    for ca, lw in routing["pairs"]:
+        figures: list[dict[str, Any]] = []
+
+        def add(
+            what: str,
+            paired: tuple[list[float], float] | None,
+            limit: float | None,
+            figures: list[dict[str, Any]] = figures,
+        ) -> None:
+            if paired is not None:
+                figures.append(
+                    {"figure": what, "per_repeat": paired[0], "median": paired[1], "limit": limit}
+                )
+
+        for n in ns:
+            fixed = _fixed_repeats(results["runs"][str(n)])
+            add(
+                f"CPU per request, ms, N = {n}",
+                _paired(fixed, _request_diff, ca, lw),
+                ROUTING_BUDGET_MS,
+            )
+            add(f"CPU per token, µs, N = {n}", _paired(fixed, _token_diff_us, ca, lw), None)
+        per = results.get("per_request_repeats", {})
+        add(
+            "CPU per one-token request, ms",
+            _paired(per, _own_cpu_per_request, ca, lw),
+            ROUTING_BUDGET_MS,
+        )
+        entry: dict[str, Any] = {"cache_aware": ca, "least_waiting": lw, "figures": figures}
+        index = results.get("index", {})
+        if ca in index and lw in index:
+            entry["index_mb"] = index[ca]["rss_growth_mb"] - index[lw]["rss_growth_mb"]
+            before, after = index[ca]["counters"], routing["counters"][ca]
+            prompt = after["prompt_tokens"] - before["prompt_tokens"]
+            cached = after["cached_tokens"] - before["cached_tokens"]
+            entry["hit_rate"] = cached / prompt if prompt else None
+        out.append(entry)
+    return out
+
+
+def _routing_lines(results: dict[str, Any]) -> list[str]:
+    """cache_aware against least_waiting (routing_comparison), and the index fills."""
+    routing = results.get("routing")
+    if not routing:
+        return []
+    lines: list[str] = []
+    index = results.get("index", {})
+    if index:
+        lines += [
+            "| index fill | conversations | s | errors | CPU ms / request | RSS before → after MB "
+            "| growth MB |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for t, r in index.items():
+            lines.append(
+                f"| {t} ({routing['policy'].get(t, 'default')}) | {r['conversations']} "
+                f"| {r['wall_s']:.0f} | {r['errors']} | {r['cpu_ms_per_request']:.3f} "
+                f"| {r['rss_before_mb']:.1f} → {r['rss_after_mb']:.1f} "
+                f"| {r['rss_growth_mb']:+.1f} |"
+            )
+        lines.append("")
+    for entry in routing.get("compared", []):
+        ca, lw = entry["cache_aware"], entry["least_waiting"]
+        lines += [
+            f"| {ca} − {lw} (cache_aware − least_waiting), per repeat pair (median) "
+            "| value | target |",
+            "| --- | --- | --- |",
+        ]
+        if "index_mb" in entry:
+            lines.append(
+                f"| index memory (RSS growth over the fill), MB | {entry['index_mb']:.1f} | |"
+            )
+            lines.append(
+                f"| estimated prefix hit rate, measured phases | {_fmt(entry['hit_rate'], '.3f')} "
+                "| |"
+            )
+        for f in entry["figures"]:
+            per = " · ".join(f"{v:+.3f}" for v in f["per_repeat"])
+            limit = f["limit"]
+            target = (
+                ""
+                if limit is None
+                else f"<= +{limit} ms: " + ("met" if f["median"] <= limit else "MISSED")
+            )
+            lines.append(f"| {f['figure']} | {per} ({f['median']:+.3f}) | {target} |")
+        lines.append("")
+    return lines
+
+
+def _routing_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """cache_aware's CPU per request against least_waiting's + the budget, per pair."""
+    return [
+        {
+            "target": f"{e['cache_aware']} − {e['least_waiting']}: {f['figure']} <= +{f['limit']}",
+            "measured": f["median"],
+            "per_repeat": f["per_repeat"],
+            "met": f["median"] <= f["limit"],
+        }
+        for e in results.get("routing", {}).get("compared", [])
+        for f in e["figures"]
+        if f["limit"] is not None
+    ]
 
 
 def _cost_checks(results: dict[str, Any], ns: list[int]) -> list[dict[str, Any]]:
@@ -918,17 +1170,36 @@ def run(args: argparse.Namespace) -> int:
         "runs": {},
     }
     results["settings"]["baseline"] = str(args.baseline.resolve()) if args.baseline else None
+    if args.routing or args.backends != 1 or args.index_conversations:
+        for k in ("backends", "routing", "index_conversations"):
+            results["settings"][k] = getattr(args, k)
     started = time.monotonic()
     try:
         bench.start(targets, litellm_bin)
         suffixes = ["", "-base"] if args.baseline else [""]
-        gateways = [gateway_name(w) + s for w in args.workers for s in suffixes]
+        policies = args.routing or [""]
+        gateways = [
+            gateway_name(w, p if i else "") + s
+            for w in args.workers
+            for i, p in enumerate(policies)
+            for s in suffixes
+        ]
         gateways = gateways if "gateway" in targets else []
         expanded = [g for t in targets for g in (gateways if t == "gateway" else [t])]
         active = [t for t in expanded if t == "direct" or t in bench.servers]
         for t in active:
             _say(out, f"warming up {t}")
             bench.warm_up(t)
+        if args.index_conversations > 0:
+            results["index"] = {}
+            for t in (t for t in active if t.startswith("gateway")):
+                _say(out, f"{t}: filling the index, {args.index_conversations} conversations ...")
+                results["index"][t] = r = bench.fill(t)
+                _say(
+                    out,
+                    f"  {r['wall_s']:.0f} s, RSS {r['rss_before_mb']:.1f} → "
+                    f"{r['rss_after_mb']:.1f} MB, errors {r['errors']}",
+                )
         for n in args.ns:
             runs: dict[str, Any] = {t: {} for t in active}
             # Both phases are repeated with the targets interleaved and the median run is
@@ -963,7 +1234,9 @@ def run(args: argparse.Namespace) -> int:
         if args.requests > 0:
             # Repeated as the fixed-rate phase is: interleaved, each gateway run judged
             # against the floor run beside it (_paired), the median run of each kept.
-            paced = [t for t in active if t in ("floor", "gateway", "gateway-base")]
+            paced = [
+                t for t in active if t in ("floor", "gateway", "gateway-base") or t in bench.policy
+            ]
             per: dict[str, list[dict[str, Any]]] = {t: [] for t in paced}
             for i in range(args.request_repeats):
                 for t in paced if i % 2 == 0 else paced[::-1]:
@@ -975,6 +1248,13 @@ def run(args: argparse.Namespace) -> int:
         if "gateway" in bench.servers and args.memory_requests > 0:
             _say(out, f"memory: {args.memory_requests} requests through the gateway ...")
             results["memory"] = bench.memory()
+        if bench.policy:
+            results["routing"] = {
+                "backends": args.backends,
+                "policy": bench.policy,
+                "pairs": bench.pairs,
+                "counters": {t: bench.routing_counters(t) for t in bench.policy},
+            }
     finally:
         bench.stop()
     results["machine"]["loadavg_end"] = os.getloadavg()
@@ -982,6 +1262,8 @@ def run(args: argparse.Namespace) -> int:
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "results.json").write_text(json.dumps(results, indent=2))  # before summarising
+    if "routing" in results:
+        results["routing"]["compared"] = routing_comparison(results, args.ns)
     table = summarize(results, active, args.ns)
     results["targets"] = check_targets(results, args.ns)
     (outdir / "results.json").write_text(json.dumps(results, indent=2))
@@ -1038,6 +1320,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--redis", action="store_true", help="the gateways on a Redis store")
     p.add_argument(
+        "--routing",
+        default="",
+        help="routing policies to measure side by side, comma-separated: "
+        + ",".join(POLICIES)
+        + " (the first one is 'gateway')",
+    )
+    p.add_argument(
+        "--backends", type=int, default=1, help="backends per gateway (the one upstream)"
+    )
+    p.add_argument(
+        "--index-conversations",
+        type=int,
+        default=0,
+        help="conversations sent to each gateway before the measured phases, their next "
+        "turns the requests of every phase",
+    )
+    p.add_argument(
         "--baseline",
         type=Path,
         metavar="DIR",
@@ -1050,6 +1349,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be at least 1")
     args.ns = [int(x) for x in args.ns.split(",") if x]
     args.workers = sorted({int(x) for x in args.workers.split(",") if x})
+    args.routing = list(dict.fromkeys(x for x in args.routing.split(",") if x))
+    if any(x not in POLICIES for x in args.routing):
+        p.error(f"--routing: each of {', '.join(POLICIES)}")
+    if args.routing and args.backends < 2:
+        p.error("--routing: needs --backends 2 or more (one backend leaves no choice)")
+    if args.backends < 1 or args.index_conversations < 0:
+        p.error("--backends: at least 1; --index-conversations: at least 0")
     return run(args)
 
 

@@ -14,6 +14,12 @@ inter-chunk gaps) if it starts in the recorded window, and ends as one of:
   (``error event``), the connection lost or unparseable (``ConnectionError``), or no end
   within ``stream_timeout_s`` (``TimeoutError``).
 
+Every request is the same short chat, unless ``conversations`` is set: then each is a
+later turn of one of that many conversations (:func:`conversation_turn`, a multi-KB
+prompt that only its last message tells apart from the conversation's other turns),
+drawn at random by each slot (seeded by its index), or, with ``fill``, request ``k`` of
+the run is conversation ``k``'s (each conversation once: what fills a router's index).
+
 :func:`run_load` runs a :class:`LoadSpec` in this process (the soak, beside its
 samplers); ``python bench/loadgen.py SPEC`` in a process of its own (the cost benchmark,
 pinned to the harness's CPUs), printing ``{"progress": n}`` lines and the result as
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import resource
 import sys
@@ -36,6 +43,7 @@ import httptools
 import numpy as np
 
 _STAMP = re.compile(rb'"content": ?"(\d+)"')  # a content chunk, stamped by the upstream
+HISTORY_CHARS = 2000  # characters of earlier turns in a conversation's turn
 
 
 @dataclass
@@ -57,6 +65,8 @@ class LoadSpec:
     progress_every: int = 0  # print {"progress": n} after every n completed streams
     stream_timeout_s: float | None = None  # a stream not ended by then is an error
     keep_streams: bool = False  # the result lists every stream: start, TTFT, ending
+    conversations: int = 0  # > 0: each request a later turn of one of this many conversations
+    fill: bool = False  # with conversations: request k is conversation k's, each once
 
 
 @dataclass
@@ -189,12 +199,25 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def request_bytes(spec: LoadSpec) -> bytes:
-    """The streaming chat completion each slot sends."""
+def conversation_turn(n: int, rng: random.Random) -> list[dict[str, str]]:
+    """A later turn of conversation ``n`` (bench/routing_cost.py's ``body()``): a system
+    prompt of one of four apps, ``HISTORY_CHARS`` characters of earlier turns (four of
+    them), a new question."""
+    turn = HISTORY_CHARS // 4
+    messages = [{"role": "system", "content": f"app {n % 4}: be brief. " * 40}]
+    for t in range(4):
+        messages.append({"role": "user", "content": f"{n}/{t} " + "q" * (turn // 3)})
+        messages.append({"role": "assistant", "content": f"{n}/{t} " + "a" * (2 * turn // 3)})
+    messages.append({"role": "user", "content": f"{n} next {rng.random()}"})
+    return messages
+
+
+def request_bytes(spec: LoadSpec, messages: list[dict[str, str]] | None = None) -> bytes:
+    """The streaming chat completion a slot sends: ``messages``, or a short chat."""
     body = json.dumps(
         {
             "model": spec.model,
-            "messages": [{"role": "user", "content": "Say something."}],
+            "messages": messages or [{"role": "user", "content": "Say something."}],
             "max_tokens": spec.tokens,
             "stream": True,
         }
@@ -224,6 +247,7 @@ async def _slot(i: int, spec: LoadSpec, stats: LoadStats, t0: float, t0_us: int)
     """One of the stream slots: streams back to back on a keep-alive connection."""
     loop = asyncio.get_running_loop()
     payload = request_bytes(spec)
+    rng = random.Random(i)
     await asyncio.sleep(max(0.0, t0 + spec.ramp_s * i / spec.concurrency - loop.time()))
     conn: _Connection | None = None
     try:
@@ -236,6 +260,9 @@ async def _slot(i: int, spec: LoadSpec, stats: LoadStats, t0: float, t0_us: int)
                     conn.close()
                 _, conn = await loop.create_connection(_Connection, spec.host, spec.port)
             record = spec.ramp_s <= now < spec.ramp_s + spec.record_s
+            if spec.conversations:
+                n = stats.started if spec.fill else rng.randrange(spec.conversations)
+                payload = request_bytes(spec, conversation_turn(n, rng))
             stream = _Stream(stats, record)
             stats.started += 1
             ending: tuple[str, bool] | None
