@@ -28,7 +28,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from gateway.backends.http import upstream_transport
 from gateway.backends.upstream import body_reader
-from gateway.runtime.server import freeze_startup_objects
+from gateway.runtime.server import tune_garbage_collector
 
 
 def create_app(upstream: str, max_connections: int) -> FastAPI:
@@ -79,7 +79,7 @@ def main() -> None:
     p.add_argument("--max-connections", type=int, default=512)
     a = p.parse_args()
     app = create_app(a.upstream, a.max_connections)
-    freeze_startup_objects()
+    tune_garbage_collector()
     uvicorn.run(app, host=a.host, port=a.port, log_level="warning", access_log=False)
 
 

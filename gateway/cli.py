@@ -270,7 +270,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.runtime.server import freeze_startup_objects, listen, uvicorn_config
+    from gateway.runtime.server import listen, tune_garbage_collector, uvicorn_config
     from gateway.telemetry.logs import setup_logging
 
     try:
@@ -320,7 +320,7 @@ def _serve_ns(ns: argparse.Namespace) -> int:
         )
     if ns.workers > 1:
         return pool.run(sockets)
-    freeze_startup_objects()
+    tune_garbage_collector()
     server = uvicorn.Server(uvicorn_config(app, config, log_level=level.lower()))
     server.run(sockets=sockets)
     return 0

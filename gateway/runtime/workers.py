@@ -119,7 +119,7 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
     publishing its backend gauges."""
     from gateway.app import create_app
     from gateway.runtime.holders import holder_tag
-    from gateway.runtime.server import freeze_startup_objects
+    from gateway.runtime.server import tune_garbage_collector
     from gateway.telemetry.logs import setup_logging
 
     spec: WorkerSpec = pickle.loads(pickled_spec)
@@ -139,7 +139,7 @@ def worker_app(pickled_spec: bytes) -> ASGIApp:
                 await stop(task)
 
     app.router.lifespan_context = lifespan
-    freeze_startup_objects()
+    tune_garbage_collector()
     return app
 
 
