@@ -1349,6 +1349,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be at least 1")
     args.ns = [int(x) for x in args.ns.split(",") if x]
     args.workers = sorted({int(x) for x in args.workers.split(",") if x})
+    if "direct" not in args.targets.split(","):
+        p.error("--targets: include direct, the reference every other target is compared with")
     args.routing = list(dict.fromkeys(x for x in args.routing.split(",") if x))
     if any(x not in POLICIES for x in args.routing):
         p.error(f"--routing: each of {', '.join(POLICIES)}")
