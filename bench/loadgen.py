@@ -199,11 +199,12 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def conversation_turn(n: int, rng: random.Random) -> list[dict[str, str]]:
-    """A later turn of conversation ``n`` (bench/routing_cost.py's ``body()``): a system
-    prompt of one of four apps, ``HISTORY_CHARS`` characters of earlier turns (four of
-    them), a new question."""
-    turn = HISTORY_CHARS // 4
+def conversation_turn(
+    n: int, rng: random.Random, history: int = HISTORY_CHARS
+) -> list[dict[str, str]]:
+    """A later turn of conversation ``n``: a system prompt of one of four apps,
+    ``history`` characters of earlier turns (four of them), a new question."""
+    turn = history // 4
     messages = [{"role": "system", "content": f"app {n % 4}: be brief. " * 40}]
     for t in range(4):
         messages.append({"role": "user", "content": f"{n}/{t} " + "q" * (turn // 3)})

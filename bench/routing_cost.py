@@ -26,6 +26,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from loadgen import conversation_turn
+
 from gateway.backends import Backend
 from gateway.backends.prefix import prompt_chain
 from gateway.backends.routing import Router
@@ -48,15 +50,8 @@ class _Idle(Backend):
 
 
 def body(n: int, history: int, rng: random.Random) -> dict[str, Any]:
-    """A later turn of conversation ``n``: a system prompt, ``history`` characters of
-    earlier turns (four of them), a new question."""
-    turn = history // 4
-    messages = [{"role": "system", "content": f"app {n % 4}: be brief. " * 40}]
-    for t in range(4):
-        messages.append({"role": "user", "content": f"{n}/{t} " + "q" * (turn // 3)})
-        messages.append({"role": "assistant", "content": f"{n}/{t} " + "a" * (2 * turn // 3)})
-    messages.append({"role": "user", "content": f"{n} next {rng.random()}"})
-    return {"model": MODEL, "messages": messages}
+    """A later turn of conversation ``n`` (:func:`loadgen.conversation_turn`)."""
+    return {"model": MODEL, "messages": conversation_turn(n, rng, history)}
 
 
 def ctx() -> RequestContext:
