@@ -112,7 +112,7 @@ def chain_cost(repeats: int = 20_000) -> None:
         prompt_chain(request, 256)
     per = (time.process_time() - started) / repeats
     chars = sum(len(m["content"]) for m in request["messages"])
-    print(f"{chars} characters: {per * 1e6:.1f} µs of CPU per prompt (256-byte blocks)")
+    print(f"{chars} characters: {per * 1e6:.1f} µs of CPU per prompt (256-character blocks)")
 
 
 def main() -> None:

@@ -76,6 +76,7 @@ WORKLOADS = {
     ),
 }
 POLICIES = ("least_waiting", "cache_aware")
+BACKEND_NAMES = ("a", "b")  # the gateway's names of the two servers
 _WORDS = [
     "account",
     "ledger",
@@ -135,14 +136,14 @@ def servers(python: str, model: str, workdir: Path) -> list[VllmServer]:
 
 
 def routing_config(engines: Sequence[VllmServer], routing: dict[str, Any]) -> GatewayConfig:
-    """A gateway in front of ``engines`` (backends ``a``, ``b``: one model) with ``routing``."""
+    """A gateway in front of ``engines`` (one model, :data:`BACKEND_NAMES`) with ``routing``."""
     return parse_config(
         {
             "tenants": [{"name": "bench", "api_keys": [API_KEY]}],
             "tiers": {"chat": TIER},
             "backends": [
                 {"name": name, "url": f"{s.url}/v1", "models": [MODEL], "health_path": "/health"}
-                for name, s in zip("ab", engines, strict=True)
+                for name, s in zip(BACKEND_NAMES, engines, strict=True)
             ],
             "timeouts": {"first_byte_s": 120.0, "idle_s": 120.0, "request_s": 600.0},
             "limits": {"max_tokens": 4096},

@@ -82,6 +82,21 @@ def delayed_start_qoe(
     return n / (n + 2.0 * expected_tds * late)
 
 
+def splitmix64(x: int) -> int:
+    """SplitMix64's finaliser (Steele, Lea, Flood, "Fast Splittable Pseudorandom Number
+    Generators", 2014): a well-spread 64-bit hash of ``x``, the rendezvous weight."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def rendezvous_weight(conversation: int, replica: int) -> int:
+    """Step 7's weight of a conversation on a replica (both named by 64-bit integers):
+    ``splitmix64(conversation XOR replica)``, the same at every router."""
+    return splitmix64(conversation ^ replica)
+
+
 def load_bound(in_flight_total: int, replicas: int, factor: float) -> int:
     """Most requests one of ``replicas`` may hold once the next arrives:
     ``⌈factor · (in_flight_total + 1) / replicas⌉`` (Mirrokni et al., bounded loads)."""

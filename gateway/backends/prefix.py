@@ -1,21 +1,25 @@
-"""A request's prompt as the router reads it: a chain of block hashes and its conversation.
+"""A request's prompt as the router reads it: a chain of block names and its conversation.
 
 The prompt's text (a chat's messages, each as its role and content; a completion's
-prompt) is cut into blocks of ``block_chars`` bytes of UTF-8, and block ``i`` named by
-BLAKE2b (8 bytes) of block ``i``'s bytes keyed with the name of block ``i - 1``: a name
-stands for the whole prefix to its end (:mod:`qos.prefix_cache`). A byte block is not a
+prompt) is cut into blocks of ``block_chars`` characters, and block ``i`` named by
+Python's ``hash`` of block ``i``'s text and the name of block ``i - 1``: a name stands
+for the whole prefix to its end (:mod:`qos.prefix_cache`). A character block is not a
 token block, so a name is a close estimate of what an engine holds, not its own block
-hash (llm-d's approximate prefix scorer works the same way).
+hash (llm-d's approximate prefix scorer works the same way). ``hash`` is SipHash with a
+key drawn when the process starts: the names mean something only in the process that
+made them, which is where its index lives, and a client cannot choose texts whose names
+collide.
 
-A conversation is named by the hash of its text up to the end of its first user
-message (``anchor``): every later turn resends that text unchanged. Its history, what
-the earlier turns computed, is its text up to the end of its last assistant message.
-Its own text starts with that first user message (``own_block``: the block where it
-starts); what comes before it (a system prompt) may be shared by many conversations, so
-a backend whose estimated cache reaches past ``own_block`` is one an earlier turn of
-this conversation (or the same prompt) went to. A completion's prompt has no turns: its
-first block names it, and it has no history and no text of its own.
-Hashes are keyed by nothing else, so every gateway replica names a prompt the same.
+A conversation is named by BLAKE2b (8 bytes) of its text up to the end of its first user
+message (``anchor``): every later turn resends that text unchanged, and the name is the
+same in every gateway replica and every worker, since rendezvous routing
+(:mod:`qos.routing`) is how they agree. Its history, what the earlier turns computed, is
+its text up to the end of its last assistant message. Its own text starts with that
+first user message (``own_block``: the block where it starts); what comes before it (a
+system prompt) may be shared by many conversations, so a backend whose estimated cache
+reaches past ``own_block`` is one an earlier turn of this conversation (or the same
+prompt) went to. A completion's prompt has no turns: its first block names it, and it
+has no history and no text of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 
 from qos.prompt_tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
 
-_SEPARATOR = b"\x1e"  # between messages: no two message lists read as one text
+_SEPARATOR = "\x1e"  # between messages: no two message lists read as one text
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +38,7 @@ class PromptChain:
     """What the router reads of one prompt (the module docstring)."""
 
     blocks: tuple[int, ...]  # the names of its whole blocks, first first
-    anchor: bytes  # its conversation's name
+    anchor: int  # its conversation's name
     history_blocks: int  # whole blocks its conversation's earlier turns computed
     own_block: int  # the first block with its conversation's own text (len(blocks): none)
     tokens: int  # prompt tokens (estimated: :func:`qos.prompt_tokens.estimate_prompt_tokens`)
@@ -45,20 +49,26 @@ class PromptChain:
         return min(round(blocks * self.block_tokens), self.tokens)
 
 
-def _text(value: object) -> bytes:
+def _text(value: object) -> str:
     """A message content's text: a string, or the text of its parts."""
     if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass")
+        return value
     if isinstance(value, list):
-        return b"".join(_text(v) for v in value)
+        return "".join(_text(v) for v in value)
     if isinstance(value, dict):
         return _text(value.get("text"))
-    return b""
+    return ""
+
+
+def prompt_name(text: str) -> int:
+    """A text's name, the same in every process: BLAKE2b, 8 bytes."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8)
+    return int.from_bytes(digest.digest())
 
 
 def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
     """The chain of ``body``, a chat or completions request (validated)."""
-    parts: list[bytes] = []
+    parts: list[str] = []
     anchor_end = history_end = 0
     own_start: int | None = None
     size = 0
@@ -68,7 +78,7 @@ def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
             if not isinstance(message, dict):
                 continue
             role = message.get("role")
-            part = str(role).encode() + b":" + _text(message.get("content")) + _SEPARATOR
+            part = f"{role}:{_text(message.get('content'))}{_SEPARATOR}"
             if role == "user" and not anchor_end:
                 own_start = size
             parts.append(part)
@@ -80,24 +90,15 @@ def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
     else:
         prompt = body.get("prompt")
         parts.append(_text(prompt if not isinstance(prompt, list) else prompt[:1]))
-    data = b"".join(parts)
+    text = "".join(parts)
     blocks: list[int] = []
-    previous = b""
-    for start in range(0, len(data) - block_chars + 1, block_chars):
-        digest = hashlib.blake2b(
-            data[start : start + block_chars], digest_size=8, key=previous
-        ).digest()
-        blocks.append(int.from_bytes(digest))
-        previous = digest
-    if anchor_end:
-        anchor = hashlib.blake2b(data[:anchor_end], digest_size=8).digest()
-    elif blocks:
-        anchor = blocks[0].to_bytes(8)
-    else:
-        anchor = hashlib.blake2b(data, digest_size=8).digest()
+    name = 0
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        name = hash((name, text[start : start + block_chars]))
+        blocks.append(name)
     return PromptChain(
         blocks=tuple(blocks),
-        anchor=anchor,
+        anchor=prompt_name(text[: anchor_end or block_chars]),
         history_blocks=history_end // block_chars,
         own_block=len(blocks) if own_start is None else own_start // block_chars,
         tokens=estimate_prompt_tokens(body),

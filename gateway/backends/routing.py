@@ -18,7 +18,6 @@ flight, then round robin. Failover goes on in the ``least_waiting`` order.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
@@ -28,12 +27,12 @@ from typing import Any
 import anyio
 
 from gateway.backends import Backend, BackendError
-from gateway.backends.prefix import PromptChain, prompt_chain
+from gateway.backends.prefix import PromptChain, prompt_chain, prompt_name
 from gateway.config.schema import GatewayConfig
 from gateway.context import RequestContext
 from qos.prefix_cache import BlockLRU
 from qos.queueing import request_waiting_time
-from qos.routing import Candidate, PromptDemand, cache_aware_order
+from qos.routing import Candidate, PromptDemand, cache_aware_order, rendezvous_weight
 
 log = logging.getLogger("tokenpace.gateway")
 
@@ -132,7 +131,8 @@ class Router:
             for i, b in enumerate(backends)
         ]
         self._by_name = {s.name: s for s in self.states}
-        self._names = [s.name.encode() for s in self.states]
+        # each backend's rendezvous key: its name's, the same at every gateway replica
+        self._keys = [prompt_name(s.name) for s in self.states]
         self._rr = 0
         self._health = config.health
         self._routing = routing
@@ -207,9 +207,7 @@ class Router:
                 in_flight=s.in_flight,
                 cached_tokens=prompt.tokens_of(m),
                 prefill_tps=self._routing.prefill_tps,
-                affinity=int.from_bytes(
-                    hashlib.blake2b(prompt.anchor, digest_size=8, key=self._names[s.index]).digest()
-                ),
+                affinity=rendezvous_weight(prompt.anchor, self._keys[s.index]),
                 holds_conversation=m > prompt.own_block,
             )
             for s, m in zip(serving, matched, strict=True)

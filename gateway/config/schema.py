@@ -313,7 +313,7 @@ class RoutingConfig(_Strict):
         8000.0, gt=0, description="cache_aware: prompt tokens per second a backend prefills"
     )
     prefix_block_chars: int = Field(
-        256, ge=16, le=65536, description="cache_aware: bytes of prompt text per indexed block"
+        256, ge=16, le=65536, description="cache_aware: characters of prompt text per indexed block"
     )
     prefix_index_blocks: int = Field(
         65536, ge=1, description="cache_aware: blocks remembered per backend (LRU)"

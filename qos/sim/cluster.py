@@ -31,7 +31,7 @@ only their own requests), so this measures what the split indexes cost, not spli
 Conversations run closed-loop (:mod:`qos.sim.conversations`): a turn's reply ends, the
 user thinks, the next turn arrives. Events are processed in time order: an engine
 iteration's tokens reach the router when the iteration ends. Block names are token
-blocks here; the gateway's are byte blocks of the prompt text (:mod:`gateway.backends.prefix`).
+blocks here; the gateway's are character blocks of the prompt text (:mod:`gateway.backends.prefix`).
 This is a simulation of GPU engines that are not here, and says so wherever it is used.
 """
 
@@ -48,7 +48,7 @@ import numpy as np
 from qos.latency import LatencyProfile
 from qos.policy.fcfs import FCFS
 from qos.prefix_cache import BlockLRU
-from qos.routing import Candidate, PromptDemand, cache_aware_order
+from qos.routing import Candidate, PromptDemand, cache_aware_order, splitmix64
 from qos.sim.conversations import Conversation, Turn
 from qos.sim.engine import Engine, SimResult, StepResult
 from qos.sim.workload import SimRequest
@@ -68,14 +68,6 @@ def turn_seconds(profile: LatencyProfile, prompt_tokens: float, reply_tokens: fl
     full decode batches for ``reply_tokens`` (the capacity the sweep's loads refer to)."""
     per_token = float(profile.decode_s(profile.max_batch)) / profile.max_batch
     return profile.prefill_s(max(round(prompt_tokens), 1)) + reply_tokens * per_token
-
-
-def _mix(x: int) -> int:
-    """SplitMix64's finaliser: a well-spread 64-bit hash of ``x`` (the rendezvous weight)."""
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
 
 
 @dataclass
@@ -214,7 +206,7 @@ class ClusterSim:
         chain = turn.blocks(self.block_size)
         p = turn.prompt_tokens
         own_block = turn.system_tokens // self.block_size  # its first own block
-        gateway = _mix(_mix(turn.conversation) ^ turn.index) % len(self.indexes)
+        gateway = splitmix64(splitmix64(turn.conversation) ^ turn.index) % len(self.indexes)
         index = self.indexes[gateway]
         matched = [held.matched(chain) for held in index]
         candidates = [
@@ -224,7 +216,7 @@ class ClusterSim:
                 in_flight=r.in_flight,
                 cached_tokens=min(m * self.block_size, p),
                 prefill_tps=self.prefill_tps,
-                affinity=_mix(turn.conversation * 1_000_003 + j),
+                affinity=splitmix64(turn.conversation * 1_000_003 + j),
                 holds_conversation=m > own_block,
             )
             for j, (r, m) in enumerate(zip(self.replicas, matched, strict=True))

@@ -84,7 +84,7 @@ def test_turns_of_a_conversation_share_their_history_blocks_and_name() -> None:
     text = {"model": MODEL, "prompt": "x" * 1000}
     chain = prompt_chain(text, 256)
     assert len(chain.blocks) == 3 and chain.history_blocks == 0
-    assert chain.anchor == chain.blocks[0].to_bytes(8)
+    assert chain.anchor == prompt_chain({"model": MODEL, "prompt": "x" * 256}, 256).anchor
 
 
 # -- the order ----------------------------------------------------------------------

@@ -19,19 +19,41 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from gateway.backends.prefix import prompt_chain, prompt_name
+from qos.routing import rendezvous_weight
 from tests.support.paths import ROOT
 from tests.support.vllm import local_model, vllm_python
 
 sys.path.insert(0, str(ROOT / "bench"))
 from routing_vllm import (
+    BACKEND_NAMES,
     WORKLOADS,
     client_for,
     conversation,
     engine_counters,
     routing_config,
     servers,
+    text,
 )
 from vllm_harness import serve_gateway
+
+
+def preferred(n: int) -> int:
+    """The engine conversation ``n`` of run ``e2e`` prefers: the first in its rendezvous
+    order (its first turn's messages as :func:`routing_vllm.conversation` sends them)."""
+    w = WORKLOADS["shared"]
+    first_turn = [
+        {"role": "system", "content": text(f"e2e/app{n % 2}", w.system_chars)},
+        {"role": "user", "content": text(f"e2e/{n}/0", w.user_chars)},
+    ]
+    anchor = prompt_chain({"messages": first_turn}, 256).anchor
+    return max(range(2), key=lambda i: rendezvous_weight(anchor, prompt_name(BACKEND_NAMES[i])))
+
+
+# two conversations that prefer each engine
+CONVERSATIONS = [n for n in range(64) if preferred(n) == 0][:2] + [
+    n for n in range(64) if preferred(n) == 1
+][:2]
 
 
 async def drive(urls: list[str], base: str) -> list[list[dict[str, float]]]:
@@ -41,7 +63,7 @@ async def drive(urls: list[str], base: str) -> list[list[dict[str, float]]]:
         one, two = replace(WORKLOADS["shared"], turns=1), replace(WORKLOADS["shared"], turns=2)
         await conversation(client, "warm", 99, one, 0.0)  # both engines answer once
         await conversation(client, "warm", 98, one, 0.0)
-        for n in range(4):
+        for n in CONVERSATIONS:
             before = [await engine_counters(u) for u in urls]
             await conversation(client, "e2e", n, two, 0.0)
             await asyncio.sleep(1.0)  # the engines' counters reach /metrics
@@ -79,4 +101,5 @@ def test_the_second_turn_lands_where_the_first_was_served_and_hits_its_cache(
         # the second turn found the first's prompt (~700 tokens of system prompt and the
         # first user message: over a third of the two turns' prompts) in that engine's cache
         assert home["hits"] >= max(600, 0.35 * home["prompt_tokens"]), gained
-    assert len(set(homes)) == 2, homes  # and the conversations spread over both engines
+    # each went to the engine it prefers, the same at any gateway replica: both engines
+    assert homes == [preferred(n) for n in CONVERSATIONS] == [0, 0, 1, 1], homes
