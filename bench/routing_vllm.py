@@ -20,7 +20,10 @@ does), output tokens/s over the run, and the prefix-cache hit rate each server c
 ``/metrics`` before and after the run). The report gives each run and the medians.
 
 ``routing.prefill_tps`` of the cache-aware gateway is measured first: the extra TTFT of
-a long prompt over a short one, in the gateway's estimated tokens (chars / 4).
+a long prompt over a short one, in the gateway's estimated tokens (chars / 4). So is
+``routing.throughput_tps`` of both gateways, the output tokens/s an engine streams with
+eight replies at once (the waiting-time estimate's Θ): the shipped 1,000 tokens/s is a
+GPU's, and on these engines it would put a queue's wait at a tenth of what it is.
 
     .venv/bin/python bench/routing_vllm.py --workload shared --repeats 3 --out /tmp/routing_vllm
 
@@ -257,6 +260,21 @@ async def measure_prefill_tps(base_url: str) -> float:
     return (2000 - 40) / 4 / max(long - short, 1e-3)
 
 
+async def measure_throughput_tps(base_url: str, streams: int = 16, tokens: int = 64) -> float:
+    """Output tokens per second one engine streams at half of ``streams`` at once (QLM's
+    Θ, the router's waiting-time estimate): ``streams`` short prompts over both engines."""
+    async with client_for(base_url) as client:
+        started = time.perf_counter()
+        done = await asyncio.gather(
+            *(
+                chat_turn(client, [{"role": "user", "content": text(f"theta/{i}", 40)}], tokens)
+                for i in range(streams)
+            )
+        )
+        wall = time.perf_counter() - started
+    return sum(k for _, times in done for _, k in times) / wall / len(BACKEND_NAMES)
+
+
 def summary(replies: list[Reply], wall_s: float, engines: list[dict[str, float]]) -> dict[str, Any]:
     ttft = np.array([r.ttft for r in replies])
     queries = sum(e["queries"] for e in engines)
@@ -278,19 +296,32 @@ def summary(replies: list[Reply], wall_s: float, engines: list[dict[str, float]]
     }
 
 
-async def bench(engines: list[VllmServer], repeats: int, w: ChatWorkload) -> dict[str, Any]:
+SHIPPED_THETA = "cache_aware, shipped Θ"  # --shipped-throughput's arm
+
+
+async def bench(
+    engines: list[VllmServer], repeats: int, w: ChatWorkload, shipped_theta: bool = False
+) -> dict[str, Any]:
     urls = [s.url for s in engines]
     async with serve_gateway(routing_config(engines, {"policy": "least_waiting"})) as probe:
         for i in range(4):  # warm-up: both engines compile their batch shapes
             await run_conversations(probe, f"warm{i}", replace(w, conversations=4, turns=2))
         prefill_tps = await measure_prefill_tps(probe)
+        throughput_tps = await measure_throughput_tps(probe)
+    print(f"prefill {prefill_tps:.0f} tokens/s, throughput {throughput_tps:.0f} tokens/s")
     configs = {
-        "least_waiting": {"policy": "least_waiting"},
-        "cache_aware": {"policy": "cache_aware", "prefill_tps": prefill_tps},
+        "least_waiting": {"policy": "least_waiting", "throughput_tps": throughput_tps},
+        "cache_aware": {
+            "policy": "cache_aware",
+            "prefill_tps": prefill_tps,
+            "throughput_tps": throughput_tps,
+        },
     }
-    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in POLICIES}
+    if shipped_theta:  # the same, Θ left at the shipped routing.throughput_tps
+        configs[SHIPPED_THETA] = {"policy": "cache_aware", "prefill_tps": prefill_tps}
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in configs}
     for rep in range(repeats):
-        for policy in POLICIES:
+        for policy in configs:
             async with serve_gateway(routing_config(engines, configs[policy])) as url:
                 before = [await engine_counters(u) for u in urls]
                 replies, wall = await run_conversations(url, f"{rep}/{policy}", w)
@@ -318,9 +349,14 @@ async def bench(engines: list[VllmServer], repeats: int, w: ChatWorkload) -> dic
                 "hit_rate",
             )
         }
-        for p in POLICIES
+        for p in configs
     }
-    return {"prefill_tps": prefill_tps, "runs": runs, "medians": medians}
+    return {
+        "prefill_tps": prefill_tps,
+        "throughput_tps": throughput_tps,
+        "runs": runs,
+        "medians": medians,
+    }
 
 
 def report(results: dict[str, Any]) -> str:
@@ -329,7 +365,7 @@ def report(results: dict[str, Any]) -> str:
         "| hit rate | engine a hit rate (requests) | engine b hit rate (requests) |",
         "|" + " --- |" * 11,
     ]
-    for policy in POLICIES:
+    for policy in results["runs"]:
         for i, r in enumerate(results["runs"][policy]):
             a, b = r["engines"]
             lines.append(
@@ -360,6 +396,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="shared")
     ap.add_argument("--out", default="/tmp/routing_vllm")
+    ap.add_argument(
+        "--shipped-throughput",
+        action="store_true",
+        help="also run cache_aware with routing.throughput_tps left at its default",
+    )
     args = ap.parse_args()
     workload = WORKLOADS[args.workload]
     started = time.monotonic()
@@ -372,7 +413,7 @@ def main() -> None:
                 s.start()
             for s in engines:
                 s.wait_ready(420.0)
-            results = asyncio.run(bench(engines, args.repeats, workload))
+            results = asyncio.run(bench(engines, args.repeats, workload, args.shipped_throughput))
         finally:
             for s in engines:
                 s.stop()
