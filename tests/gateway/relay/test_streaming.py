@@ -82,7 +82,10 @@ async def test_failover_before_first_byte(mode):
 async def test_failover_when_backend_is_down():
     dead_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     async with upstream() as good:
-        config = make_config([backend_entry(dead_url, "dead"), backend_entry(good, "good")])
+        config = make_config(  # least_waiting: a fresh gateway tries the first backend first
+            [backend_entry(dead_url, "dead"), backend_entry(good, "good")],
+            routing={"policy": "least_waiting"},
+        )
         async with gateway(config) as gw:
             # the start-up health check already marked it down
             assert not gw.state.router.states[0].healthy
