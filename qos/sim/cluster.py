@@ -48,7 +48,13 @@ import numpy as np
 from qos.latency import LatencyProfile
 from qos.policy.fcfs import FCFS
 from qos.prefix_cache import BlockLRU
-from qos.routing import Candidate, PromptDemand, cache_aware_order, splitmix64
+from qos.routing import (
+    Candidate,
+    PromptDemand,
+    cache_aware_order,
+    rendezvous_weight,
+    splitmix64,
+)
 from qos.sim.conversations import Conversation, Turn
 from qos.sim.engine import Engine, SimResult, StepResult
 from qos.sim.workload import SimRequest
@@ -216,7 +222,7 @@ class ClusterSim:
                 in_flight=r.in_flight,
                 cached_tokens=min(m * self.block_size, p),
                 prefill_tps=self.prefill_tps,
-                affinity=splitmix64(turn.conversation * 1_000_003 + j),
+                affinity=rendezvous_weight(splitmix64(turn.conversation), j),
                 holds_conversation=m > own_block,
             )
             for j, (r, m) in enumerate(zip(self.replicas, matched, strict=True))
