@@ -5,10 +5,10 @@ prompt) is cut into blocks of ``block_chars`` characters, and block ``i`` named 
 Python's ``hash`` of block ``i``'s text and the name of block ``i - 1``: a name stands
 for the whole prefix to its end (:mod:`qos.prefix_cache`). A character block is not a
 token block, so a name is a close estimate of what an engine holds, not its own block
-hash (llm-d's approximate prefix scorer works the same way). ``hash`` is SipHash with a
-key drawn when the process starts: the names mean something only in the process that
-made them, which is where its index lives, and a client cannot choose texts whose names
-collide.
+hash (llm-d's approximate prefix scorer works the same way). A text's ``hash`` is
+SipHash with a key drawn when the process starts: the names mean something only in the
+process that made them, which is where its index lives, and a client cannot choose texts
+whose names collide.
 
 A conversation is named by BLAKE2b (8 bytes) of its text up to the end of its first user
 message (``anchor``): every later turn resends that text unchanged, and the name is the
