@@ -139,6 +139,11 @@ STORE_SERIES = {
     "tokenpace_store_errors_total": "refused",
     "tokenpace_store_pool_waits_total": "pool_waits",
 }
+# the cache_aware router's series: prompt tokens routed, and those its index held
+ROUTING_SERIES = {
+    "tokenpace_backend_prompt_tokens": "prompt_tokens",
+    "tokenpace_backend_prefix_cached_tokens": "cached_tokens",
+}
 
 
 # ---------------------------------------------------------------------------------
@@ -503,29 +508,24 @@ class Bench:
         finally:
             client.close()
         out["redis_commands"] -= 1  # this INFO
-        text = urllib.request.urlopen(
-            f"http://127.0.0.1:{self.ports[target]}/metrics", timeout=10
-        ).read()
-        out.update(dict.fromkeys(STORE_SERIES.values(), 0.0))
-        for family in text_string_to_metric_families(text.decode()):
-            for sample in family.samples:
-                if sample.name in STORE_SERIES:
-                    out[STORE_SERIES[sample.name]] += sample.value
-        return out
+        return {**out, **self.series_sums(target, STORE_SERIES)}
 
     def routing_counters(self, target: str) -> dict[str, float]:
         """The gateway's prompt tokens routed cache_aware, and those its index held, all
         backends together."""
+        return self.series_sums(target, ROUTING_SERIES)
+
+    def series_sums(self, target: str, series: dict[str, str]) -> dict[str, float]:
+        """The gateway's ``/metrics`` samples of ``series`` (name -> short name), each
+        summed over its labels, by short name."""
         text = urllib.request.urlopen(
             f"http://127.0.0.1:{self.ports[target]}/metrics", timeout=10
         ).read()
-        out = {"prompt_tokens": 0.0, "cached_tokens": 0.0}
+        out = dict.fromkeys(series.values(), 0.0)
         for family in text_string_to_metric_families(text.decode()):
             for sample in family.samples:
-                if sample.name == "tokenpace_backend_prompt_tokens":
-                    out["prompt_tokens"] += sample.value
-                elif sample.name == "tokenpace_backend_prefix_cached_tokens":
-                    out["cached_tokens"] += sample.value
+                if sample.name in series:
+                    out[series[sample.name]] += sample.value
         return out
 
     def fill(self, target: str) -> dict[str, Any]:
