@@ -48,13 +48,7 @@ import numpy as np
 from qos.latency import LatencyProfile
 from qos.policy.fcfs import FCFS
 from qos.prefix_cache import BlockLRU
-from qos.routing import (
-    Candidate,
-    PromptDemand,
-    cache_aware_order,
-    rendezvous_weight,
-    splitmix64,
-)
+from qos.routing import Candidate, PromptDemand, cache_aware_order, rendezvous_weight, splitmix64
 from qos.sim.conversations import Conversation, Turn
 from qos.sim.engine import Engine, SimResult, StepResult
 from qos.sim.workload import SimRequest
@@ -212,7 +206,8 @@ class ClusterSim:
         chain = turn.blocks(self.block_size)
         p = turn.prompt_tokens
         own_block = turn.system_tokens // self.block_size  # its first own block
-        gateway = splitmix64(splitmix64(turn.conversation) ^ turn.index) % len(self.indexes)
+        conversation = splitmix64(turn.conversation)  # its name, as the gateway's anchor
+        gateway = splitmix64(conversation ^ turn.index) % len(self.indexes)
         index = self.indexes[gateway]
         matched = [held.matched(chain) for held in index]
         candidates = [
@@ -222,7 +217,7 @@ class ClusterSim:
                 in_flight=r.in_flight,
                 cached_tokens=min(m * self.block_size, p),
                 prefill_tps=self.prefill_tps,
-                affinity=rendezvous_weight(splitmix64(turn.conversation), j),
+                affinity=rendezvous_weight(conversation, j),
                 holds_conversation=m > own_block,
             )
             for j, (r, m) in enumerate(zip(self.replicas, matched, strict=True))
