@@ -23,7 +23,7 @@ does), output tokens/s over the run, and the prefix-cache hit rate each server c
 a long prompt over a short one, in the gateway's estimated tokens (chars / 4). So is
 ``routing.throughput_tps`` of both gateways, the output tokens/s an engine streams with
 eight replies at once (the waiting-time estimate's Θ): the shipped 1,000 tokens/s is a
-GPU's, and on these engines it would put a queue's wait at a tenth of what it is.
+GPU's, and on these engines it would put a queue's wait at about a quarter of what it is.
 
     .venv/bin/python bench/routing_vllm.py --workload shared --repeats 3 --out /tmp/routing_vllm
 
