@@ -18,6 +18,7 @@ uses it as its estimate of what each backend holds.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 
@@ -30,7 +31,9 @@ class BlockLRU:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity: must be an integer >= 1, got {capacity!r}")
         self.capacity = capacity
-        self._held: dict[Hashable, None] = {}  # insertion order = recency, oldest first
+        # an OrderedDict, not a dict: its oldest entry is found and moved in O(1) (a dict's
+        # first live entry is found by stepping over every entry deleted before it)
+        self._held: OrderedDict[Hashable, None] = OrderedDict()  # oldest first
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -54,21 +57,13 @@ class BlockLRU:
     def touch(self, chain: Sequence[Hashable]) -> None:
         """``chain``'s blocks were just used: hold them as the freshest, last block first."""
         held = self._held
+        freshest = held.move_to_end
         for block in reversed(chain[: self.capacity]):
-            held.pop(block, 0)
             held[block] = None
+            freshest(block)
         excess = len(held) - self.capacity
         if excess > 0:
-            for block in _oldest(held, excess):
-                del held[block]
+            stalest = held.popitem
+            for _ in range(excess):
+                stalest(last=False)
             self.evictions += excess
-
-
-def _oldest(held: dict[Hashable, None], n: int) -> list[Hashable]:
-    """The ``n`` least recently used names of ``held``."""
-    out: list[Hashable] = []
-    for block in held:
-        if len(out) == n:
-            break
-        out.append(block)
-    return out
