@@ -58,13 +58,17 @@ def ctx() -> RequestContext:
     return RequestContext("r", "t", 1.0, TIER, "chat.completions", MODEL, True, 0.0, 256)
 
 
-def measure(backends: int, conversations: int, history: int, requests: int) -> dict[str, Any]:
+def measure(
+    backends: int, conversations: int, history: int, requests: int, index_blocks: int | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"backends": backends, "conversations": conversations}
     rng = random.Random(0)
     for policy in ("least_waiting", "cache_aware"):
         routing: dict[str, Any] = {"policy": policy}
-        if policy == "cache_aware":  # room for every conversation: the bound is the test
-            routing["prefix_index_blocks"] = 4 * conversations * (history // 256 + 4) // backends
+        if policy == "cache_aware":  # by default, room for every conversation
+            routing["prefix_index_blocks"] = index_blocks or (
+                4 * conversations * (history // 256 + 4) // backends
+            )
         config = parse_config(
             {"tenants": [{"name": "t", "api_keys": ["k" * 16]}], "routing": routing}
         )
@@ -121,6 +125,11 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=100_000)
     ap.add_argument("--history", type=int, default=2000, help="characters of earlier turns")
     ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument(
+        "--index-blocks",
+        type=int,
+        help="blocks per backend's index (default: room for four times the conversations)",
+    )
     ap.add_argument("--chain-only", action="store_true", help="time the prompt chain alone")
     args = ap.parse_args()
     if args.chain_only:
@@ -132,7 +141,7 @@ def main() -> None:
     )
     print("|" + " --- |" * 9)
     for n in (int(x) for x in args.backends.split(",")):
-        r = measure(n, args.conversations, args.history, args.requests)
+        r = measure(n, args.conversations, args.history, args.requests, args.index_blocks)
         i = r["index"]
         lw, ca = r["least_waiting"], r["cache_aware"]
         print(
