@@ -15,9 +15,11 @@ Every run uses texts of its own (a run number leads every system prompt), so no 
 another's prompts in a cache; the two policies run alternately, ``--repeats`` times each,
 on the same two servers. Measured per run: the client's TTFT (p50, p90), the Andes QoE
 of every reply against the chat tier (scaled to the engine, as ``bench/vllm_compare.py``
-does), output tokens/s over the run, and the prefix-cache hit rate each server counts
-(``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total``, read from its
-``/metrics`` before and after the run). The report gives each run and the medians.
+does), what its readers saw at that pace (the share of replies frozen over 2 s, and the
+user idle latency p99: :func:`qos.metrics.reader_summary`), output tokens/s over the
+run, and the prefix-cache hit rate each server counts (``vllm:prefix_cache_hits_total``
+over ``vllm:prefix_cache_queries_total``, read from its ``/metrics`` before and after
+the run). The report gives each run and the medians.
 
 ``routing.prefill_tps`` of the cache-aware gateway is measured first: the extra TTFT of
 a long prompt over a short one, in the gateway's estimated tokens (chars / 4). So is
@@ -52,7 +54,7 @@ from vllm_harness import API_KEY, ROOT, VllmServer, gateway_client, serve_gatewa
 
 from gateway.config.loader import parse_config
 from gateway.config.schema import GatewayConfig
-from qos.metrics import andes_qoe
+from qos.metrics import reader_summary, reply_qoe
 
 MODEL = "small"
 TIER = {"ttft": 0.5, "tds": 40.0, "priority": 1}  # the engine streams ~100-400 tokens/s
@@ -182,6 +184,8 @@ class Reply:
     times: list[tuple[float, int]] = field(repr=False)
     tokens: int
     qoe: float
+    longest_freeze_s: float  # what its reader, at TIER's pace, saw stop the longest
+    idle_s: float  # user idle latency (Wang et al. Eq. 9)
 
 
 async def chat_turn(
@@ -222,9 +226,23 @@ async def conversation(
         messages.append({"role": "user", "content": text(f"{run}/{n}/{t}", w.user_chars)})
         answer, times = await chat_turn(client, messages, w.reply_tokens)
         chars = sum(len(m["content"]) for m in messages)
-        qoe = andes_qoe(times, TIER["ttft"], TIER["tds"]) if times else 0.0
+        if not times:
+            raise RuntimeError(f"conversation {n} turn {t}: the reply streamed no token")
+        seen = reply_qoe(times, TIER["ttft"], TIER["tds"])
         tokens = sum(k for _, k in times)
-        replies.append(Reply(n, t, chars, times[0][0] if times else np.nan, times, tokens, qoe))
+        replies.append(
+            Reply(
+                n,
+                t,
+                chars,
+                times[0][0],
+                times,
+                tokens,
+                seen.andes,
+                seen.freezes.longest_s,
+                seen.idle_s,
+            )
+        )
         messages.append({"role": "assistant", "content": answer})
         await asyncio.sleep(w.think_s)
     return replies
@@ -279,8 +297,9 @@ def summary(replies: list[Reply], wall_s: float, engines: list[dict[str, float]]
     ttft = np.array([r.ttft for r in replies])
     queries = sum(e["queries"] for e in engines)
     hits = sum(e["hits"] for e in engines)
+    readers = reader_summary([r.longest_freeze_s for r in replies], [r.idle_s for r in replies])
     return {
-        "replies": len(replies),
+        **readers.as_dict(),
         "ttft_p50_s": float(np.percentile(ttft, 50)),
         "ttft_p90_s": float(np.percentile(ttft, 90)),
         "ttft_p99_s": float(np.percentile(ttft, 99)),
@@ -345,6 +364,8 @@ async def bench(
                 "ttft_p99_s",
                 "qoe_mean",
                 "qoe_p10",
+                "frozen_over_2s",
+                "idle_p99_s",
                 "tokens_per_s",
                 "hit_rate",
             )
@@ -361,9 +382,10 @@ async def bench(
 
 def report(results: dict[str, Any]) -> str:
     lines = [
-        "| routing | run | TTFT p50 s | TTFT p90 s | TTFT p99 s | QoE mean | QoE p10 | tokens/s "
-        "| hit rate | engine a hit rate (requests) | engine b hit rate (requests) |",
-        "|" + " --- |" * 11,
+        "| routing | run | TTFT p50 s | TTFT p90 s | TTFT p99 s | QoE mean | QoE p10 "
+        "| frozen > 2 s | idle p99 s | tokens/s | hit rate | engine a hit rate (requests) "
+        "| engine b hit rate (requests) |",
+        "|" + " --- |" * 13,
     ]
     for policy in results["runs"]:
         for i, r in enumerate(results["runs"][policy]):
@@ -371,6 +393,7 @@ def report(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {policy} | {i} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} "
                 f"| {r['ttft_p99_s']:.3f} | {r['qoe_mean']:.3f} | {r['qoe_p10']:.3f} "
+                f"| {r['frozen_over_2s']:.3f} | {r['idle_p99_s']:.3f} "
                 f"| {r['tokens_per_s']:.0f} | {r['hit_rate']:.3f} "
                 f"| {a['hit_rate']:.3f} ({a['requests']:.0f}) "
                 f"| {b['hit_rate']:.3f} ({b['requests']:.0f}) |"
@@ -379,6 +402,7 @@ def report(results: dict[str, Any]) -> str:
         lines.append(
             f"| {policy} | median | {m['ttft_p50_s']:.3f} | {m['ttft_p90_s']:.3f} "
             f"| {m['ttft_p99_s']:.3f} | {m['qoe_mean']:.3f} | {m['qoe_p10']:.3f} "
+            f"| {m['frozen_over_2s']:.3f} | {m['idle_p99_s']:.3f} "
             f"| {m['tokens_per_s']:.0f} | {m['hit_rate']:.3f} | | |"
         )
     ca, lw = results["medians"]["cache_aware"], results["medians"]["least_waiting"]
