@@ -54,16 +54,26 @@ class BlockLRU:
                 hi = mid
         return lo
 
-    def touch(self, chain: Sequence[Hashable]) -> None:
-        """``chain``'s blocks were just used: hold them as the freshest, last block first."""
+    def touch(self, chain: Sequence[Hashable]) -> int:
+        """``chain``'s blocks were just used: hold them as the freshest, last block first.
+        Returns how many leading blocks were held before (:meth:`matched`)."""
+        chain = chain[: self.capacity]
+        was_held = self.matched(chain)
         held = self._held
-        freshest = held.move_to_end
-        for block in reversed(chain[: self.capacity]):
+        for block in reversed(chain[was_held:]):  # new: each in at the freshest end
             held[block] = None
-            freshest(block)
+        freshest = held.move_to_end
+        try:
+            for block in reversed(chain[:was_held]):  # held (a prefix): each moved there
+                freshest(block)
+        except KeyError:  # not a prefix after all (names that collide): each held anew
+            for block in reversed(chain):
+                held[block] = None
+                freshest(block)
         excess = len(held) - self.capacity
         if excess > 0:
             stalest = held.popitem
             for _ in range(excess):
                 stalest(last=False)
             self.evictions += excess
+        return was_held

@@ -67,8 +67,7 @@ class BackendState:
     def sent(self, prompt: PromptChain) -> None:
         """``prompt`` goes to this backend: count what it held, then hold it."""
         self.prompt_tokens += prompt.tokens
-        self.cached_tokens += prompt.tokens_of(self.cache.matched(prompt.blocks))
-        self.cache.touch(prompt.blocks)
+        self.cached_tokens += prompt.tokens_of(self.cache.touch(prompt.blocks))
 
     def waiting_time(self) -> float:
         return request_waiting_time(self.outstanding_tokens, self.throughput_tps)

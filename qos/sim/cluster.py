@@ -173,8 +173,7 @@ class ClusterSim:
         def cached_prefix(request: SimRequest) -> int:
             replica = self.replicas[j]
             chain = self._turns[request.id].blocks(self.block_size)
-            hit = min(replica.cache.matched(chain) * self.block_size, request.prompt_tokens)
-            replica.cache.touch(chain)
+            hit = min(replica.cache.touch(chain) * self.block_size, request.prompt_tokens)
             replica.prompt_tokens += request.prompt_tokens
             replica.cached_tokens += hit
             return hit

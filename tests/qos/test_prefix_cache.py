@@ -73,3 +73,22 @@ def test_a_full_index_costs_a_touch_no_more_than_one_with_room() -> None:
             times[id(lru)] += time.perf_counter() - started
     assert full.evictions > 150_000 and roomy.evictions == 0  # every touch evicts
     assert times[id(full)] < 2.0 * times[id(roomy)], times
+
+
+def test_a_touch_tells_what_was_held_before_it() -> None:
+    lru = BlockLRU(100)
+    assert lru.touch([1, 2, 3]) == 0
+    assert lru.touch([1, 2, 3, 4]) == 3  # the next turn: its history was held
+    assert lru.touch([1, 2, 3, 4]) == 4
+    assert lru.touch([1, 7]) == 1
+
+
+def test_a_held_part_that_is_not_a_prefix_is_held_anew() -> None:
+    """Names that collide could leave a chain's later blocks held and an earlier one not:
+    the touch still holds the whole chain, in its order, rather than fail."""
+    lru = BlockLRU(100)
+    lru.touch([1, 2, 3])
+    assert lru.touch([9, 2, 3]) == 3  # the bisection sees 2 and 3 held
+    assert lru.matched([9, 2, 3]) == 3 and len(lru) == 4
+    lru.touch([5])
+    assert list(lru._held)[-4:] == [3, 2, 9, 5]  # 9 freshest of its chain, then 5

@@ -13,7 +13,8 @@ The budgets are the counts of the code they were set on (Python 3.11) plus a mar
 targets:
 
 - per block, 3 calls: its name (``hash`` of the pair of the previous name and the
-  block's text), the chain's ``append`` and the index's move of it to the freshest end.
+  block's text), the chain's ``append`` and the index's move of it to the freshest end
+  (a block the index held; one it did not goes in at that end with no call).
   Naming it by a keyed BLAKE2b cost 4 (``digest`` and ``int.from_bytes`` in place of
   ``hash``) and about four times the CPU. No margin: a call more a block is a third more.
 - per backend, 24 calls: whether it serves the model, its index's bisection, its
@@ -63,9 +64,11 @@ def filled(backends: int) -> Router:
 
 async def test_routing_a_turn_costs_a_few_calls_a_block_and_a_backend() -> None:
     two, eight = filled(2), filled(8)
-    short, short_blocks = calls(two, conversation(7, 2))
-    # the same messages, a longer reply in the history: more blocks alone
-    long, long_blocks = calls(two, conversation(7, 2, reply="Certainly. " * 300))
+    short, short_blocks = calls(two, conversation(7, 2))  # its blocks held (filled)
+    # the same messages, a longer reply in the history: more blocks alone, held as well
+    longer = conversation(7, 2, reply="Certainly. " * 300)
+    calls(two, longer)
+    long, long_blocks = calls(two, longer)
     wide, _ = calls(eight, conversation(7, 2))
     per_block = (long - short) / (long_blocks - short_blocks)
     per_backend = (wide - short) / 6
