@@ -66,9 +66,8 @@ def measure(
     for policy in ("least_waiting", "cache_aware"):
         routing: dict[str, Any] = {"policy": policy}
         if policy == "cache_aware":  # by default, room for every conversation
-            routing["prefix_index_blocks"] = index_blocks or (
-                4 * conversations * (history // 256 + 4) // backends
-            )
+            roomy = 4 * conversations * (history // 256 + 4) // backends
+            routing["prefix_index_blocks"] = roomy if index_blocks is None else index_blocks
         config = parse_config(
             {"tenants": [{"name": "t", "api_keys": ["k" * 16]}], "routing": routing}
         )
