@@ -7,9 +7,11 @@ with ``least_waiting`` (today's) and one with ``cache_aware``. The official ``op
 client drives multi-turn conversations through a gateway: each conversation belongs to
 one of two apps, whose system prompt it starts with; every turn resends the history (the
 earlier user messages and the replies as they came back) and a new user message; the
-user thinks between turns; the conversations run at once (:data:`WORKLOADS`: ``shared``,
-a long system prompt, most of every prompt; ``history``, a short one and long
-conversations, whose history is most of every prompt).
+user thinks between turns (``--think-s`` sets how long); the conversations run at once
+(:data:`WORKLOADS`: ``shared``, a long system prompt, most of every prompt; ``history``,
+a short one and long conversations, whose history is most of every prompt;
+``cache_bound``, histories that overflow one engine's KV cache, which is made smaller
+than what the conversations fill together).
 
 Every run uses texts of its own (a run number leads every system prompt), so no run finds
 another's prompts in a cache; the two policies run alternately, ``--repeats`` times each,
@@ -70,6 +72,7 @@ class ChatWorkload:
     reply_tokens: int = 32
     system_chars: int = 900  # ~700 tokens of this model's tokenizer (~1.3 characters a token)
     user_chars: int = 150
+    kv_blocks: int = 0  # each engine's KV cache in 32-token blocks (0: vLLM sizes it)
 
 
 WORKLOADS = {
@@ -78,6 +81,17 @@ WORKLOADS = {
     # a short system prompt and long conversations: most of each prompt is its history
     "history": ChatWorkload(
         conversations=8, turns=7, reply_tokens=64, system_chars=120, user_chars=200
+    ),
+    # at their last turn the conversations fill ~830 blocks, 1.6 engines' caches: where one sees
+    # every conversation, each evicts what the other turns need; where each sees half, its
+    # half fits (a cache smaller than what is served: the production regime)
+    "cache_bound": ChatWorkload(
+        conversations=16,
+        turns=6,
+        reply_tokens=32,
+        system_chars=120,
+        user_chars=300,
+        kv_blocks=512,
     ),
 }
 POLICIES = ("least_waiting", "cache_aware")
@@ -118,8 +132,9 @@ def text(seed: str, chars: int) -> str:
     return " ".join(words)[:chars]
 
 
-def servers(python: str, model: str, workdir: Path) -> list[VllmServer]:
-    """The two engines (not started), each logging its statistics for ``/metrics``."""
+def servers(python: str, model: str, workdir: Path, kv_blocks: int = 0) -> list[VllmServer]:
+    """The two engines (not started), each logging its statistics for ``/metrics``, with
+    ``kv_blocks`` blocks of KV cache (0: vLLM sizes it, room for every run)."""
     return [
         VllmServer(
             python,
@@ -127,7 +142,7 @@ def servers(python: str, model: str, workdir: Path) -> list[VllmServer]:
             MODEL,
             "fcfs",
             workdir / name,
-            kv_blocks=0,  # vLLM sizes the cache (VLLM_CPU_KVCACHE_SPACE): room for every run
+            kv_blocks=kv_blocks,
             block_size=32,  # the CPU build's attention needs a multiple of 32
             max_num_seqs=16,
             max_model_len=2048,
@@ -420,6 +435,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="shared")
     ap.add_argument("--out", default="/tmp/routing_vllm")
+    ap.add_argument("--think-s", type=float, help="the user's think time between turns")
     ap.add_argument(
         "--shipped-throughput",
         action="store_true",
@@ -427,11 +443,15 @@ def main() -> None:
     )
     args = ap.parse_args()
     workload = WORKLOADS[args.workload]
+    if args.think_s is not None:
+        if args.think_s < 0:
+            ap.error(f"--think-s: at least 0, got {args.think_s}")
+        workload = replace(workload, think_s=args.think_s)
     started = time.monotonic()
     python = str(ROOT / ".venv-vllm" / "bin" / "python")
     model = str(ROOT / ".models" / "small-llama")
     with tempfile.TemporaryDirectory(prefix="routing-vllm-") as tmp:
-        engines = servers(python, model, Path(tmp))
+        engines = servers(python, model, Path(tmp), workload.kv_blocks)
         try:
             for s in engines:
                 s.start()
