@@ -50,12 +50,15 @@ for a short reply (a late start is a larger share of it) and a fast tier.
 order among the healthy ones within the load bound, is taken to hold the conversation's
 history (``history_tokens``: what its earlier turns computed) and whatever prefix of the
 prompt any replica holds (a shared system prompt: the preferred replica computes it once
-and holds it from then on), as it does when every turn went there. So every router sends
-every turn of a conversation to its preferred replica, knowing its earlier turns or not,
-unless that replica is past the load bound or would start the reply late enough to cost
-QoE. A replica this router knows holds the conversation (step 5) is taken to hold its
-history too (it computed the earlier turns' replies as well) and, holding as much, wins
-over the preferred one. Otherwise the router's own index (``h_r``) picks the fallback
+and holds it from then on), as it does when every turn went there. So a router that
+knows none of a conversation's earlier turns sends it to its preferred replica, unless
+that replica is past the load bound or would start the reply late enough to cost QoE. A
+replica this router knows holds the conversation (step 5) is taken to hold its history
+(it computed the earlier turns' replies as well), and then the preferred one is not: it
+counts only what the index says it holds, since this router saw the earlier turns go
+elsewhere (a cold first turn, a turn past the load bound). Were both taken to hold the
+history, the preferred one would win the turn whenever its queue were a little shorter,
+and the turn would compute its whole history again. Otherwise the router's own index (``h_r``) picks the fallback
 that holds the most, and the rendezvous order the rest. A cold prompt goes where it
 starts soonest (step 6), not to its preferred replica: if its next turn comes to
 another router, that router sends it to the preferred replica, which holds nothing of
@@ -149,9 +152,12 @@ def cache_aware_order(
     p = demand.prompt_tokens
     anywhere = max(demand.history_tokens, max(c.cached_tokens for c in candidates))
     cold = anywhere == 0
+    # the preferred replica is assumed to hold the history only where no replica is known
+    # to: a router that saw an earlier turn go elsewhere knows better than the assumption
+    assumed = None if any(c.holds_conversation for c in candidates) else preferred
     keys = []
     for i, c in enumerate(candidates):
-        held = anywhere if i == preferred or c.holds_conversation else c.cached_tokens
+        held = anywhere if i == assumed or c.holds_conversation else c.cached_tokens
         uncached = max(p - min(held, p), 0)
         ttft = c.waiting_s + uncached / c.prefill_tps
         q = delayed_start_qoe(ttft, demand.ttft, demand.tds, demand.output_tokens)

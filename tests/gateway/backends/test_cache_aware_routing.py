@@ -188,6 +188,15 @@ def test_a_backend_known_to_hold_the_conversation_beats_the_one_assumed_to() -> 
     # to hold this one: the preferred replica keeps the turn
     shared = Candidate(True, 0.0, 0, 600, 8000.0, 1)
     assert cache_aware_order([assumed, shared], demand, 1.25) == [0, 1]
+    # past the tier's TTFT, the preferred replica's shorter queue does not win the turn
+    # on history it is only assumed to hold: there it would compute all 1,000 tokens
+    # (1.0 s at 1,000 tokens/s, first token at 2.0 s), the known holder 200 (at 1.7 s)
+    assumed = Candidate(True, 1.0, 0, 0, 1000.0, 9)
+    known = Candidate(True, 1.5, 0, 600, 1000.0, 1, holds_conversation=True)
+    assert cache_aware_order([assumed, known], demand, 1.25) == [1, 0]
+    # with no replica known to hold the conversation, the assumption stands
+    unknown = Candidate(True, 1.5, 0, 600, 1000.0, 1)
+    assert cache_aware_order([assumed, unknown], demand, 1.25) == [0, 1]
     # through the router: turn 1 spills from its preferred backend past the load bound;
     # turn 2 goes where turn 1 was served, not back to the preferred one
     r = router(2, load_factor=1.0)
