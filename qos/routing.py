@@ -58,11 +58,11 @@ replica this router knows holds the conversation (step 5) is taken to hold its h
 counts only what the index says it holds, since this router saw the earlier turns go
 elsewhere (a cold first turn, a turn past the load bound). Were both taken to hold the
 history, the preferred one would win the turn whenever its queue were a little shorter,
-and the turn would compute its whole history again. Otherwise the router's own index (``h_r``) picks the fallback
-that holds the most, and the rendezvous order the rest. A cold prompt goes where it
-starts soonest (step 6), not to its preferred replica: if its next turn comes to
-another router, that router sends it to the preferred replica, which holds nothing of
-it, and the turn is computed again.
+and the turn would compute its whole history again. Otherwise the router's own index
+(``h_r``) picks the fallback that holds the most, and the rendezvous order the rest. A
+cold prompt goes where it starts soonest (step 6), not to its preferred replica: if its
+next turn comes to another router, that router sends it to the preferred replica, which
+holds nothing of it, and the turn is computed again.
 """
 
 from __future__ import annotations
