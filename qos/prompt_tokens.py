@@ -17,7 +17,12 @@ MESSAGE_OVERHEAD_TOKENS = 4  # a chat message's role and framing around its cont
 
 def estimate_text_tokens(text: str) -> int:
     """Tokens of a prompt text: ``max(1, round(len(text) / 4))``."""
-    return _tokens(len(text))
+    return estimate_chars_tokens(len(text))
+
+
+def estimate_chars_tokens(chars: int) -> int:
+    """Tokens of ``chars`` characters of prompt text: ``max(1, round(chars / 4))``."""
+    return max(1, round(chars / CHARS_PER_TOKEN))
 
 
 def estimate_prompt_tokens(body: Mapping[str, object]) -> int:
@@ -34,11 +39,7 @@ def estimate_prompt_tokens(body: Mapping[str, object]) -> int:
             if isinstance(message, dict):
                 chars += _chars(message.get("content"))
                 chars += MESSAGE_OVERHEAD_TOKENS * CHARS_PER_TOKEN
-    return _tokens(chars)
-
-
-def _tokens(chars: int) -> int:
-    return max(1, round(chars / CHARS_PER_TOKEN))
+    return estimate_chars_tokens(chars)
 
 
 def _chars(value: object) -> int:

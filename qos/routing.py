@@ -3,11 +3,15 @@
 A replica that already holds the start of a prompt (its prefix cache) skips that part of
 the prefill, so its first token comes sooner. For each candidate replica ``r``:
 
-    TTFT_r = W_r + (p - h_r) / P_r
+    TTFT_r = W_r + (p - h_r) / P_r,    W_r = O_r / Θ_r + F_r / P_r
 
-with ``W_r`` the wait before it starts the request (QLM's request waiting time, Patke
-et al. §6 Eq. 2), ``p`` the prompt's tokens, ``h_r`` those of them ``r`` holds and
-``P_r`` its prefill speed (prompt tokens/s).
+with ``W_r`` the wait before it starts the request: the output tokens ``O_r`` still
+expected from the requests on it over its token throughput ``Θ_r`` (QLM's request
+waiting time, Patke et al. §6 Eq. 2), plus the prompt tokens ``F_r`` of those still
+waiting for their first token and not held in its cache, over its prefill speed ``P_r``
+(prompt tokens/s): a prefill queued ahead delays the request as much as its decode does,
+and on an engine whose prefill is slow next to a decode step it is most of the wait.
+``p`` is the prompt's tokens and ``h_r`` those of them ``r`` holds.
 
 **Its QoE.** If the reply then streams at least at the reader's pace ``TDS``, every token
 is read ``δ_r = (TTFT_r - TTFT_tier)⁺`` late, so the digestion deficit of the monotone QoE
@@ -115,12 +119,18 @@ class Candidate:
     """What a router knows of one replica when a request arrives."""
 
     healthy: bool
-    waiting_s: float  # W_r
+    decode_wait_s: float  # O_r / Θ_r: the queue's decode
     in_flight: int
     cached_tokens: int  # h_r, from the router's own index
     prefill_tps: float  # P_r
     affinity: int  # the conversation's rendezvous weight on this replica (higher first)
     holds_conversation: bool = False  # the router's index holds its own text: a turn went there
+    queued_prefill_tokens: int = 0  # F_r: uncached prompt tokens before their first token
+
+    @property
+    def wait_s(self) -> float:
+        """``W_r = O_r / Θ_r + F_r / P_r``: the wait before it starts a request."""
+        return self.decode_wait_s + self.queued_prefill_tokens / self.prefill_tps
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +169,10 @@ def cache_aware_order(
     for i, c in enumerate(candidates):
         held = anywhere if i == assumed or c.holds_conversation else c.cached_tokens
         uncached = max(p - min(held, p), 0)
-        ttft = c.waiting_s + uncached / c.prefill_tps
+        wait = c.wait_s
+        ttft = wait + uncached / c.prefill_tps
         q = delayed_start_qoe(ttft, demand.ttft, demand.tds, demand.output_tokens)
-        soonest = (c.waiting_s, c.in_flight) if cold else (0.0, 0)
+        soonest = (wait, c.in_flight) if cold else (0.0, 0)
         keys.append(
             (
                 not c.healthy,

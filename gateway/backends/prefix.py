@@ -14,12 +14,14 @@ A conversation is named by BLAKE2b (8 bytes) of its text up to the end of its fi
 message (``anchor``): every later turn resends that text unchanged, and the name is the
 same in every gateway replica and every worker, since rendezvous routing
 (:mod:`qos.routing`) is how they agree. Its history, what the earlier turns computed, is
-its text up to the end of its last assistant message. Its own text starts with that
-first user message (``own_block``: the block where it starts); what comes before it (a
-system prompt) may be shared by many conversations, so a backend whose estimated cache
-reaches past ``own_block`` is one an earlier turn of this conversation (or the same
-prompt) went to. A completion's prompt has no turns: its first block names it, and it
-has no history and no text of its own.
+its text up to the end of its last assistant message, counted in tokens by the same
+chars/4 rule as the whole prompt (not in whole blocks: a block cut short at the history's
+end was computed all the same). Its own text starts with that first user message
+(``own_block``: the block where it starts); what comes before it (a system prompt) may be
+shared by many conversations, so a backend whose estimated cache reaches past
+``own_block`` is one an earlier turn of this conversation (or the same prompt) went to.
+A completion's prompt has no turns: its first block names it, and it has no history and
+no text of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from qos.prompt_tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
+from qos.prompt_tokens import CHARS_PER_TOKEN, estimate_chars_tokens, estimate_prompt_tokens
 
 _SEPARATOR = "\x1e"  # between messages: no two message lists read as one text
 
@@ -39,7 +41,7 @@ class PromptChain:
 
     blocks: tuple[int, ...]  # the names of its whole blocks, first first
     anchor: int  # its conversation's name
-    history_blocks: int  # whole blocks its conversation's earlier turns computed
+    history_tokens: int  # prompt tokens its conversation's earlier turns computed
     own_block: int  # the first block with its conversation's own text (len(blocks): none)
     tokens: int  # prompt tokens (estimated: :func:`qos.prompt_tokens.estimate_prompt_tokens`)
     block_tokens: float  # tokens a block stands for (block_chars / 4)
@@ -91,6 +93,7 @@ def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
         prompt = body.get("prompt")
         parts.append(_text(prompt if not isinstance(prompt, list) else prompt[:1]))
     text = "".join(parts)
+    tokens = estimate_prompt_tokens(body)
     blocks: list[int] = []
     name = 0
     for start in range(0, len(text) - block_chars + 1, block_chars):
@@ -99,8 +102,8 @@ def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
     return PromptChain(
         blocks=tuple(blocks),
         anchor=prompt_name(text[: anchor_end or block_chars]),
-        history_blocks=history_end // block_chars,
+        history_tokens=min(estimate_chars_tokens(history_end), tokens) if history_end else 0,
         own_block=len(blocks) if own_start is None else own_start // block_chars,
-        tokens=estimate_prompt_tokens(body),
+        tokens=tokens,
         block_tokens=block_chars / CHARS_PER_TOKEN,
     )

@@ -7,12 +7,14 @@ expected output is its ``max_tokens`` capped by ``routing.expected_output_tokens
 (QLM uses the mean output length for the queue), and shrinks as its tokens stream back.
 
 ``routing.policy: cache_aware`` (the default) ranks the backends by the QoE of the
-request's first token, counting the prefill each one saves with what its prefix cache
-holds (:func:`qos.routing.cache_aware_order`; this replica's estimate of the caches:
-a :class:`~qos.prefix_cache.BlockLRU` per backend of the prompts sent there, read as
-:mod:`gateway.backends.prefix` chains), within a bound on each backend's share of the
-requests in flight. ``least_waiting``: the least waiting time, then fewer requests in
-flight, then round robin. Failover goes on in the ``least_waiting`` order.
+request's first token (:func:`qos.routing.cache_aware_order`), within a bound on each
+backend's share of the requests in flight. It counts the prefill each backend saves with
+what its prefix cache holds (this replica's estimate of the caches: a
+:class:`~qos.prefix_cache.BlockLRU` per backend of the prompts sent there, read as
+:mod:`gateway.backends.prefix` chains), and the prefills queued on it: a request's
+uncached prompt tokens, from when it is sent until its first token comes back.
+``least_waiting``: the least waiting time, then fewer requests in flight, then round
+robin. Failover goes on in the ``least_waiting`` order.
 """
 
 from __future__ import annotations
@@ -60,14 +62,21 @@ class BackendState:
     prompt_tokens: int = 0  # of the requests sent here (cache_aware), all together
     cached_tokens: int = 0  # ... of those, the estimate said the backend held
 
+    queued_prefill_tokens: int = 0  # ... of those not yet started, the ones it did not hold
+
     @property
     def name(self) -> str:
         return self.backend.name
 
-    def sent(self, prompt: PromptChain) -> None:
-        """``prompt`` goes to this backend: count what it held, then hold it."""
+    def sent(self, prompt: PromptChain) -> int:
+        """``prompt`` goes to this backend: count what it held, then hold it. Returns its
+        tokens the backend did not hold: the prefill queued here until its first token."""
         self.prompt_tokens += prompt.tokens
-        self.cached_tokens += prompt.tokens_of(self.cache.touch(prompt.blocks))
+        cached = prompt.tokens_of(self.cache.touch(prompt.blocks))
+        self.cached_tokens += cached
+        prefill = prompt.tokens - cached
+        self.queued_prefill_tokens += prefill
+        return prefill
 
     def waiting_time(self) -> float:
         return request_waiting_time(self.outstanding_tokens, self.throughput_tps)
@@ -84,35 +93,44 @@ class Lease:
     state: BackendState
     remaining: int
     prompt: PromptChain | None = None  # cache_aware: sent on with the request on failover
+    prefill: int = 0  # its prompt tokens the backend computes before its first token
     released: bool = field(default=False)
 
     def tokens(self, n: int) -> None:
-        """``n`` more output tokens arrived: that much less work is outstanding."""
+        """``n`` more output tokens arrived: that much less work is outstanding, and the
+        prefill is done."""
         if n <= 0 or self.released:
             return
         dec = min(n, self.remaining)
         self.remaining -= dec
         self.state.outstanding_tokens -= dec
+        self._prefilled()
 
     def move(self, state: BackendState) -> None:
         """The request now runs on ``state``: its share of the work goes with it."""
         if self.released or state is self.state:
             return
+        self._prefilled()
         self.state.in_flight -= 1
         self.state.outstanding_tokens -= self.remaining
         state.in_flight += 1
         state.outstanding_tokens += self.remaining
         self.state = state
         if self.prompt is not None:
-            state.sent(self.prompt)
+            self.prefill = state.sent(self.prompt)
 
     def release(self) -> None:
         if self.released:
             return
         self.released = True
+        self._prefilled()
         self.state.in_flight -= 1
         self.state.outstanding_tokens -= self.remaining
         self.remaining = 0
+
+    def _prefilled(self) -> None:
+        self.state.queued_prefill_tokens -= self.prefill
+        self.prefill = 0
 
 
 class Router:
@@ -145,7 +163,7 @@ class Router:
         prompt = prompt_chain(body, self._routing.prefix_block_chars)
         demand = PromptDemand(
             prompt_tokens=prompt.tokens,
-            history_tokens=prompt.tokens_of(prompt.history_blocks),
+            history_tokens=prompt.history_tokens,
             output_tokens=ctx.expected_tokens,
             ttft=ctx.tier.ttft,
             tds=ctx.tier.tds,
@@ -202,12 +220,13 @@ class Router:
         candidates = [
             Candidate(
                 healthy=s.healthy,
-                waiting_s=s.waiting_time(),
+                decode_wait_s=s.waiting_time(),
                 in_flight=s.in_flight,
                 cached_tokens=prompt.tokens_of(m),
                 prefill_tps=self._routing.prefill_tps,
                 affinity=rendezvous_weight(prompt.anchor, self._keys[s.index]),
                 holds_conversation=m > prompt.own_block,
+                queued_prefill_tokens=s.queued_prefill_tokens,
             )
             for s, m in zip(serving, matched, strict=True)
         ]
@@ -234,10 +253,9 @@ class Router:
     ) -> Lease:
         state.in_flight += 1
         state.outstanding_tokens += expected_tokens
-        prompt = routed.prompt if routed is not None else None
-        if prompt is not None:
-            state.sent(prompt)
-        return Lease(state, expected_tokens, prompt)
+        if routed is None:
+            return Lease(state, expected_tokens)
+        return Lease(state, expected_tokens, routed.prompt, state.sent(routed.prompt))
 
     def report_failure(self, state: BackendState, exc: BackendError) -> None:
         state.last_error = exc.message

@@ -20,7 +20,9 @@ stream back, never the replicas' caches. Policies (``routing``):
 ``cache_aware``
     the gateway's ``cache_aware`` (:func:`qos.routing.cache_aware_order`), with the
     router's own index of the prompts it sent (one :class:`BlockLRU` per replica, the
-    size of the replica's cache). The conversation's identity is its number.
+    size of the replica's cache) and, as the gateway, the prompt tokens it expected each
+    replica to compute for the requests whose first token has not come. The
+    conversation's identity is its number.
 
 ``gateways`` (cache_aware): that many gateway replicas, each with its own index, every
 turn at one of them by a hash of the conversation and the turn's number (a load balancer
@@ -79,6 +81,7 @@ class Replica:
     busy: bool = False
     in_flight: int = 0
     outstanding: int = 0  # output tokens still expected (the router's estimate)
+    queued_prefill: int = 0  # uncached prompt tokens before their first token (its estimate)
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # found in the cache at prefill
@@ -164,6 +167,7 @@ class ClusterSim:
         self.indexes = [[BlockLRU(blocks) for _ in range(replicas)] for _ in range(gateways)]
         self._turns: dict[str, Turn] = {}
         self._remaining: dict[str, int] = {}  # output tokens still expected, per request
+        self._prefill: dict[str, int] = {}  # the router's estimate of a request's prefill
         self._rr = 0
         self._ttft, self._tds = 1.0, 4.8  # the tier, set by :meth:`run`
 
@@ -212,18 +216,20 @@ class ClusterSim:
         candidates = [
             Candidate(
                 healthy=True,
-                waiting_s=r.outstanding / self.theta,
+                decode_wait_s=r.outstanding / self.theta,
                 in_flight=r.in_flight,
                 cached_tokens=min(m * self.block_size, p),
                 prefill_tps=self.prefill_tps,
                 affinity=rendezvous_weight(conversation, j),
                 holds_conversation=m > own_block,
+                queued_prefill_tokens=r.queued_prefill,
             )
             for j, (r, m) in enumerate(zip(self.replicas, matched, strict=True))
         ]
         history = turn.system_tokens + turn.history_tokens if turn.index else 0
         demand = PromptDemand(p, history, EXPECTED_OUTPUT, self._ttft, self._tds)
         choice = cache_aware_order(candidates, demand, self.load_factor)[0]
+        self._prefill[turn.id] = p - candidates[choice].cached_tokens
         index[choice].touch(chain)
         return choice
 
@@ -258,6 +264,7 @@ class ClusterSim:
                 )
                 replica.in_flight += 1
                 replica.outstanding += EXPECTED_OUTPUT
+                replica.queued_prefill += self._prefill.get(turn.id, 0)
                 replica.requests += 1
             else:  # an iteration ended
                 j, res = payload
@@ -265,6 +272,7 @@ class ClusterSim:
                 replica.busy = False
                 last_token = max(last_token, now)
                 for rid, _, done in res.emitted:
+                    replica.queued_prefill -= self._prefill.pop(rid, 0)
                     left = self._remaining[rid]
                     if done:
                         replica.in_flight -= 1

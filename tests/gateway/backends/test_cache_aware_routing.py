@@ -70,12 +70,16 @@ def send(r: Router, body: dict[str, Any], **kw: Any) -> str:
 # -- the prompt chain ---------------------------------------------------------------
 
 
-def test_turns_of_a_conversation_share_their_history_blocks_and_name() -> None:
+def test_turns_of_a_conversation_share_their_history_and_name() -> None:
     one, two = prompt_chain(conversation(1, 1), 256), prompt_chain(conversation(1, 2), 256)
     other = prompt_chain(conversation(2, 2), 256)
     assert one.blocks and two.blocks[: len(one.blocks)] == one.blocks  # turn 1 is a prefix
     assert one.anchor == two.anchor != other.anchor  # the conversation's name stays
-    assert one.history_blocks == 0 and two.history_blocks > len(one.blocks)
+    # the history in tokens by chars/4, to the end of the last reply, not in whole blocks
+    history = conversation(1, 2)["messages"][:3]
+    chars = sum(len(f"{m['role']}:{m['content']}\x1e") for m in history)
+    assert one.history_tokens == 0 and two.history_tokens == round(chars / 4)
+    assert two.history_tokens > two.tokens_of(chars // 256)
     shared = len(SYSTEM) // 256  # the system prompt's whole blocks are shared
     assert two.blocks[:shared] == other.blocks[:shared]
     assert two.blocks[shared + 1] != other.blocks[shared + 1]
@@ -83,7 +87,7 @@ def test_turns_of_a_conversation_share_their_history_blocks_and_name() -> None:
     # a completion prompt: named by its first block, no history
     text = {"model": MODEL, "prompt": "x" * 1000}
     chain = prompt_chain(text, 256)
-    assert len(chain.blocks) == 3 and chain.history_blocks == 0
+    assert len(chain.blocks) == 3 and chain.history_tokens == 0
     assert chain.anchor == prompt_chain({"model": MODEL, "prompt": "x" * 256}, 256).anchor
 
 
@@ -120,6 +124,7 @@ def test_a_cache_hit_is_not_worth_a_late_first_token() -> None:
     slow = router(2, prefill_tps=50.0)
     first = send(slow, conversation(3, 1))
     slow.state(first).outstanding_tokens = 5000
+    slow.state(first).queued_prefill_tokens = 0  # turn 1's first token came back
     assert send(slow, conversation(3, 2)) == first
 
 
@@ -175,6 +180,34 @@ def test_a_cold_prompt_goes_where_it_starts_soonest() -> None:
     preferred, other = r.ranked(MODEL, routed=r.routed(single, ctx()))
     preferred.outstanding_tokens = 200  # 0.2 s of work: well inside the tier's TTFT
     assert r.ranked(MODEL, routed=r.routed(single, ctx()))[0] is other
+
+
+def test_prefills_queued_on_a_backend_count_in_its_wait() -> None:
+    # equal decode queues; 2,000 uncached prompt tokens wait on the first at 1,000
+    # tokens/s: its wait is 2 s longer, for a cold prompt and for a late warm one alike
+    queued = Candidate(True, 0.1, 1, 0, 1000.0, 9, queued_prefill_tokens=2000)
+    free = Candidate(True, 0.1, 1, 0, 1000.0, 1)
+    assert queued.wait_s == 2.1 and free.wait_s == 0.1
+    assert cache_aware_order([queued, free], PromptDemand(500, 0, 256, 1.0, 4.8), 4.0) == [1, 0]
+    assert cache_aware_order([queued, free], PromptDemand(1000, 600, 256, 1.0, 4.8), 4.0) == [
+        1,
+        0,
+    ]
+    # through the router: a request's uncached prompt waits on its backend until its
+    # first token comes back, and moves with it on failover
+    r = router(2)
+    routed = r.routed(conversation(7, 1), ctx())
+    first, second = r.ranked(MODEL, routed=routed)
+    lease = r.acquire(first, 256, routed)
+    assert first.queued_prefill_tokens == routed.prompt.tokens == lease.prefill
+    lease.move(second)
+    assert first.queued_prefill_tokens == 0 and second.queued_prefill_tokens == lease.prefill
+    lease.tokens(1)
+    assert second.queued_prefill_tokens == 0 == lease.prefill
+    again = r.acquire(second, 256, r.routed(conversation(7, 1), ctx()))
+    assert 0 <= second.queued_prefill_tokens == again.prefill < routed.prompt.tokens  # held
+    again.release()
+    assert second.queued_prefill_tokens == 0
 
 
 def test_a_backend_known_to_hold_the_conversation_beats_the_one_assumed_to() -> None:

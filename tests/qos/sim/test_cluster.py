@@ -69,6 +69,8 @@ def test_cache_aware_routing_finds_the_history_where_least_waiting_does_not(runs
     n = sum(len(c.turns) for c in build_conversations(SHAPE, 60, 1.0, seed=5))
     for run in (rr, lw, ca):
         assert run.result.n_requests == n and not run.result.unfinished
+        # every request's queued prefill was released at its first token
+        assert all(r.queued_prefill == 0 and r.in_flight == 0 for r in run.replicas)
     assert ca.hit_rate > lw.hit_rate + 0.05 and ca.hit_rate > rr.hit_rate + 0.05
     assert ca.hit_rate > 0.9
     assert (
