@@ -23,22 +23,6 @@ is read ``δ_r = (TTFT_r - TTFT_tier)⁺`` late, so the digestion deficit of the
 1 while the first token comes within the tier's TTFT, falling as it comes later, faster
 for a short reply (a late start is a larger share of it) and a fast tier.
 
-**What it costs the others.** A replica that recomputes more of the prompt than another
-would spends ``Δ_r = (u_r - u_min) / P_r`` more seconds of its engine on it (``u_r = p -
-h_r``, ``u_min`` the least over the candidates). A continuous batch runs that prefill in
-the steps that decode its other ``n_r`` requests in flight, so each of them waits ``Δ_r``
-longer for its next tokens. With the router blind to their buffers, each is taken as a
-reader of the same tier with nothing buffered, whose QoE a ``Δ_r`` delay takes down by
-the closed form above:
-
-    L_r = n_r · (1 - l / (l + 2·TDS·Δ_r))
-
-So a turn leaves the replica holding its history for an idle one (``n_r = 0``: its prefill
-fills idle time) whenever its own first token gains, but for a busy one only when what
-the reader gains outweighs what the readers there lose. Judged on ``Q_r`` alone, a turn
-would move whenever the other queue were a little shorter than the history's prefill, and
-under load every such move adds its history's prefill to the cluster's work.
-
 **The order** (:func:`cache_aware_order`):
 
 1. healthy replicas first;
@@ -47,8 +31,8 @@ under load every such move adds its history's prefill to the cluster's work.
    lets no replica hold more than ``⌈c · (m + 1) / n⌉`` of the ``m + 1`` requests in
    flight (this one included) over ``n`` replicas, ``c = 1 + ε``, so a hot conversation
    or a shared system prompt cannot pile onto one replica;
-3. the higher ``Q_r - L_r``: what the readers get comes first. The wait ``W_r`` counts
-   only here: a replica's queue matters when the reader would see it;
+3. the higher ``Q_r``: what the reader gets comes first. The wait ``W_r`` counts only
+   here: a replica's queue matters when the reader would see it;
 4. fewer uncached prompt tokens ``p - h_r``: where every candidate meets the tier's TTFT
    (all ``Q_r = 1``), the one that recomputes least, since a prefill is engine time taken
    from every other request on that replica (the cluster's throughput);
@@ -181,27 +165,20 @@ def cache_aware_order(
     # the preferred replica is assumed to hold the history only where no replica is known
     # to: a router that saw an earlier turn go elsewhere knows better than the assumption
     assumed = None if any(c.holds_conversation for c in candidates) else preferred
-    uncached = [
-        p - min(anywhere if i == assumed or c.holds_conversation else c.cached_tokens, p)
-        for i, c in enumerate(candidates)
-    ]
-    least = min(uncached)
     keys = []
     for i, c in enumerate(candidates):
+        held = anywhere if i == assumed or c.holds_conversation else c.cached_tokens
+        uncached = max(p - min(held, p), 0)
         wait = c.wait_s
-        ttft = wait + uncached[i] / c.prefill_tps
+        ttft = wait + uncached / c.prefill_tps
         q = delayed_start_qoe(ttft, demand.ttft, demand.tds, demand.output_tokens)
-        extra_s = (uncached[i] - least) / c.prefill_tps
-        others = c.in_flight * (
-            1.0 - delayed_start_qoe(extra_s, 0.0, demand.tds, demand.output_tokens)
-        )
         soonest = (wait, c.in_flight) if cold else (0.0, 0)
         keys.append(
             (
                 not c.healthy,
                 not within[i],
-                others - q,
-                uncached[i],
+                -q,
+                uncached,
                 not c.holds_conversation,
                 *soonest,
                 -c.affinity,
