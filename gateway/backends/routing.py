@@ -61,8 +61,7 @@ class BackendState:
     checked_at: float | None = None
     prompt_tokens: int = 0  # of the requests sent here (cache_aware), all together
     cached_tokens: int = 0  # ... of those, the estimate said the backend held
-
-    queued_prefill_tokens: int = 0  # ... of those not yet started, the ones it did not hold
+    queued_prefill_tokens: int = 0  # uncached prompt tokens of those before their first token
 
     @property
     def name(self) -> str:
