@@ -92,6 +92,7 @@ prefills. docs/architecture/policy.md derives this and docs/benchmarks.md measur
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -117,7 +118,7 @@ trace and over four times its length (docs/benchmarks.md)."""
 
 RECLAIM_AFTER_TTFTS = 0.5
 """A request within its plan's guarantee takes back the KV of borrowed replies
-(:meth:`ReaderGuard._plans`) only once it has waited this many TTFTs: admitted then,
+(:meth:`ReaderGuard.admission_lines`) only once it has waited this many TTFTs: admitted then,
 its first token still comes within its TTFT (a prefill takes a fraction of one), and
 until then a running reply often ends and frees room for it, where every reclaim costs
 the lender a recompute (0, 0.5 and 1 measured: docs/benchmarks.md, "Price plans")."""
@@ -210,7 +211,8 @@ class ReaderGuard:
     def readers(self, table: RequestTable) -> np.ndarray:
         """Which rows have a reader watching the text appear: all but those of the
         ``non_reader_tiers``, whose QoE is about when the reply ends, not its pace."""
-        skip = [i for i, name in enumerate(table.tier_names) if name in self.non_reader_tiers]
+        tiers = self.non_reader_tiers
+        skip = [i for i, name in enumerate(table.tier_names) if name in tiers]
         if not skip:
             return np.ones(table.n, dtype=bool)
         readers: np.ndarray = ~np.isin(table.col("tier"), skip)
@@ -341,12 +343,13 @@ class ReaderGuard:
         decision) and moves its KV out and back, 2·c a token (c: the profile's swap
         cost; where it has none, the loan is recomputed, p a token)."""
         lent = kv_committed - kv_watermark
-        if self.lend_after_s is None or lent <= 0:
+        lend_after_s = self.lend_after_s
+        if lend_after_s is None or lent <= 0:
             return 0.0
         p = self.profile
         swap = p.swap_per_token_s
         per_token = 2.0 * swap if swap is not None else p.prefill_per_token_s
-        loan_s = self.lend_after_s * (1.0 - RETURN_AT) - margin
+        loan_s = lend_after_s * (1.0 - RETURN_AT) - margin
         return lent * per_token / max(loan_s, margin)
 
     def apply(
@@ -368,139 +371,165 @@ class ReaderGuard:
         share of the cache admissions may fill; ``room_wait_s``: the expected time until
         a running reply ends (1/λ, λ the completion rate); ``reply_s``: how long a reply
         holds its room (the mean time from arrival to completion)."""
-        tau, levels, admissions_in_order = ranking.tau, ranking.levels, ranking.admissions
+        tau = ranking.tau
+        replies = self.replies(table, capacity, demand, now, tau)
+        due, forced = _due(replies, capacity, ranking.levels)
+        fresh = ranking.admissions[~replies.committed[ranking.admissions]]
+        overdue, fresh = self.overdue(table, fresh, now, room_wait_s)
+        waiting = np.concatenate((overdue, fresh))
+        watermark = int(kv_watermark * capacity.kv_tokens)
+        loans = self.loan_share(float(replies.kv), watermark, replies.margin)
+        reader_rate = self.reader_rate(
+            table, capacity, demand, replies.committed, waiting, room_wait_s, loans
+        )
+        sequence_rate = reader_rate / capacity.max_batch
+        asks = self.asks(table, sequence_rate, replies.yielding)
+        batch = _Batch(
+            table,
+            demand,
+            replies.committed,
+            asks,
+            self.readers(table),
+            capacity.max_batch,
+            self.profile,
+        )
+        # a request that would pass its TTFT before the next decision has a user about to
+        # notice a wait too (the wait for the first token is idle latency, Wang et al. Eq.
+        # 9): its prefill goes in whatever the budget, and counts against it
+        waited = now + replies.margin - table.col("arrival")
+        batch.first_due = ~replies.committed & (waited > table.col("ttft"))
+        _take_due(batch, replies, due, capacity)
+        paced = table.col("reader_pace") < sequence_rate
+        batch.budget = self._prefill_budget(
+            replies.slack, paced, batch.keep, replies.committed, tau
+        )
+        lines = self.admission_lines(
+            table, replies, capacity, overdue, fresh, watermark, asks, reader_rate, now, reply_s
+        )
+        room = self.room(table, capacity, replies, watermark, room_wait_s, tau)
+        rate = reader_rate - float(asks[replies.committed].sum())  # the rate room
+        if capacity.pauses:
+            self._fill_pausing(batch, replies, lines, capacity, room, rate)
+        else:
+            self._fill_recomputing(batch, replies, lines, capacity, room, rate)
+        _progress(batch, replies, lines, capacity, room.watermark)
+        holds = np.zeros(table.n, dtype=np.int8)
+        held = waiting[~batch.keep[waiting]]
+        holds[held] = batch.holds[held]
+        return Decision(batch.keep, holds, forced, _count(replies.running & ~batch.keep))
+
+    def replies(
+        self, table: RequestTable, capacity: Capacity, demand: np.ndarray, now: float, tau: float
+    ) -> _Replies:
+        """What a decision reads of the replies: :class:`_Replies`."""
         running = table.running
         started = table.col("output") > 0
-        committed = started | running
         margin = self.margin_s(tau, capacity)
         yielding = self.yielding(table, now, tau, capacity)
         slack = self.slack(table, now, tau, yielding)
         p = self.profile
-        recompute = p.prefill_base_s + p.prefill_per_token_s * table.context  # KV lost
-        must = started & (slack <= margin)
-        # started replies that could not wait for their own recompute (KV lost) either
-        short = started & (slack - recompute <= margin)
-        if not capacity.pauses:  # a running reply left out would be recomputed first
-            must |= running & short
-        must |= running & ~started  # a prefill under way (the engine's own chunking)
-        forced = _count(must & ~running)
-        fresh = admissions_in_order[~committed[admissions_in_order]]
-        overdue, fresh = self.overdue(table, fresh, now, room_wait_s)
-        waiting = np.concatenate((overdue, fresh))
-        watermark = int(kv_watermark * capacity.kv_tokens)
-        committed_kv = int(demand @ committed)
-        loans = self.loan_share(float(committed_kv), watermark, margin)
-        reader_rate = self.reader_rate(
-            table, capacity, demand, committed, waiting, room_wait_s, loans
+        recompute = p.prefill_base_s + p.prefill_per_token_s * table.context
+        committed = started | running
+        return _Replies(
+            running=running,
+            started=started,
+            committed=committed,
+            resident=running | (table.col("computed") > 0),
+            yielding=yielding,
+            slack=slack,
+            short=started & (slack - recompute <= margin),
+            recompute_s=recompute,
+            margin=margin,
+            demand=demand,
+            kv=int(demand @ committed),
         )
-        readers = self.readers(table)
-        sequence_rate = reader_rate / capacity.max_batch
-        asks = self.asks(table, sequence_rate, yielding)
-        batch = _Batch(table, demand, committed, asks, readers, capacity.max_batch, self.profile)
-        # a request that would pass its TTFT before the next decision has a user about to
-        # notice a wait too (the wait for the first token is idle latency, Wang et al. Eq.
-        # 9): its prefill goes in whatever the budget, and counts against it
-        waited = now + margin - table.col("arrival")
-        batch.first_due = ~committed & (waited > table.col("ttft"))
-        due = _by(slack, must)
-        if levels is not None:
-            due = due[np.argsort(levels[due], kind="stable")]
-        resident = running | (table.col("computed") > 0)  # its KV in the cache
-        holding = 0
-        if capacity.pauses:
-            # a due reply that lost its KV comes back only into what is left once the
-            # replies in the cache that are due, or would be after a recompute, keep
-            # theirs: pushing one out would pass the recompute on, one a decision, with
-            # nobody served sooner (rule 2, as where pausing loses the KV)
-            batch.take(due[resident[due]], capacity.kv_tokens)
-            keeps = resident & short & ~batch.keep
-            holding = int(demand @ keeps)
-            due = due[~resident[due]]
-        batch.take(due, capacity.kv_tokens - batch.kv - holding)
-        paced = table.col("reader_pace") < sequence_rate
-        batch.budget = self._prefill_budget(slack, paced, batch.keep, committed, tau)
-        rest = committed & ~batch.keep
-        rate = reader_rate - float(asks[committed].sum())  # the rate room
-        lines = [_Line(overdue, fresh)]
-        if self.weights:
-            # replies that can give their KV back where pausing keeps it: started, with it
-            # in the cache, and their recompute, the margin and RECLAIM_SLACK_S of slack to
-            # spare (so none is due)
-            spare = slack - recompute > margin + RECLAIM_SLACK_S
-            lenders = started & (table.col("computed") > 0) & spare & capacity.pauses
-            lines = self._plans(
-                table,
-                overdue,
-                fresh,
-                committed,
-                demand,
-                watermark,
-                asks,
-                reader_rate,
-                now,
-                reply_s,
-                lenders,
-            )
-        reserved = committed
+
+    def room(
+        self,
+        table: RequestTable,
+        capacity: Capacity,
+        replies: _Replies,
+        watermark: int,
+        room_wait_s: float,
+        tau: float,
+    ) -> _Room:
+        """The KV fresh requests may take (rule 3): :class:`_Room`."""
+        reserved = replies.committed
         if capacity.pauses:
             # a reply whose reader is away holding its return cushion lends its KV: it
             # stays in the cache until admissions need it, and the cushion covers the
             # recompute on return (:meth:`return_s`); taken back when due (rule 1)
-            reserved = committed & ~yielding
-        if self.lend_after_s is not None:  # replies due later than that lend their KV
-            reserved = committed & (slack <= self.lend_after_s)
+            reserved = replies.committed & ~replies.yielding
+        lend_after_s = self.lend_after_s
+        if lend_after_s is not None:  # replies due later than that lend their KV
+            reserved = replies.committed & (replies.slack <= lend_after_s)
+        demand = replies.demand
         # what the running replies grow by until the next one ends and frees its KV, and
         # at least until the next decision: admitting into it would have the cache
         # outgrown
-        horizon_s = max(min(room_wait_s, GROWTH_HORIZON_S), margin)
+        horizon_s = max(min(room_wait_s, GROWTH_HORIZON_S), replies.margin)
         growth = _growth(table, capacity, demand, horizon_s / tau)
-        room = watermark - int(demand @ reserved) - growth
         # requests past their TTFT may also take the watermark's headroom, while the
         # running replies' growth over the whole GROWTH_HORIZON_S stays free (past that,
         # under sustained overload, the cache was outgrown and replies recomputed), but
         # not the KV of replies whose readers are away: it comes back with them
         late_growth = _growth(table, capacity, demand, GROWTH_HORIZON_S / tau)
-        late_room = capacity.kv_tokens - committed_kv - late_growth
-        if capacity.pauses:
-            # Pausing keeps the KV: fresh requests take the slots that replies ahead of
-            # their readers give up, then the replies fill what is left: those whose KV
-            # is in the cache, then, into what the paused ones leave free, those that
-            # lost it (a reply brought back early must not push a paused one out), and
-            # only while every committed reply's KV fits the cache: past that (loans, the
-            # replies' own growth) the one brought back pushes another out later, to come
-            # back in turn, each move a recompute (replies went in and out dozens of
-            # times, docs/benchmarks.md, "Price plans"); it comes back when due (rule 1).
-            self._admit(batch, lines, min(room, watermark - batch.kv), rate)
-            _admit_late(batch, lines, late_room, capacity, rate)
-            if self.lend_after_s is not None:
-                # lenders halfway due come back into the KV of paused replies that would
-                # lend theirs, within the prefill budget: spread over the iterations, not
-                # all at once when due (rule 1), as lenders lent together would be
-                staying = int(demand @ (rest & resident & (slack <= self.lend_after_s)))
-                back = rest & ~resident & (slack <= self.lend_after_s * RETURN_AT)
-                batch.take(_by(slack, back), capacity.kv_tokens - batch.kv - staying)
-            batch.take(_by(slack, rest & resident), capacity.kv_tokens - batch.kv)
-            if committed_kv <= capacity.kv_tokens:
-                paused = int(demand @ (resident & ~batch.keep))
-                batch.take(_by(slack, rest & ~resident), capacity.kv_tokens - batch.kv - paused)
-        else:
-            # Pausing would lose the KV: the running replies stay, the parked ones come
-            # back, then fresh requests take the room left.
-            batch.take(_by(slack, rest & running), capacity.kv_tokens - batch.kv)
-            batch.take(_by(slack, rest & ~running), watermark - batch.kv)
-            self._admit(batch, lines, min(room, watermark - batch.kv), rate)
-            _admit_late(batch, lines, late_room, capacity, rate)
-        if not batch.keep.any():
-            # progress: an engine that would run nothing brings back a reply that gave
-            # way, least slack first, even where the committed replies' KV together
-            # exceeds the cache (a batch job's reply, never due, would wait for ever)
-            batch.take(_by(slack, committed), capacity.kv_tokens)
-        if not committed.any() and not batch.keep.any():
-            _admit_first(batch, lines, watermark)
-        holds = np.zeros(table.n, dtype=np.int8)
-        held = waiting[~batch.keep[waiting]]
-        holds[held] = batch.holds[held]
-        return Decision(batch.keep, holds, forced, _count(running & ~batch.keep))
+        return _Room(
+            watermark=watermark,
+            fresh=watermark - int(demand @ reserved) - growth,
+            late=capacity.kv_tokens - replies.kv - late_growth,
+        )
+
+    def _fill_pausing(
+        self,
+        batch: _Batch,
+        replies: _Replies,
+        lines: list[_Line],
+        capacity: Capacity,
+        room: _Room,
+        rate: float,
+    ) -> None:
+        """Where pausing keeps the KV: fresh requests take the slots that replies ahead of
+        their readers give up, then the replies fill what is left: those whose KV is in
+        the cache, then, into what the paused ones leave free, those that lost it (a
+        reply brought back early must not push a paused one out), and only while every
+        committed reply's KV fits the cache: past that (loans, the replies' own growth)
+        the one brought back pushes another out later, to come back in turn, each move a
+        recompute (replies went in and out dozens of times, docs/benchmarks.md, "Price
+        plans"); it comes back when due (rule 1)."""
+        kv, slack, resident = capacity.kv_tokens, replies.slack, replies.resident
+        lend_after_s = self.lend_after_s
+        rest = replies.committed & ~batch.keep
+        self._admit(batch, lines, min(room.fresh, room.watermark - batch.kv), rate)
+        _admit_late(batch, lines, room.late, capacity, rate)
+        if lend_after_s is not None:
+            # lenders halfway due come back into the KV of paused replies that would
+            # lend theirs, within the prefill budget: spread over the iterations, not
+            # all at once when due (rule 1), as lenders lent together would be
+            staying = int(replies.demand @ (rest & resident & (slack <= lend_after_s)))
+            back = rest & ~resident & (slack <= lend_after_s * RETURN_AT)
+            batch.take(_by(slack, back), kv - batch.kv - staying)
+        batch.take(_by(slack, rest & resident), kv - batch.kv)
+        if replies.kv <= kv:
+            paused = int(replies.demand @ (resident & ~batch.keep))
+            batch.take(_by(slack, rest & ~resident), kv - batch.kv - paused)
+
+    def _fill_recomputing(
+        self,
+        batch: _Batch,
+        replies: _Replies,
+        lines: list[_Line],
+        capacity: Capacity,
+        room: _Room,
+        rate: float,
+    ) -> None:
+        """Where pausing would lose the KV: the running replies stay, the parked ones come
+        back, then fresh requests take the room left."""
+        rest = replies.committed & ~batch.keep
+        batch.take(_by(replies.slack, rest & replies.running), capacity.kv_tokens - batch.kv)
+        batch.take(_by(replies.slack, rest & ~replies.running), room.watermark - batch.kv)
+        self._admit(batch, lines, min(room.fresh, room.watermark - batch.kv), rate)
+        _admit_late(batch, lines, room.late, capacity, rate)
 
     def overdue(
         self, table: RequestTable, rows: np.ndarray, now: float, room_wait_s: float = 0.0
@@ -510,43 +539,46 @@ class ReaderGuard:
         overdue once it has waited ``overdue_after_ttfts`` times its TTFT and
         ``overdue_after_fcfs_waits`` times FCFS's wait now: the requests waiting times
         ``room_wait_s``, the expected time until a running reply ends and admits one."""
-        if self.overdue_after_ttfts is None or not rows.size:
+        ttfts = self.overdue_after_ttfts
+        if ttfts is None or not rows.size:
             return rows[:0], rows
         arrival = table.col("arrival")[rows]
         fcfs_wait_s = rows.size * room_wait_s
         bound = np.maximum(
-            self.overdue_after_ttfts * table.col("ttft")[rows],
+            ttfts * table.col("ttft")[rows],
             self.overdue_after_fcfs_waits * fcfs_wait_s,
         )
         late = now - arrival > bound
         oldest = rows[late][np.argsort(arrival[late], kind="stable")]
         return oldest, rows[~late]
 
-    def _plans(
+    def admission_lines(
         self,
         table: RequestTable,
+        replies: _Replies,
+        capacity: Capacity,
         overdue: np.ndarray,
         fresh: np.ndarray,
-        committed: np.ndarray,
-        demand: np.ndarray,
         room: int,
         asks: np.ndarray,
         reader_rate: float,
         now: float,
         reply_s: float,
-        lenders: np.ndarray,
     ) -> list[_Line]:
         """The waiting requests as lines of admission (:mod:`qos.policy.plans`): one
-        line; or, when tenants' weights differ, three: the requests within their
+        line; or, when the tenants' weights act and differ, three: the requests within their
         tenants' guarantees; those beyond them but within plan (borrowing what another
         tenant does not use); the rest, the higher weights first. The last two leave the
         tenants' headroom free. Each rule holds for both resources, the cache (``room``)
         and the readers' rate (``reader_rate``, tokens a second, of which each row
         takes ``asks``). Once a request within
         its guarantee has waited RECLAIM_AFTER_TTFTS, the first line may also take the
-        KV of the replies of mask ``lenders`` that run on borrowed room
+        KV of the replies that can lend it (:func:`_lenders`) and run on borrowed room
         (:func:`~qos.policy.plans.reclaimable`): the engine drops it and they are
         recomputed when due."""
+        if not self.weights:
+            return [_Line(overdue, fresh)]
+        committed, demand = replies.committed, replies.demand
         waiting = np.concatenate((overdue, fresh))
         present = committed.copy()
         present[waiting] = True
@@ -576,7 +608,8 @@ class ReaderGuard:
         reclaim = 0.0
         if waited.any():
             borrowed = plans.beyond_guarantee(table, committed, demand, guarantees[0])
-            reclaim = plans.reclaimable(table, committed, lenders & borrowed, demand, guarantees[0])
+            lenders = _lenders(table, replies, capacity) & borrowed
+            reclaim = plans.reclaimable(table, committed, lenders, demand, guarantees[0])
         borrowing, beyond = within & ~guaranteed, ~within & ~guaranteed
         n = overdue.size
         return [
@@ -631,6 +664,34 @@ class ReaderGuard:
         if waits.size:
             budget = min(budget, float(waits.min()) - tau - self.profile.prefill_base_s)
         return budget
+
+
+@dataclass(frozen=True)
+class _Replies:
+    """What one decision reads of the table's rows (module doc, rules 1-2)."""
+
+    running: np.ndarray  # in the engine's batch now
+    started: np.ndarray  # a token shown
+    committed: np.ndarray  # started or running: their KV is counted before any admission
+    resident: np.ndarray  # their KV in the cache
+    yielding: np.ndarray  # readers away, holding their return cushion
+    slack: np.ndarray  # seconds each reader can still wait (+inf: none watching)
+    short: np.ndarray  # started, and could not wait for their own recompute (KV lost)
+    recompute_s: np.ndarray  # each row's whole context prefilled again
+    margin: float  # the wait for the next decision (:meth:`ReaderGuard.margin_s`)
+    demand: np.ndarray  # each row's KV tokens
+    kv: int  # the committed rows' KV tokens
+
+
+class _Room(NamedTuple):
+    """The KV tokens fresh requests may take (rule 3): ``fresh``, under the watermark,
+    less the committed replies' KV and growth until the next completion; ``late``, for
+    requests about to pass their TTFT, the whole cache less the committed replies' KV and
+    growth over GROWTH_HORIZON_S; ``watermark``, the share of the cache admissions fill."""
+
+    watermark: int
+    fresh: int
+    late: int
 
 
 class _Line(NamedTuple):
@@ -736,6 +797,61 @@ def _growth(table: RequestTable, capacity: Capacity, demand: np.ndarray, steps: 
     left = table.col("max_tokens") - table.col("output")
     grown = table.context + 1 + np.where(left >= 0, np.minimum(left, steps), steps)
     return int((capacity.in_blocks(grown) - demand)[table.running].sum())
+
+
+def _due(
+    replies: _Replies, capacity: Capacity, levels: np.ndarray | None
+) -> tuple[np.ndarray, int]:
+    """Rule 1: the rows that run whatever the ranking says, least slack first (the
+    tenants' VTC ``levels`` first, lowest first, where weights act), and how many of them
+    the engine is not running now. Due are the started replies whose slack is within the
+    margin, where pausing loses the KV the running ones that could not wait for their own
+    recompute, and prefills under way (the engine's own chunking)."""
+    must = replies.started & (replies.slack <= replies.margin)
+    if not capacity.pauses:  # a running reply left out would be recomputed first
+        must |= replies.running & replies.short
+    must |= replies.running & ~replies.started
+    due = _by(replies.slack, must)
+    if levels is not None:
+        due = due[np.argsort(levels[due], kind="stable")]
+    return due, _count(must & ~replies.running)
+
+
+def _take_due(batch: _Batch, replies: _Replies, due: np.ndarray, capacity: Capacity) -> None:
+    """The ``due`` rows into the batch. Where pausing keeps the KV, a due reply that lost
+    its KV comes back only into what is left once the replies in the cache that are due,
+    or would be after a recompute, keep theirs: pushing one out would pass the recompute
+    on, one a decision, with nobody served sooner (rule 2, as where pausing loses the
+    KV)."""
+    holding = 0
+    if capacity.pauses:
+        batch.take(due[replies.resident[due]], capacity.kv_tokens)
+        keeps = replies.resident & replies.short & ~batch.keep
+        holding = int(replies.demand @ keeps)
+        due = due[~replies.resident[due]]
+    batch.take(due, capacity.kv_tokens - batch.kv - holding)
+
+
+def _lenders(table: RequestTable, replies: _Replies, capacity: Capacity) -> np.ndarray:
+    """The replies that can give their KV back to a request within its plan's guarantee,
+    where pausing keeps it: started, with it in the cache, and their recompute, the margin
+    and RECLAIM_SLACK_S of slack to spare (so none is due)."""
+    spare = replies.slack - replies.recompute_s > replies.margin + RECLAIM_SLACK_S
+    lenders: np.ndarray = replies.started & (table.col("computed") > 0) & spare
+    return lenders & capacity.pauses
+
+
+def _progress(
+    batch: _Batch, replies: _Replies, lines: list[_Line], capacity: Capacity, watermark: int
+) -> None:
+    """An engine that would run nothing brings back a reply that gave way, least slack
+    first, even where the committed replies' KV together exceeds the cache (a batch
+    job's reply, never due, would wait for ever); one with nothing committed admits the
+    first request that fits (:func:`_admit_first`)."""
+    if not batch.keep.any():
+        batch.take(_by(replies.slack, replies.committed), capacity.kv_tokens)
+    if not replies.committed.any() and not batch.keep.any():
+        _admit_first(batch, lines, watermark)
 
 
 def _admit_late(
