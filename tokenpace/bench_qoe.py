@@ -21,12 +21,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from qos.latency import PROFILES, LatencyProfile, get_profile
-from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS
-from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
+from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, GuardSettings
+from qos.policy.registry import GUARDED, POLICIES, STOCK_POLICIES, make_policy
 from qos.sim import (
     PROMPT_TOKEN_ESTIMATE,
     SPEAKING_TDS,
@@ -69,12 +70,14 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     )
     started = time.perf_counter()
     pause = policy_name not in STOCK_POLICIES
-    options = {"lend_after_s": cfg["lend_after_s"]} if cfg.get("lend_after_s") else {}
+    guard: dict[str, Any] = {"lend_after_s": cfg["lend_after_s"]} if cfg.get("lend_after_s") else {}
     if cfg.get("overdue_after_ttfts") is not None:
         overdue = cfg["overdue_after_ttfts"]
-        options["overdue_after_ttfts"] = None if overdue == "off" else float(overdue)
+        guard["overdue_after_ttfts"] = None if overdue == "off" else float(overdue)
     if cfg.get("overdue_after_fcfs_waits") is not None:
-        options["overdue_after_fcfs_waits"] = cfg["overdue_after_fcfs_waits"]
+        guard["overdue_after_fcfs_waits"] = cfg["overdue_after_fcfs_waits"]
+    # the guard's flags set the guarded policies of the comparison; the others have no guard
+    options = {"guard": GuardSettings(**guard)} if guard and policy_name in GUARDED else {}
 
     def simulate_one(requests: list[SimRequest]) -> SimResult:
         return simulate(
@@ -626,6 +629,20 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
     if not rates or min(rates) <= 0:
         raise SystemExit("--rates: every rate must be > 0")
+    guard_flags = [
+        flag
+        for flag, value in (
+            ("--lend-after-s", args.lend_after_s),
+            ("--overdue-after-ttfts", args.overdue_after_ttfts),
+            ("--overdue-after-fcfs-waits", args.overdue_after_fcfs_waits),
+        )
+        if value is not None
+    ]
+    if guard_flags and not GUARDED & set(policies):
+        raise SystemExit(
+            f"{', '.join(guard_flags)}: the reader guard's settings, and no policy of "
+            f"--policies has the guard; add one of {', '.join(sorted(GUARDED))}"
+        )
     waits = args.overdue_after_fcfs_waits
     if waits is not None and not 0 <= waits < math.inf:
         raise SystemExit(f"--overdue-after-fcfs-waits: must be a finite number >= 0, got {waits}")

@@ -65,7 +65,7 @@ from gateway.config.schema import DEMO_MODEL, BackendConfig, ConfigError, Gatewa
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from qos.latency import PROFILES, get_profile
-from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS
+from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, GuardSettings
 from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.prompt_tokens import estimate_text_tokens
 from qos.signals import ReaderSignal
@@ -238,12 +238,21 @@ class EmbeddedEngine(InProcessBackend):
             profile = dataclasses.replace(profile, max_batch=opts.max_batch)
         self.options = opts
         self.profile = profile
-        chosen = {"fair_share_slack": opts.fair_share_slack}
-        chosen["overdue_after_ttfts"] = opts.overdue_after_ttfts
-        chosen["overdue_after_fcfs_waits"] = opts.overdue_after_fcfs_waits
-        options = {k: v for k, v in chosen.items() if v is not None}
+        chosen: dict[str, Any] = {}
+        if opts.fair_share_slack is not None:
+            chosen["fair_share_slack"] = opts.fair_share_slack
+        guard: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("overdue_after_ttfts", opts.overdue_after_ttfts),
+                ("overdue_after_fcfs_waits", opts.overdue_after_fcfs_waits),
+            )
+            if v is not None
+        }
+        if guard:
+            chosen["guard"] = GuardSettings(**guard)
         self.engine = Engine(
-            make_policy(opts.policy, profile, **options),
+            make_policy(opts.policy, profile, **chosen),
             profile,
             block_size=opts.block_size,
             kv_tokens=opts.kv_tokens,

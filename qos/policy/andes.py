@@ -28,7 +28,7 @@ nearly every preemption; under overload waits are long, most waiting requests ha
 claim, and the solver's decision stands. Tenant weights give no claim of their own: they
 act through the order of admissions, as VTC's do. Once the preemption budget is spent
 the cap keeps every running request, and claims are not computed. Neither the cap nor
-the claims act with the reader guard (``reader_guard``), which decides who runs on the
+the claims act with the reader guard (``guard``), which decides who runs on the
 solver's ranking; they are refused there (``andes-tp-unguarded`` keeps them).
 
 tokenpace extension, off by default (``preemption_cost = 0`` is the paper's Andes): the
@@ -64,7 +64,7 @@ from qos.policy.base import Policy, pack_in_order
 from qos.policy.decision import Decision, Ranking
 from qos.policy.fair import TenantShares, pack_by_level
 from qos.policy.forecast import Forecast, QoEKind
-from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, ReaderGuard
+from qos.policy.reader import GuardSettings, ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 
 Objective = Literal["average", "max-min", "perfect"]
@@ -94,10 +94,7 @@ class Andes(Policy):
         fair_share_slack: float | None = None,
         counter: VirtualTokenCounter | None = None,
         wait_for_room: bool = False,
-        reader_guard: bool = False,
-        overdue_after_ttfts: float | None = 10.0,
-        overdue_after_fcfs_waits: float = OVERDUE_AFTER_FCFS_WAITS,
-        lend_after_s: float | None = None,
+        guard: GuardSettings | None = None,
     ) -> None:
         if objective not in ("average", "max-min", "perfect"):
             raise ValueError(f"objective: unknown {objective!r}; use average, max-min or perfect")
@@ -105,14 +102,14 @@ class Andes(Policy):
             raise ValueError(f"qoe: unknown {qoe!r}; use andes or monotone")
         if not 0 < kv_watermark <= 1:
             raise ValueError(f"kv_watermark: must be in (0, 1], got {kv_watermark}")
-        if reader_guard and (preemption_cap is not None or wait_for_room):
+        if guard is not None and (preemption_cap is not None or wait_for_room):
             raise ValueError(
                 "preemption_cap, wait_for_room: they act on the solver's preemptions, and "
                 "with the reader guard (andes-tp) the guard decides who runs and leaves a "
                 "reply out only with slack to spare; unset them, or pick a policy without "
                 "the guard (andes, andes-p0.3, andes-tp-unguarded)"
             )
-        if preemption_cap is None and not reader_guard:
+        if preemption_cap is None and guard is None:
             preemption_cap = 1.0  # the paper's P: at most one preemption a request
         if preemption_cap is not None and preemption_cap < 0:
             raise ValueError(f"preemption_cap: must be >= 0, got {preemption_cap}")
@@ -134,14 +131,8 @@ class Andes(Policy):
         self.shares = None if fair_share_slack is None else TenantShares(fair_share_slack, counter)
         self.wait_for_room = wait_for_room
         self.guard = (
-            ReaderGuard(
-                profile,
-                overdue_after_ttfts=overdue_after_ttfts,
-                overdue_after_fcfs_waits=overdue_after_fcfs_waits,
-                lend_after_s=lend_after_s,
-                weights=fair_share_slack is not None,
-            )
-            if reader_guard
+            ReaderGuard(profile, guard, weights=fair_share_slack is not None)
+            if guard is not None
             else None
         )
         self._finished: deque[float] = deque(maxlen=64)  # recent completion times
@@ -592,10 +583,10 @@ TOKENPACE_ANDES: dict[str, Any] = {
     "preemption_cost": 4.0,
     "kv_watermark": 0.95,
     "fair_share_slack": 8192.0,
-    "reader_guard": True,
+    "guard": GuardSettings(),
 }
 
-UNGUARDED: dict[str, Any] = {"reader_guard": False, "preemption_cap": 0.3, "wait_for_room": True}
+UNGUARDED: dict[str, Any] = {"guard": None, "preemption_cap": 0.3, "wait_for_room": True}
 """What ``andes-tp-unguarded`` sets instead of the guard: the solver's decision, its
 preemptions capped at P = 0.3 and made only for a claim (module doc)."""
 

@@ -164,36 +164,54 @@ MAX_PREFILL_SHARE = 0.5
 estimate above it comes from a completion rate measured over too few replies)."""
 
 
+@dataclass(frozen=True)
+class GuardSettings:
+    """The reader guard's settings, their one home: an engine's configuration (the vLLM
+    plugin's environment, the embedded engine's options, a benchmark's flags) sets the
+    ones it names and leaves the others at these defaults; a policy without the guard
+    refuses them (:func:`qos.policy.registry.make_policy`).
+
+    ``overdue_after_ttfts``: a request waiting longer than this many TTFTs is overdue
+    (None: never), and under sustained overload only once it has also waited
+    ``overdue_after_fcfs_waits`` times FCFS's wait (:meth:`ReaderGuard.overdue`);
+    ``lend_after_s``: replies with more slack than this lend their KV (None: none
+    lends; rule 3); ``margin_s``: a fixed margin in place of
+    :meth:`ReaderGuard.margin_s`'s; ``non_reader_tiers``: tiers whose consumer does not
+    watch the text."""
+
+    overdue_after_ttfts: float | None = 10.0
+    overdue_after_fcfs_waits: float = OVERDUE_AFTER_FCFS_WAITS
+    lend_after_s: float | None = None
+    margin_s: float | None = None
+    non_reader_tiers: frozenset[str] = NON_READER_TIERS
+
+    def __post_init__(self) -> None:
+        ttfts, waits = self.overdue_after_ttfts, self.overdue_after_fcfs_waits
+        if ttfts is not None and not ttfts > 0:
+            raise ValueError(f"overdue_after_ttfts: must be > 0 (TTFTs), got {ttfts}")
+        if not 0 <= waits < math.inf:
+            raise ValueError(f"overdue_after_fcfs_waits: must be finite, >= 0, got {waits}")
+        if self.lend_after_s is not None and not self.lend_after_s > 0:
+            raise ValueError(f"lend_after_s: must be > 0 seconds, got {self.lend_after_s}")
+        if self.margin_s is not None and not self.margin_s > 0:
+            raise ValueError(f"margin_s: must be > 0 seconds, got {self.margin_s}")
+
+
 class ReaderGuard:
-    """Applies the reader's deadline (module doc) to a policy's decision."""
+    """Applies the reader's deadline (module doc) to a policy's decision, with
+    ``settings``; ``weights``: False where tenants' weights are ignored (every plan
+    alike)."""
 
     def __init__(
         self,
         profile: LatencyProfile,
+        settings: GuardSettings = GuardSettings(),
         *,
-        margin_s: float | None = None,
-        overdue_after_ttfts: float | None = 10.0,
-        overdue_after_fcfs_waits: float = OVERDUE_AFTER_FCFS_WAITS,
-        lend_after_s: float | None = None,
         weights: bool = True,
-        non_reader_tiers: frozenset[str] = NON_READER_TIERS,
     ) -> None:
-        if margin_s is not None and not margin_s > 0:
-            raise ValueError(f"margin_s: must be > 0 seconds, got {margin_s}")
-        if overdue_after_ttfts is not None and not overdue_after_ttfts > 0:
-            raise ValueError(f"overdue_after_ttfts: must be > 0 (TTFTs), got {overdue_after_ttfts}")
-        if not 0 <= overdue_after_fcfs_waits < math.inf:
-            waits = overdue_after_fcfs_waits
-            raise ValueError(f"overdue_after_fcfs_waits: must be finite, >= 0, got {waits}")
-        if lend_after_s is not None and not lend_after_s > 0:
-            raise ValueError(f"lend_after_s: must be > 0 seconds, got {lend_after_s}")
         self.profile = profile
-        self.fixed_margin = margin_s
-        self.lend_after_s = lend_after_s
-        self.overdue_after_ttfts = overdue_after_ttfts
-        self.overdue_after_fcfs_waits = overdue_after_fcfs_waits
-        self.weights = weights  # False: tenants' weights ignored (every plan alike)
-        self.non_reader_tiers = frozenset(non_reader_tiers)
+        self.settings = settings
+        self.weights = weights
         self.recent = plans.RecentDemand()  # each tenant's recent requests (plans' headroom)
 
     def set_profile(self, profile: LatencyProfile) -> None:
@@ -204,14 +222,14 @@ class ReaderGuard:
         the prefill base an iteration that admits anything pays, doubled for the
         iteration's own admissions (bounded by the prefill budget, rule 3), plus how long
         the engine lets a decision stand."""
-        if self.fixed_margin is not None:
-            return self.fixed_margin
+        if self.settings.margin_s is not None:
+            return self.settings.margin_s
         return 2.0 * (tau + self.profile.prefill_base_s) + capacity.decision_interval_s
 
     def readers(self, table: RequestTable) -> np.ndarray:
         """Which rows have a reader watching the text appear: all but those of the
         ``non_reader_tiers``, whose QoE is about when the reply ends, not its pace."""
-        tiers = self.non_reader_tiers
+        tiers = self.settings.non_reader_tiers
         skip = [i for i, name in enumerate(table.tier_names) if name in tiers]
         if not skip:
             return np.ones(table.n, dtype=bool)
@@ -343,7 +361,7 @@ class ReaderGuard:
         decision) and moves its KV out and back, 2·c a token (c: the profile's swap
         cost; where it has none, the loan is recomputed, p a token)."""
         lent = kv_committed - kv_watermark
-        lend_after_s = self.lend_after_s
+        lend_after_s = self.settings.lend_after_s
         if lend_after_s is None or lent <= 0:
             return 0.0
         p = self.profile
@@ -460,7 +478,7 @@ class ReaderGuard:
             # stays in the cache until admissions need it, and the cushion covers the
             # recompute on return (:meth:`return_s`); taken back when due (rule 1)
             reserved = replies.committed & ~replies.yielding
-        lend_after_s = self.lend_after_s
+        lend_after_s = self.settings.lend_after_s
         if lend_after_s is not None:  # replies due later than that lend their KV
             reserved = replies.committed & (replies.slack <= lend_after_s)
         demand = replies.demand
@@ -498,7 +516,7 @@ class ReaderGuard:
         recompute (replies went in and out dozens of times, docs/benchmarks.md, "Price
         plans"); it comes back when due (rule 1)."""
         kv, slack, resident = capacity.kv_tokens, replies.slack, replies.resident
-        lend_after_s = self.lend_after_s
+        lend_after_s = self.settings.lend_after_s
         rest = replies.committed & ~batch.keep
         self._admit(batch, lines, min(room.fresh, room.watermark - batch.kv), rate)
         _admit_late(batch, lines, room.late, capacity, rate)
@@ -539,14 +557,14 @@ class ReaderGuard:
         overdue once it has waited ``overdue_after_ttfts`` times its TTFT and
         ``overdue_after_fcfs_waits`` times FCFS's wait now: the requests waiting times
         ``room_wait_s``, the expected time until a running reply ends and admits one."""
-        ttfts = self.overdue_after_ttfts
+        ttfts = self.settings.overdue_after_ttfts
         if ttfts is None or not rows.size:
             return rows[:0], rows
         arrival = table.col("arrival")[rows]
         fcfs_wait_s = rows.size * room_wait_s
         bound = np.maximum(
             ttfts * table.col("ttft")[rows],
-            self.overdue_after_fcfs_waits * fcfs_wait_s,
+            self.settings.overdue_after_fcfs_waits * fcfs_wait_s,
         )
         late = now - arrival > bound
         oldest = rows[late][np.argsort(arrival[late], kind="stable")]

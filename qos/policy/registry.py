@@ -11,6 +11,7 @@ names (``qos.vllm.config``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from qos.latency import LatencyProfile
@@ -43,14 +44,45 @@ vLLM. Every other policy runs as the plugin runs it, pausing a request it leaves
 with its KV kept while the cache has room (``Capacity.pauses``)."""
 
 
+GUARDED = frozenset({"andes-tp", "andes-tp-unweighted"})
+"""The policies with the reader guard (:mod:`qos.policy.reader`): the ones that take its
+settings (``guard``)."""
+
+ANDES_POLICIES = frozenset(
+    {
+        "andes",
+        "andes-p0.3",
+        "andes-tp",
+        "andes-monotone",
+        "andes-tp-unweighted",
+        "andes-tp-unguarded",
+    }
+)
+"""The policies that take :class:`~qos.policy.andes.Andes` keyword arguments."""
+
+
 def make_policy(name: str, profile: LatencyProfile, **andes_options: Any) -> Policy:
     """A fresh policy ``name`` on ``profile``; ValueError naming the choices if unknown.
 
     ``andes_options`` are :class:`~qos.policy.andes.Andes` keyword arguments; they
-    override the named configuration's own for the Andes policies and are ignored by
-    the others (FCFS, round robin, VTC), which have none.
+    override the named configuration's own. A setting the named policy would not read is
+    refused, naming where it acts: any for FCFS, round robin and VTC, which have none,
+    and ``guard`` (:class:`~qos.policy.reader.GuardSettings`) for the policies without
+    the reader guard.
     """
     factory = POLICIES.get(name)
     if factory is None:
         raise ValueError(f"policy: unknown {name!r}; use one of {', '.join(POLICIES)}")
+    guard = andes_options.get("guard")
+    if guard is not None and name not in GUARDED:
+        set_here = [f.name for f in fields(guard) if getattr(guard, f.name) != f.default]
+        raise ValueError(
+            f"{', '.join(set_here or ['guard'])}: the reader guard's settings, and policy "
+            f"{name!r} has no reader guard; they act on {', '.join(sorted(GUARDED))}"
+        )
+    if andes_options and name not in ANDES_POLICIES:
+        raise ValueError(
+            f"{', '.join(sorted(andes_options))}: policy {name!r} reads no settings; "
+            f"they act on {', '.join(sorted(ANDES_POLICIES))}"
+        )
     return factory(profile, **andes_options)

@@ -7,7 +7,10 @@ its settings from the engine's environment (defaults in brackets):
   :data:`qos.policy.registry.POLICIES`: ``andes-tp`` (default: Andes as tokenpace ships
   it, :func:`qos.policy.andes.tokenpace_andes`, the reader guard, stall charge 4 and
   the ``tp_weight`` tags acting as tenant weights), ``andes`` (the paper's settings),
-  ``andes-tp-unweighted``, ``fcfs``, ``vtc``, ``round-robin``, ...
+  ``andes-tp-unweighted``, ``fcfs``, ``vtc``, ``round-robin``, ... A setting below
+  that the named policy would not read (any, for ``fcfs``, ``vtc`` and ``round-robin``;
+  the reader guard's, for the Andes policies without it) is refused when the engine
+  starts.
 - ``TOKENPACE_OBJECTIVE``: Andes objective, ``average``, ``max-min`` or ``perfect``
   [average].
 - ``TOKENPACE_PROFILE``: latency profile: ``online`` (default: fitted from the engine's
@@ -72,9 +75,11 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from qos.latency import PROFILES, LatencyProfile
 from qos.policy.base import Policy
+from qos.policy.reader import GuardSettings
 from qos.policy.registry import POLICIES, make_policy
 from qos.tags import RequestTags
 
@@ -95,7 +100,7 @@ _FLAGS = {
 @dataclass(frozen=True)
 class PluginConfig:
     policy: str = "andes-tp"
-    objective: str = "average"
+    objective: str | None = None  # None: the policy's default
     profile: str = "online"
     kv_watermark: float | None = None  # None: the policy's default
     preemption_cap: float | None = None  # None: the policy's default
@@ -118,7 +123,7 @@ class PluginConfig:
                 f"TOKENPACE_POLICY: unknown policy {self.policy!r}; "
                 f"use one of {', '.join(POLICIES)}"
             )
-        if self.objective not in OBJECTIVES:
+        if self.objective is not None and self.objective not in OBJECTIVES:
             raise ValueError(
                 f"TOKENPACE_OBJECTIVE: unknown objective {self.objective!r}; "
                 f"use one of {', '.join(OBJECTIVES)}"
@@ -195,7 +200,7 @@ class PluginConfig:
             raise ValueError(f"TOKENPACE_PAUSE: must be 1 or 0 (or true/false), got {pause!r}")
         return cls(
             policy=env.get("TOKENPACE_POLICY", base.policy),
-            objective=env.get("TOKENPACE_OBJECTIVE", base.objective),
+            objective=env.get("TOKENPACE_OBJECTIVE") or None,
             profile=env.get("TOKENPACE_PROFILE", base.profile),
             kv_watermark=watermark,
             preemption_cap=cap,
@@ -214,8 +219,9 @@ class PluginConfig:
         )
 
     def build_policy(self, profile: LatencyProfile) -> Policy:
-        """The registry's policy of this name on ``profile``, with the Andes options set
-        here (the ones left unset keep the named policy's own)."""
+        """The registry's policy of this name on ``profile``, with the Andes options and
+        the reader guard's settings set here (the ones left unset keep the named
+        policy's own). One the named policy would not read is refused."""
         options = {
             "objective": self.objective,
             "kv_watermark": self.kv_watermark,
@@ -223,14 +229,25 @@ class PluginConfig:
             "preemption_cap": self.preemption_cap,
             "preemption_cost": self.preemption_cost,
             "fair_share_slack": self.fair_share_slack,
-            "overdue_after_fcfs_waits": self.overdue_after_fcfs_waits,
-            "lend_after_s": self.lend_after_s,
         }
-        chosen: dict[str, str | float | None] = {k: v for k, v in options.items() if v is not None}
+        chosen: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        guard: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("overdue_after_fcfs_waits", self.overdue_after_fcfs_waits),
+                ("lend_after_s", self.lend_after_s),
+            )
+            if v is not None
+        }
         if self.overdue_after_ttfts is not None:
             off = math.isinf(self.overdue_after_ttfts)
-            chosen["overdue_after_ttfts"] = None if off else self.overdue_after_ttfts
-        return make_policy(self.policy, profile, **chosen)
+            guard["overdue_after_ttfts"] = None if off else self.overdue_after_ttfts
+        if guard:
+            chosen["guard"] = GuardSettings(**guard)
+        try:
+            return make_policy(self.policy, profile, **chosen)
+        except ValueError as exc:
+            raise ValueError(f"TOKENPACE_POLICY={self.policy}: {exc}") from None
 
 
 def _optional_seconds(env: Mapping[str, str], name: str) -> float | None:

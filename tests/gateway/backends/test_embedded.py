@@ -356,10 +356,16 @@ async def test_shutdown_ends_live_streams_and_the_engine_task():
 
 async def test_overdue_options_reach_the_reader_guard():
     guard = EmbeddedEngine().engine.policy.guard
-    assert (guard.overdue_after_ttfts, guard.overdue_after_fcfs_waits) == (10.0, 1.25)
+    assert (guard.settings.overdue_after_ttfts, guard.settings.overdue_after_fcfs_waits) == (
+        10.0,
+        1.25,
+    )
     options = {"overdue_after_ttfts": 30, "overdue_after_fcfs_waits": 0}
     guard = EmbeddedEngine(**options).engine.policy.guard
-    assert (guard.overdue_after_ttfts, guard.overdue_after_fcfs_waits) == (30.0, 0.0)
+    assert (guard.settings.overdue_after_ttfts, guard.settings.overdue_after_fcfs_waits) == (
+        30.0,
+        0.0,
+    )
 
 
 async def test_bad_options_name_the_key(tmp_path: Path):
@@ -369,6 +375,14 @@ async def test_bad_options_name_the_key(tmp_path: Path):
         ({"polcy": "andes"}, "backends[sim].options.polcy: unknown key"),
         ({"kv_tokens": 8}, "backends[sim].options: kv_tokens"),
         ({"overdue_after_fcfs_waits": -1}, "backends[sim].options.overdue_after_fcfs_waits"),
+        (
+            {"policy": "fcfs", "overdue_after_ttfts": 30},
+            "backends[sim].options: overdue_after_ttfts: the reader guard's settings",
+        ),
+        (
+            {"policy": "fcfs", "fair_share_slack": 64},
+            "backends[sim].options: fair_share_slack: policy 'fcfs' reads no settings",
+        ),
     ):
         with pytest.raises(ConfigError) as err:
             build_backends(make_config([{**entry, "options": options}]))

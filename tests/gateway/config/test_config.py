@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import socket
 import subprocess
@@ -19,7 +18,7 @@ from gateway.config.loader import demo_config, load_config, parse_config
 from gateway.config.schema import DEFAULT_TIERS, OVERLOAD_AFTER_TTFTS, ConfigError, hash_key
 from gateway.request.tiers import resolve_tier
 from gateway.version import VERSION
-from qos.policy.reader import ReaderGuard
+from qos.policy.reader import GuardSettings
 from tests.support.paths import ROOT
 from tests.support.ports import free_port
 
@@ -113,7 +112,7 @@ def test_contract_default_tiers():
 def test_the_overload_bound_is_the_reader_guards_overdue_multiple():
     """Ten TTFTs: where the engines' reader guard starts admitting a waiting request as
     overdue, the gateway stops letting one wait (unless the tier says otherwise)."""
-    guard = inspect.signature(ReaderGuard).parameters["overdue_after_ttfts"].default
+    guard = GuardSettings().overdue_after_ttfts
     assert OVERLOAD_AFTER_TTFTS == guard == 10.0
     config = parse_config(
         {

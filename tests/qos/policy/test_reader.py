@@ -24,6 +24,7 @@ from qos.policy.reader import (
     FIRST_DUE_PREFILL_S,
     GROWTH_HORIZON_S,
     NOTICEABLE_GAP_S,
+    GuardSettings,
     ReaderGuard,
 )
 from qos.policy.table import Capacity, RequestTable
@@ -172,7 +173,7 @@ def test_the_loans_swaps_count_against_the_readers_rate(swap_s_per_token):
     for row in replies:
         table.pause(row, now)
     newcomer = fresh(table, "new", arrival=0.0)
-    policy = tokenpace_andes(profile, fair_share_slack=None, lend_after_s=10.0)
+    policy = tokenpace_andes(profile, fair_share_slack=None, guard=GuardSettings(lend_after_s=10.0))
     run = policy.schedule(table, Capacity(2_000, 8, pauses=True), now)
     assert policy.guard is not None
     margin = policy.guard.margin_s(TAU, Capacity(2_000, 8))
@@ -198,7 +199,9 @@ def test_a_lender_halfway_due_comes_back_into_the_kv_of_one_that_would_lend(
     table.pause(ahead, now)
     lent = started(table, "lent", tokens=tokens, last_at=0.6, now=now)
     table.preempt(lent, now)
-    policy = tokenpace_andes(SMALL, fair_share_slack=None, lend_after_s=lend_after_s)
+    policy = tokenpace_andes(
+        SMALL, fair_share_slack=None, guard=GuardSettings(lend_after_s=lend_after_s)
+    )
     run = policy.schedule(table, Capacity(150, 8, pauses=True), now)
     assert policy.guard is not None
     slack = policy.guard.slack(table, now, TAU)
@@ -318,7 +321,7 @@ def test_the_headroom_keeps_two_seconds_of_the_replies_growth(pauses):
 
 
 def test_overdue_requests_go_first_oldest_first():
-    guard = ReaderGuard(SMALL, overdue_after_ttfts=10.0)
+    guard = ReaderGuard(SMALL, GuardSettings(overdue_after_ttfts=10.0))
     table = RequestTable()
     for key, arrival in (("young", 95.0), ("old", 50.0), ("older", 20.0), ("mid", 99.0)):
         fresh(table, key, arrival=arrival)
@@ -326,7 +329,7 @@ def test_overdue_requests_go_first_oldest_first():
     # at 100 s: old (50 s) and older (80 s) have waited more than 10 TTFTs of 1 s
     overdue, others = guard.overdue(table, policy_order, 100.0)
     assert overdue.tolist() == [2, 1] and others.tolist() == [0, 3]
-    overdue, others = ReaderGuard(SMALL, overdue_after_ttfts=None).overdue(
+    overdue, others = ReaderGuard(SMALL, GuardSettings(overdue_after_ttfts=None)).overdue(
         table, policy_order, 100.0
     )
     assert overdue.size == 0 and others.tolist() == policy_order.tolist()
@@ -336,7 +339,7 @@ def test_under_a_long_queue_a_request_is_overdue_only_past_its_multiple_of_fcfs_
     """With 4 requests waiting and a reply ending every 10 s, FCFS would make a request
     arriving now wait 40 s: within 1.25 times that (the default) the policy's order
     stands, past it the oldest go first."""
-    guard = ReaderGuard(SMALL, overdue_after_ttfts=10.0)
+    guard = ReaderGuard(SMALL, GuardSettings(overdue_after_ttfts=10.0))
     table = RequestTable()
     for key, arrival in (("young", 95.0), ("waited-49", 51.0), ("waited-51", 49.0), ("mid", 99.0)):
         fresh(table, key, arrival=arrival)
@@ -345,7 +348,9 @@ def test_under_a_long_queue_a_request_is_overdue_only_past_its_multiple_of_fcfs_
     assert overdue.tolist() == [2] and others.tolist() == [0, 3, 1]
     overdue, _ = guard.overdue(table, policy_order, 100.0, room_wait_s=0.1)  # short queue
     assert overdue.tolist() == [2, 1]
-    ttfts_only = ReaderGuard(SMALL, overdue_after_ttfts=10.0, overdue_after_fcfs_waits=0.0)
+    ttfts_only = ReaderGuard(
+        SMALL, GuardSettings(overdue_after_ttfts=10.0, overdue_after_fcfs_waits=0.0)
+    )
     overdue, _ = ttfts_only.overdue(table, policy_order, 100.0, room_wait_s=10.0)
     assert overdue.tolist() == [2, 1]
 
@@ -366,15 +371,15 @@ def test_an_overdue_request_that_does_not_fit_holds_the_room_for_itself():
 
 def test_bad_options_are_refused_naming_the_option():
     with pytest.raises(ValueError, match="margin_s"):
-        ReaderGuard(SMALL, margin_s=0.0)
+        GuardSettings(margin_s=0.0)
     with pytest.raises(ValueError, match="overdue_after_ttfts"):
-        ReaderGuard(SMALL, overdue_after_ttfts=-1.0)
+        GuardSettings(overdue_after_ttfts=-1.0)
     with pytest.raises(ValueError, match="overdue_after_fcfs_waits"):
-        ReaderGuard(SMALL, overdue_after_fcfs_waits=-0.5)
+        GuardSettings(overdue_after_fcfs_waits=-0.5)
     with pytest.raises(ValueError, match="overdue_after_fcfs_waits"):
-        ReaderGuard(SMALL, overdue_after_fcfs_waits=float("inf"))
+        GuardSettings(overdue_after_fcfs_waits=float("inf"))
     with pytest.raises(ValueError, match="lend_after_s"):
-        ReaderGuard(SMALL, lend_after_s=0.0)
+        GuardSettings(lend_after_s=0.0)
 
 
 def freeze_bound(profile: LatencyProfile, workload: list[SimRequest]) -> float:

@@ -13,7 +13,7 @@ import pytest
 from qos.latency import LatencyProfile
 from qos.policy.andes import tokenpace_andes
 from qos.policy.decision import Hold
-from qos.policy.reader import NOTICEABLE_GAP_S, ReaderGuard
+from qos.policy.reader import NOTICEABLE_GAP_S, GuardSettings, ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 
 # 50 tokens/s per sequence at B=1, 25 at the full batch of 8: 200 tokens/s in all.
@@ -150,7 +150,7 @@ def test_which_tiers_are_readers_is_a_setting():
     job = table.add("job", arrival=0.0, prompt_tokens=5, ttft=60.0, tds=50.0, tier="batch")
     bulk = table.add("bulk", arrival=0.0, prompt_tokens=5, ttft=60.0, tds=50.0, tier="bulk")
     assert ReaderGuard(SMALL).readers(table)[[job, bulk]].tolist() == [False, True]
-    custom = ReaderGuard(SMALL, non_reader_tiers=frozenset({"bulk"}))
+    custom = ReaderGuard(SMALL, GuardSettings(non_reader_tiers=frozenset({"bulk"})))
     assert custom.readers(table)[[job, bulk]].tolist() == [True, False]
 
 

@@ -60,6 +60,15 @@ def test_config_from_environment() -> None:
     assert isinstance(
         PluginConfig.from_env({"TOKENPACE_POLICY": "fcfs"}).build_policy(policy.profile), FCFS
     )
+    for env, named in (
+        ({"TOKENPACE_POLICY": "fcfs", "TOKENPACE_OBJECTIVE": "max-min"}, "objective"),
+        ({"TOKENPACE_POLICY": "andes", "TOKENPACE_LEND_AFTER_S": "10"}, "lend_after_s"),
+        ({"TOKENPACE_POLICY": "vtc", "TOKENPACE_OVERDUE_AFTER_TTFTS": "off"}, "guard"),
+    ):
+        with pytest.raises(ValueError, match=f"TOKENPACE_POLICY={env['TOKENPACE_POLICY']}: "):
+            PluginConfig.from_env(env).build_policy(policy.profile)
+        with pytest.raises(ValueError, match=named):
+            PluginConfig.from_env(env).build_policy(policy.profile)
     assert PluginConfig.from_env({}) == PluginConfig()
 
 
@@ -110,21 +119,28 @@ def test_andes_options_apply_to_the_named_policy() -> None:
 def test_overdue_bound_reaches_the_reader_guard() -> None:
     profile = get_profile("llama-3.1-8b-h100")
     guard = PluginConfig.from_env({}).build_policy(profile).guard
-    assert guard is not None and guard.overdue_after_ttfts == 10.0
+    assert guard is not None and guard.settings.overdue_after_ttfts == 10.0
     env = {"TOKENPACE_OVERDUE_AFTER_TTFTS": "30"}
-    assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_ttfts == 30.0
+    assert (
+        PluginConfig.from_env(env).build_policy(profile).guard.settings.overdue_after_ttfts == 30.0
+    )
     env = {"TOKENPACE_OVERDUE_AFTER_TTFTS": "off"}
-    assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_ttfts is None
-    assert guard.overdue_after_fcfs_waits == 1.25
+    assert (
+        PluginConfig.from_env(env).build_policy(profile).guard.settings.overdue_after_ttfts is None
+    )
+    assert guard.settings.overdue_after_fcfs_waits == 1.25
     env = {"TOKENPACE_OVERDUE_AFTER_FCFS_WAITS": "0"}
-    assert PluginConfig.from_env(env).build_policy(profile).guard.overdue_after_fcfs_waits == 0
+    assert (
+        PluginConfig.from_env(env).build_policy(profile).guard.settings.overdue_after_fcfs_waits
+        == 0
+    )
 
 
 def test_lending_is_off_unless_asked_for() -> None:
     profile = get_profile("llama-3.1-8b-h100")
-    assert PluginConfig.from_env({}).build_policy(profile).guard.lend_after_s is None
+    assert PluginConfig.from_env({}).build_policy(profile).guard.settings.lend_after_s is None
     env = {"TOKENPACE_LEND_AFTER_S": "10"}
-    assert PluginConfig.from_env(env).build_policy(profile).guard.lend_after_s == 10.0
+    assert PluginConfig.from_env(env).build_policy(profile).guard.settings.lend_after_s == 10.0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,40 @@
+"""`tokenpace bench qoe`'s reader-guard flags: they set the guarded policies of the
+comparison, and are refused where no policy compared has the guard."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenpace.bench_qoe import main, run_one
+
+
+def test_guard_flags_without_a_guarded_policy_are_refused(tmp_path) -> None:
+    argv = ["--policies", "fcfs,andes", "--rates", "3", "--n", "10", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="--lend-after-s: the reader guard's settings"):
+        main([*argv, "--lend-after-s", "10"])
+    with pytest.raises(SystemExit, match="add one of andes-tp, andes-tp-unweighted"):
+        main([*argv, "--overdue-after-ttfts", "off"])
+
+
+def test_guard_flags_set_the_guarded_policy_and_leave_fcfs_as_it_is() -> None:
+    cfg = {
+        "profile": "llama-3.1-8b-h100",
+        "kv_capacity_tokens": None,
+        "max_batch": None,
+        "swap_per_token_s": None,
+        "workload": "chat",
+        "arrivals": "poisson",
+        "cv": 1.0,
+        "n": 20,
+        "seed": 0,
+        "trace": None,
+        "tier_mix": None,
+        "tenants": None,
+        "preemption": "recompute",
+        "lend_after_s": 10.0,
+        "overdue_after_ttfts": "off",
+        "overdue_after_fcfs_waits": None,
+    }
+    for policy in ("fcfs", "andes-tp"):
+        summary = run_one((policy, 30.0, cfg))
+        assert summary["policy"] == policy and summary["rate"] == 30.0
