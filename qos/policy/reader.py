@@ -61,9 +61,10 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    iteration always goes in, an engine that would run nothing brings back the replies
    that gave way that fit the cache, and an engine with nothing committed admits the
    first request that fits it (progress). A request that would pass its TTFT before the
-   next decision has a user about to notice a wait as well: its prefill goes in beyond
-   the readers' slack while the iteration's prefills stay within FIRST_DUE_PREFILL_S,
-   and, in the same order as the others, it may take the headroom the KV watermark
+   next decision, once the prefills in line before it are made, has a user about to
+   notice a wait as well: its prefill goes in beyond the readers' slack while the
+   iteration's prefills stay within FIRST_DUE_PREFILL_S; one that would pass it counting
+   its wait alone may, in the same order as the others, take the headroom the KV watermark
    keeps above the room (insurance against the replies growing for longer than
    expected, which FCFS, filling the cache, does not keep), while the running replies'
    growth over the whole GROWTH_HORIZON_S stays free.
@@ -413,9 +414,12 @@ class ReaderGuard:
         )
         # a request that would pass its TTFT before the next decision has a user about to
         # notice a wait too (the wait for the first token is idle latency, Wang et al. Eq.
-        # 9): its prefill goes in whatever the budget, and counts against it
+        # 9): it may take the watermark's headroom; and one that would once the prefills
+        # in line before it are made has its prefill go in whatever the budget (counted
+        # against it)
         waited = now + replies.margin - table.col("arrival")
         batch.first_due = ~replies.committed & (waited > table.col("ttft"))
+        batch.prefill_due[waiting] = self.ttft_slack(table, waiting, now) <= replies.margin
         _take_due(batch, replies, due, capacity)
         paced = table.col("reader_pace") < sequence_rate
         batch.budget = self._prefill_budget(
@@ -435,6 +439,18 @@ class ReaderGuard:
         held = waiting[~batch.keep[waiting]]
         holds[held] = batch.holds[held]
         return Decision(batch.keep, holds, forced, _count(replies.running & ~batch.keep))
+
+    def ttft_slack(self, table: RequestTable, waiting: np.ndarray, now: float) -> np.ndarray:
+        """How long each request of ``waiting`` (the requests waiting, in line) can still
+        wait before the prefills in line up to its own, made one after another, take it
+        past its TTFT: a burst's last request is due when the burst's prefills would make
+        it late, not when it alone would be (rule 3)."""
+        p = self.profile
+        uncomputed = table.context[waiting] - table.col("computed")[waiting]
+        lead = np.cumsum(p.prefill_base_s + p.prefill_per_token_s * uncomputed)
+        ttft = table.col("arrival")[waiting] + table.col("ttft")[waiting]
+        slack: np.ndarray = ttft - now - lead
+        return slack
 
     def replies(
         self, table: RequestTable, capacity: Capacity, demand: np.ndarray, now: float, tau: float
@@ -747,6 +763,7 @@ class _Batch:
         self.slots = max_batch
         self.profile = profile
         self.first_due = np.zeros(table.n, dtype=bool)  # held, they would pass their TTFT
+        self.prefill_due = np.zeros(table.n, dtype=bool)  # ... or would, with those in line
         self.keep = np.zeros(table.n, dtype=bool)
         self.holds = np.full(table.n, Hold.LINE, dtype=np.int8)  # why a row was left out
         self.taken = 0  # rows in keep
@@ -790,8 +807,8 @@ class _Batch:
             p = self.profile
             cost = np.cumsum(np.where(prefill > 0, p.prefill_per_token_s * prefill, 0.0))
             cost += p.prefill_base_s
-            first_due = self.first_due[rows] & (self.prefill_s + cost <= FIRST_DUE_PREFILL_S)
-            fits = (cost <= self.budget) | (prefill == 0) | first_due
+            due = self.prefill_due[rows] & (self.prefill_s + cost <= FIRST_DUE_PREFILL_S)
+            fits = (cost <= self.budget) | (prefill == 0) | due
             if not self.prefill_s:
                 fits[int(np.argmax(prefill > 0))] = True
             self.holds[rows[~fits]] = Hold.PREFILL

@@ -280,6 +280,28 @@ def reply_near_the_watermark(table: RequestTable, now: float, max_tokens: int | 
     return reply
 
 
+@pytest.mark.parametrize(("waited", "runs"), [(0.6, [True] * 3), (0.0, [True, False, False])])
+def test_a_burst_is_due_once_the_prefills_in_line_would_take_it_past_its_ttft(waited, runs):
+    """Three requests of 1,000 prompt tokens (0.2 s of prefill each) beside a running reply
+    with 0.2 s of slack. Arrived 0.6 s ago, the first is 0.4 s from its TTFT, past the
+    margin, but the second and third would pass theirs behind the prefills before them
+    (0.41 s, 0.61 s): their users are about to wait too, and their prefills go in. Arrived
+    just now, none is near its TTFT: the first goes in (an iteration's first prefill
+    always does) and the others wait for the reply's slack."""
+    now = 2.4
+    table = RequestTable()
+    reply = started(table, "tight", tokens=10, last_at=0.5, now=now)  # out at 2.5 s
+    burst = [fresh(table, f"burst{i}", arrival=now - waited, prompt=1_000) for i in range(3)]
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    decision = policy.decide(table, Capacity(20_000, 8, pauses=True), now)
+    assert decision.run[reply] and decision.run[burst].tolist() == runs
+    assert decision.held_for(Hold.PREFILL) == runs.count(False)
+    assert policy.guard is not None
+    slack = policy.guard.ttft_slack(table, np.array(burst), now)
+    margin = policy.guard.margin_s(TAU, Capacity(20_000, 8))
+    assert (slack <= margin).tolist() == [False, waited > 0, waited > 0]
+
+
 @pytest.mark.parametrize("pauses", [True, False])
 def test_a_request_past_its_ttft_takes_the_headroom_above_the_watermark(pauses):
     """A running reply holds 886 of 1,000 KV tokens and grows by 5 more, above what
