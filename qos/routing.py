@@ -168,7 +168,7 @@ def cache_aware_order(
     keys = []
     for i, c in enumerate(candidates):
         held = anywhere if i == assumed or c.holds_conversation else c.cached_tokens
-        uncached = max(p - min(held, p), 0)
+        uncached = p - min(held, p)
         wait = c.wait_s
         ttft = wait + uncached / c.prefill_tps
         q = delayed_start_qoe(ttft, demand.ttft, demand.tds, demand.output_tokens)
