@@ -16,7 +16,9 @@ def test_guard_flags_without_a_guarded_policy_are_refused(tmp_path) -> None:
         main([*argv, "--overdue-after-ttfts", "off"])
 
 
-def test_guard_flags_set_the_guarded_policy_and_leave_fcfs_as_it_is() -> None:
+def test_guard_flags_leave_fcfs_in_the_comparison_as_it_is() -> None:
+    """With the guard's flags set, FCFS still runs beside the guarded policy: the flags
+    go to the guarded one only (make_policy would refuse them for FCFS)."""
     cfg = {
         "profile": "llama-3.1-8b-h100",
         "kv_capacity_tokens": None,
