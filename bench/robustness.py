@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from qos.latency import PROFILES, LatencyProfile
-from qos.policy.reader import NON_READER_TIERS
+from qos.policy.reader import NON_READER_TIERS, GuardSettings
 from qos.policy.registry import STOCK_POLICIES, make_policy
 from qos.sim.engine import SimResult, simulate
 from qos.sim.workload import TIERS, Tier, TraceEntry, build_workload, load_andes_trace
@@ -65,6 +65,9 @@ SLOW_ENGINE = LatencyProfile(
     prefill_base_s=0.012,
 )
 ENGINES: dict[str, LatencyProfile] = {**PROFILES, SLOW_ENGINE.name: SLOW_ENGINE}
+
+AS_SHIPPED = GuardSettings()
+"""The shipped policy's reader guard settings, the sweep's default."""
 
 LOADS = (0.5, 1.3)  # of the engine's ceiling
 CUSTOM_TTFT_S = (0.5, 60.0)
@@ -162,8 +165,11 @@ def outcome(result: SimResult) -> dict[str, float]:
     }
 
 
-def run_point(point: Point, entries: list[TraceEntry]) -> dict[str, Any]:
-    """Both policies on ``point``'s workload: their outcomes and the verdicts."""
+def run_point(
+    point: Point, entries: list[TraceEntry], guard: GuardSettings = AS_SHIPPED
+) -> dict[str, Any]:
+    """Both policies on ``point``'s workload, the shipped one with the reader guard's
+    ``guard`` settings: their outcomes and the verdicts."""
     profile = ENGINES[point.profile]
     mix = [(Tier(n, ttft, tds), share) for n, ttft, tds, share in point.tiers]
     workload = build_workload(
@@ -178,7 +184,7 @@ def run_point(point: Point, entries: list[TraceEntry]) -> dict[str, Any]:
     row: dict[str, Any] = {"point": asdict(point)}
     for name in (BASELINE, SHIPPED):
         started = time.perf_counter()
-        policy = make_policy(name, profile)
+        policy = make_policy(name, profile, **({"guard": guard} if name == SHIPPED else {}))
         result = simulate(workload, policy, profile, pause=name not in STOCK_POLICIES)
         row[name] = {**outcome(result), "wall_s": time.perf_counter() - started}
     row["regret"] = row[BASELINE]["qoe"] - row[SHIPPED]["qoe"]
@@ -258,12 +264,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def sweep(
-    points: int, seed: int, requests: int, entries: list[TraceEntry], progress: bool = False
+    points: int,
+    seed: int,
+    requests: int,
+    entries: list[TraceEntry],
+    guard: GuardSettings = AS_SHIPPED,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """Points 0..``points``-1 of the sweep seeded ``seed``, each run."""
+    """Points 0..``points``-1 of the sweep seeded ``seed``, each run (:func:`run_point`)."""
     rows = []
     for index in range(points):
-        row = run_point(draw_point(index, seed, requests, entries), entries)
+        row = run_point(draw_point(index, seed, requests, entries), entries, guard)
         rows.append(row)
         if progress:
             p = row["point"]
@@ -281,14 +292,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", type=int, default=200, help="random workloads (200)")
     parser.add_argument("--requests", type=int, default=300, help="requests a workload (300)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--lend-after-s",
+        type=float,
+        default=None,
+        help="the shipped policy's replies whose readers need nothing for this long lend "
+        "their KV to fresh requests (default: off, as shipped)",
+    )
     parser.add_argument("--out", type=Path, default=Path("results/robustness"))
     args = parser.parse_args(argv)
     if args.points < 1 or args.requests < 1:
         parser.error("--points and --requests must be >= 1")
+    try:
+        guard = GuardSettings(lend_after_s=args.lend_after_s)
+    except ValueError as exc:
+        parser.error(f"--lend-after-s: {exc}")
     entries = load_andes_trace()
     started = time.perf_counter()
-    rows = sweep(args.points, args.seed, args.requests, entries, progress=True)
+    rows = sweep(args.points, args.seed, args.requests, entries, guard, progress=True)
     summary = summarise(rows)
+    summary["guard"] = asdict(guard)
     summary["wall_s"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(
@@ -302,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
 def _json(x: object) -> object:
     if isinstance(x, float) and not math.isfinite(x):
         return None
+    if isinstance(x, frozenset):
+        return sorted(x)
     raise TypeError(f"not JSON: {x!r}")
 
 
