@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from qos.latency import PROFILES, LatencyProfile, get_profile
-from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, GuardSettings
+from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, GuardSettings, chosen_guard
 from qos.policy.registry import GUARDED, POLICIES, STOCK_POLICIES, make_policy
 from qos.sim import (
     PROMPT_TOKEN_ESTIMATE,
@@ -47,6 +47,20 @@ FROZEN_SHARE_MAX = 0.01  # stall-free: at most 1 % of replies freeze for over 2 
 OVERLOAD_FROZEN_MAX = 0.01  # under overload: at most 1 % of replies freeze for over 5 s
 
 WORKLOADS = ("chat", "voice")
+
+
+def guard_flags(cfg: dict[str, Any]) -> GuardSettings | None:
+    """The reader guard's settings the flags chose (``--overdue-after-ttfts off``: never
+    overdue), or None (:func:`qos.policy.reader.chosen_guard`). ValueError: one out of
+    range."""
+    overdue = cfg.get("overdue_after_ttfts")
+    if overdue is not None:
+        overdue = math.inf if overdue == "off" else float(overdue)
+    return chosen_guard(
+        overdue_after_ttfts=overdue,
+        overdue_after_fcfs_waits=cfg.get("overdue_after_fcfs_waits"),
+        lend_after_s=cfg.get("lend_after_s"),
+    )
 
 
 def run_one(args: tuple[str, float, dict]) -> dict:
@@ -70,14 +84,9 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     )
     started = time.perf_counter()
     pause = policy_name not in STOCK_POLICIES
-    guard: dict[str, Any] = {"lend_after_s": cfg["lend_after_s"]} if cfg.get("lend_after_s") else {}
-    if cfg.get("overdue_after_ttfts") is not None:
-        overdue = cfg["overdue_after_ttfts"]
-        guard["overdue_after_ttfts"] = None if overdue == "off" else float(overdue)
-    if cfg.get("overdue_after_fcfs_waits") is not None:
-        guard["overdue_after_fcfs_waits"] = cfg["overdue_after_fcfs_waits"]
+    guard = guard_flags(cfg)
     # the guard's flags set the guarded policies of the comparison; the others have no guard
-    options = {"guard": GuardSettings(**guard)} if guard and policy_name in GUARDED else {}
+    options = {"guard": guard} if guard is not None and policy_name in GUARDED else {}
 
     def simulate_one(requests: list[SimRequest]) -> SimResult:
         return simulate(
@@ -629,7 +638,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
     if not rates or min(rates) <= 0:
         raise SystemExit("--rates: every rate must be > 0")
-    guard_flags = [
+    guard_flags_set = [
         flag
         for flag, value in (
             ("--lend-after-s", args.lend_after_s),
@@ -638,14 +647,11 @@ def run(args: argparse.Namespace) -> int:
         )
         if value is not None
     ]
-    if guard_flags and not GUARDED & set(policies):
+    if guard_flags_set and not GUARDED & set(policies):
         raise SystemExit(
-            f"{', '.join(guard_flags)}: the reader guard's settings, and no policy of "
+            f"{', '.join(guard_flags_set)}: the reader guard's settings, and no policy of "
             f"--policies has the guard; add one of {', '.join(sorted(GUARDED))}"
         )
-    waits = args.overdue_after_fcfs_waits
-    if waits is not None and not 0 <= waits < math.inf:
-        raise SystemExit(f"--overdue-after-fcfs-waits: must be a finite number >= 0, got {waits}")
     cfg = {
         "profile": args.profile,
         "kv_capacity_tokens": args.kv_tokens,
@@ -674,6 +680,10 @@ def run(args: argparse.Namespace) -> int:
             parse_tenants(args.tenants)
     except ValueError as exc:
         raise SystemExit(f"--tenants: {exc}") from None
+    try:
+        guard_flags(cfg)
+    except ValueError as exc:
+        raise SystemExit(f"{', '.join(guard_flags_set)}: {exc}") from None
     try:
         profile = bench_profile(cfg)
     except ValueError as exc:

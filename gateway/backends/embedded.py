@@ -65,7 +65,7 @@ from gateway.config.schema import DEMO_MODEL, BackendConfig, ConfigError, Gatewa
 from gateway.context import Endpoint, RequestContext
 from gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from qos.latency import PROFILES, get_profile
-from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, GuardSettings
+from qos.policy.reader import OVERDUE_AFTER_FCFS_WAITS, chosen_guard
 from qos.policy.registry import POLICIES, STOCK_POLICIES, make_policy
 from qos.prompt_tokens import estimate_text_tokens
 from qos.signals import ReaderSignal
@@ -241,16 +241,12 @@ class EmbeddedEngine(InProcessBackend):
         chosen: dict[str, Any] = {}
         if opts.fair_share_slack is not None:
             chosen["fair_share_slack"] = opts.fair_share_slack
-        guard: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("overdue_after_ttfts", opts.overdue_after_ttfts),
-                ("overdue_after_fcfs_waits", opts.overdue_after_fcfs_waits),
-            )
-            if v is not None
-        }
-        if guard:
-            chosen["guard"] = GuardSettings(**guard)
+        guard = chosen_guard(
+            overdue_after_ttfts=opts.overdue_after_ttfts,
+            overdue_after_fcfs_waits=opts.overdue_after_fcfs_waits,
+        )
+        if guard is not None:
+            chosen["guard"] = guard
         self.engine = Engine(
             make_policy(opts.policy, profile, **chosen),
             profile,

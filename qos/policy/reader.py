@@ -198,6 +198,36 @@ class GuardSettings:
             raise ValueError(f"margin_s: must be > 0 seconds, got {self.margin_s}")
 
 
+def chosen_guard(
+    *,
+    overdue_after_ttfts: float | None = None,
+    overdue_after_fcfs_waits: float | None = None,
+    lend_after_s: float | None = None,
+) -> GuardSettings | None:
+    """The reader guard's settings an engine's configuration chose (the vLLM plugin's
+    environment, the embedded engine's options, a benchmark's flags): those given over
+    the defaults, ``math.inf`` turning a rule off (never overdue, never lending). None
+    where none was given, so that a policy without the guard is refused only settings
+    someone set (:func:`qos.policy.registry.make_policy`). ValueError: one out of range."""
+    if overdue_after_ttfts is None and overdue_after_fcfs_waits is None and lend_after_s is None:
+        return None
+    default = GuardSettings()
+    if overdue_after_fcfs_waits is None:
+        overdue_after_fcfs_waits = default.overdue_after_fcfs_waits
+    return GuardSettings(
+        overdue_after_ttfts=_chosen(overdue_after_ttfts, default.overdue_after_ttfts),
+        overdue_after_fcfs_waits=overdue_after_fcfs_waits,
+        lend_after_s=_chosen(lend_after_s, default.lend_after_s),
+    )
+
+
+def _chosen(value: float | None, default: float | None) -> float | None:
+    """``value`` where given (``math.inf``: the rule off, None), else ``default``."""
+    if value is None:
+        return default
+    return None if value == math.inf else value
+
+
 class ReaderGuard:
     """Applies the reader's deadline (module doc) to a policy's decision, with
     ``settings``; ``weights``: False where tenants' weights are ignored (every plan

@@ -79,7 +79,7 @@ from typing import Any
 
 from qos.latency import PROFILES, LatencyProfile
 from qos.policy.base import Policy
-from qos.policy.reader import GuardSettings
+from qos.policy.reader import chosen_guard
 from qos.policy.registry import POLICIES, make_policy
 from qos.tags import RequestTags
 
@@ -231,20 +231,14 @@ class PluginConfig:
             "fair_share_slack": self.fair_share_slack,
         }
         chosen: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
-        guard: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("overdue_after_fcfs_waits", self.overdue_after_fcfs_waits),
-                ("lend_after_s", self.lend_after_s),
-            )
-            if v is not None
-        }
-        if self.overdue_after_ttfts is not None:
-            off = math.isinf(self.overdue_after_ttfts)
-            guard["overdue_after_ttfts"] = None if off else self.overdue_after_ttfts
-        if guard:
-            chosen["guard"] = GuardSettings(**guard)
         try:
+            guard = chosen_guard(
+                overdue_after_ttfts=self.overdue_after_ttfts,
+                overdue_after_fcfs_waits=self.overdue_after_fcfs_waits,
+                lend_after_s=self.lend_after_s,
+            )
+            if guard is not None:
+                chosen["guard"] = guard
             return make_policy(self.policy, profile, **chosen)
         except ValueError as exc:
             raise ValueError(f"TOKENPACE_POLICY={self.policy}: {exc}") from None

@@ -10,6 +10,7 @@ a second of first prefills of requests about to pass their TTFT.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from qos.policy.reader import (
     NOTICEABLE_GAP_S,
     GuardSettings,
     ReaderGuard,
+    chosen_guard,
 )
 from qos.policy.table import Capacity, RequestTable
 from qos.sim.engine import simulate
@@ -402,6 +404,22 @@ def test_bad_options_are_refused_naming_the_option():
         GuardSettings(overdue_after_fcfs_waits=float("inf"))
     with pytest.raises(ValueError, match="lend_after_s"):
         GuardSettings(lend_after_s=0.0)
+
+
+def test_a_configuration_chooses_the_settings_it_names_and_inf_turns_a_rule_off():
+    assert chosen_guard() is None  # nothing set: nothing for a policy without the guard
+    default = GuardSettings()
+    assert chosen_guard(lend_after_s=30.0) == dataclasses.replace(default, lend_after_s=30.0)
+    assert chosen_guard(overdue_after_ttfts=math.inf) == dataclasses.replace(
+        default, overdue_after_ttfts=None
+    )
+    assert chosen_guard(lend_after_s=math.inf) == default  # off, as by default
+    waits = chosen_guard(overdue_after_fcfs_waits=0.0)
+    assert waits == dataclasses.replace(default, overdue_after_fcfs_waits=0.0)
+    with pytest.raises(ValueError, match="overdue_after_fcfs_waits"):
+        chosen_guard(overdue_after_fcfs_waits=math.inf)  # a multiple, with no off
+    with pytest.raises(ValueError, match="lend_after_s"):
+        chosen_guard(lend_after_s=-1.0)
 
 
 def freeze_bound(profile: LatencyProfile, workload: list[SimRequest]) -> float:

@@ -40,3 +40,15 @@ def test_guard_flags_leave_fcfs_in_the_comparison_as_it_is() -> None:
     for policy in ("fcfs", "andes-tp"):
         summary = run_one((policy, 30.0, cfg))
         assert summary["policy"] == policy and summary["rate"] == 30.0
+
+
+def test_guard_flags_out_of_range_are_refused_naming_the_flags(tmp_path) -> None:
+    """A value the guard cannot take stops the run before it starts, naming the flag:
+    ``--lend-after-s 0`` was once read as unset."""
+    argv = ["--policies", "andes-tp", "--rates", "3", "--n", "10", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit, match="--lend-after-s: lend_after_s: must be > 0"):
+        main([*argv, "--lend-after-s", "0"])
+    with pytest.raises(SystemExit, match="--overdue-after-fcfs-waits: overdue_after_fcfs_waits"):
+        main([*argv, "--overdue-after-fcfs-waits", "-1"])
+    with pytest.raises(SystemExit, match="--overdue-after-ttfts: could not convert"):
+        main([*argv, "--overdue-after-ttfts", "soon"])
