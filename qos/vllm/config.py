@@ -231,14 +231,14 @@ class PluginConfig:
             "fair_share_slack": self.fair_share_slack,
         }
         chosen: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        guard = chosen_guard(
+            overdue_after_ttfts=self.overdue_after_ttfts,
+            overdue_after_fcfs_waits=self.overdue_after_fcfs_waits,
+            lend_after_s=self.lend_after_s,
+        )
+        if guard is not None:
+            chosen["guard"] = guard
         try:
-            guard = chosen_guard(
-                overdue_after_ttfts=self.overdue_after_ttfts,
-                overdue_after_fcfs_waits=self.overdue_after_fcfs_waits,
-                lend_after_s=self.lend_after_s,
-            )
-            if guard is not None:
-                chosen["guard"] = guard
             return make_policy(self.policy, profile, **chosen)
         except ValueError as exc:
             raise ValueError(f"TOKENPACE_POLICY={self.policy}: {exc}") from None
