@@ -55,10 +55,12 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    cache alone would let in readers who then freeze; and the
    prefills admitted in one iteration stay within the slack of every reply that runs in
    it and of every reply left out beyond the next iteration, so an admission never
-   freezes a reader that a slot can pace (those no slot of the full batch paces fall
-   behind under any order: a prefill held for them is made within their reply all the
-   same, and each split costs a prefill base). Exceptions: the first prefill of an
-   iteration always goes in, an engine that would run nothing brings back the replies
+   freezes a reader that a slot can pace; while a reader no slot of the full batch paces
+   is committed, within FIRST_DUE_PREFILL_S instead (that reader falls behind under any
+   order, a prefill held for it is made within its reply all the same, and each split of
+   a burst's prefills would delay it one more prefill base, which its idle latency keeps
+   to the end, where the others' slack comes back at their pace). Exceptions: the first
+   prefill of an iteration always goes in, an engine that would run nothing brings back the replies
    that gave way that fit the cache, and an engine with nothing committed admits the
    first request that fits it (progress). A request that would pass its TTFT before the
    next decision, once the prefills in line before it are made, has a user about to
@@ -84,10 +86,10 @@ its ask. Nothing a signal says makes a deadline earlier or an ask larger
 
 What remains is bounded: a reply can wait beyond its reader's pace for at most one
 iteration with the longest single (re)compute prefill (the progress rule) or
-FIRST_DUE_PREFILL_S of first prefills. Two cases are left to FCFS's bounds: a paused
-reply that loses its KV to the replies' own growth waits for completions to free room
-for it, and a reader no slot paces waits one iteration with all of its admissions'
-prefills. docs/architecture/policy.md derives this and docs/benchmarks.md measures it.
+FIRST_DUE_PREFILL_S of prefills (first prefills; all admissions', while a reader no slot
+paces is committed). One case is left to FCFS's bounds: a paused reply that loses its KV
+to the replies' own growth waits for completions to free room for it.
+docs/architecture/policy.md derives this and docs/benchmarks.md measures it.
 """
 
 from __future__ import annotations
@@ -151,7 +153,8 @@ once it ends): not guarded as readers, their QoE is about when they finish."""
 
 FIRST_DUE_PREFILL_S = 1.0
 """The most prefill, in seconds, an iteration takes, all its prefills counted, where it
-goes beyond the readers' slack for requests about to pass their TTFT (rule 3): half the
+goes beyond the readers' slack for requests about to pass their TTFT, or where a reader
+no slot paces is committed (rule 3): half the
 shortest freeze the QoE records count (2 s, :data:`qos.metrics.FREEZE_THRESHOLDS_S`), so
 that a burst's first tokens go in over a few iterations and no running reader waits one
 iteration of all their prefills. Of 0.5,
@@ -716,11 +719,16 @@ class ReaderGuard:
     ) -> float:
         """Seconds of prefill the iteration may add without making a reader wait: no
         more than the slack of any reply that runs in it, nor than what the replies left
-        out can spare beyond the next iteration (they may run at the next decision).
-        Only the ``paced`` rows count: those whose reader asks no more than one slot's
-        share of the full batch's rate (:meth:`asks`). No slot paces the others, whose
-        replies fall behind under any order; a prefill held for them is made within
-        their reply all the same, each split costing a prefill base."""
+        out can spare beyond the next iteration (they may run at the next decision),
+        counting the ``paced`` rows: those whose reader asks no more than one slot's
+        share of the full batch's rate (:meth:`asks`). While a reader no slot paces is
+        committed, FIRST_DUE_PREFILL_S: its reply falls behind under any order, and each
+        split of a burst's prefills would delay it one more prefill base, which its idle
+        latency keeps (Wang et al. Eq. 9), where the paced readers' slack comes back at
+        their pace."""
+        watched = committed & np.isfinite(slack)
+        if (watched & ~paced).any():
+            return FIRST_DUE_PREFILL_S
         counted = paced & np.isfinite(slack)
         ran = slack[keep & counted]
         waits = slack[committed & ~keep & counted]

@@ -169,3 +169,27 @@ def test_a_prefill_that_would_freeze_a_reader_is_held_and_named():
     )
     assert decision.run[reader] and decision.run[first] and not decision.run[big]
     assert decision.holds[big] == Hold.PREFILL and decision.held == 1
+
+
+def test_beside_a_reader_no_slot_paces_a_burst_goes_in_within_the_first_due_bound():
+    """A chat reader with 0.1-0.3 s of slack and a reader at 100 tokens/s, whom no slot
+    paces, both running; three requests waiting, of 1,000, 1,000 and 3,500 prompt tokens
+    (0.2, 0.2 and 0.7 s of prefill). Split for the chat reader's slack, each later
+    iteration would delay the fast reader one more prefill base, which its reply never
+    makes up: two go in together, beyond the chat reader's slack, and the third, which
+    would take the iteration's prefills past FIRST_DUE_PREFILL_S, waits for that reason."""
+    now = 10.0
+    table = RequestTable()
+    chat = reply(table, "chat", tds=4.0, tier="chat", now=5.96)
+    fast = reply(table, "fast", tds=100.0, tier="fast", now=now)
+    waiting = [
+        table.add(key, arrival=now - 0.1, prompt_tokens=tokens, ttft=5.0, tds=5.0)
+        for key, tokens in (("a", 1_000), ("b", 1_000), ("c", 3_500))
+    ]
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    decision = policy.decide(table, Capacity(20_000, 8, pauses=True), now)
+    assert policy.guard is not None
+    assert 0.0 < policy.guard.slack(table, now, 0.04)[chat] < 0.4
+    assert decision.run[chat] and decision.run[fast]
+    assert int(decision.run[waiting].sum()) == 2
+    assert decision.held_for(Hold.PREFILL) == 1
