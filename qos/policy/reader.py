@@ -60,9 +60,9 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    order, a prefill held for it is made within its reply all the same, and each split of
    a burst's prefills would delay it one more prefill base, which its idle latency keeps
    to the end, where the others' slack comes back at their pace). Exceptions: the first
-   prefill of an iteration always goes in, an engine that would run nothing brings back the replies
-   that gave way that fit the cache, and an engine with nothing committed admits the
-   first request that fits it (progress). A request that would pass its TTFT before the
+   prefill of an iteration always goes in, an engine that would run nothing brings back
+   the replies that gave way that fit the cache, and an engine with nothing committed
+   admits the first request that fits it (progress). A request that would pass its TTFT before the
    next decision, once the prefills in line before it are made, has a user about to
    notice a wait as well: its prefill goes in beyond the readers' slack while the
    iteration's prefills stay within FIRST_DUE_PREFILL_S; one that would pass it counting
@@ -719,19 +719,18 @@ class ReaderGuard:
     ) -> float:
         """Seconds of prefill the iteration may add without making a reader wait: no
         more than the slack of any reply that runs in it, nor than what the replies left
-        out can spare beyond the next iteration (they may run at the next decision),
-        counting the ``paced`` rows: those whose reader asks no more than one slot's
-        share of the full batch's rate (:meth:`asks`). While a reader no slot paces is
-        committed, FIRST_DUE_PREFILL_S: its reply falls behind under any order, and each
-        split of a burst's prefills would delay it one more prefill base, which its idle
-        latency keeps (Wang et al. Eq. 9), where the paced readers' slack comes back at
-        their pace."""
-        watched = committed & np.isfinite(slack)
+        out can spare beyond the next iteration (they may run at the next decision).
+        That holds while every committed reader is ``paced``: asks no more than one
+        slot's share of the full batch's rate (:meth:`asks`). While a reader no slot
+        paces is committed, FIRST_DUE_PREFILL_S: its reply falls behind under any order,
+        and each split of a burst's prefills would delay it one more prefill base, which
+        its idle latency keeps (Wang et al. Eq. 9), where the paced readers' slack comes
+        back at their pace."""
+        watched = committed & np.isfinite(slack)  # finite: a started reply, watched
         if (watched & ~paced).any():
             return FIRST_DUE_PREFILL_S
-        counted = paced & np.isfinite(slack)
-        ran = slack[keep & counted]
-        waits = slack[committed & ~keep & counted]
+        ran = slack[keep & watched]
+        waits = slack[watched & ~keep]
         budget = float(ran.min()) if ran.size else np.inf
         if waits.size:
             budget = min(budget, float(waits.min()) - tau - self.profile.prefill_base_s)
