@@ -49,7 +49,7 @@ OVERLOAD_FROZEN_MAX = 0.01  # under overload: at most 1 % of replies freeze for 
 WORKLOADS = ("chat", "voice")
 
 
-def guard_flags(cfg: dict[str, Any]) -> GuardSettings | None:
+def guard_settings(cfg: dict[str, Any]) -> GuardSettings | None:
     """The reader guard's settings the flags chose (``--overdue-after-ttfts off``: never
     overdue), or None (:func:`qos.policy.reader.chosen_guard`). ValueError: one out of
     range."""
@@ -84,7 +84,7 @@ def run_one(args: tuple[str, float, dict]) -> dict:
     )
     started = time.perf_counter()
     pause = policy_name not in STOCK_POLICIES
-    guard = guard_flags(cfg)
+    guard = guard_settings(cfg)
     # the guard's flags set the guarded policies of the comparison; the others have no guard
     options = {"guard": guard} if guard is not None and policy_name in GUARDED else {}
 
@@ -638,7 +638,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--rates: expected comma-separated numbers, got {args.rates!r}") from None
     if not rates or min(rates) <= 0:
         raise SystemExit("--rates: every rate must be > 0")
-    guard_flags_set = [
+    guard_flags = [
         flag
         for flag, value in (
             ("--lend-after-s", args.lend_after_s),
@@ -647,9 +647,9 @@ def run(args: argparse.Namespace) -> int:
         )
         if value is not None
     ]
-    if guard_flags_set and not GUARDED & set(policies):
+    if guard_flags and not GUARDED & set(policies):
         raise SystemExit(
-            f"{', '.join(guard_flags_set)}: the reader guard's settings, and no policy of "
+            f"{', '.join(guard_flags)}: the reader guard's settings, and no policy of "
             f"--policies has the guard; add one of {', '.join(sorted(GUARDED))}"
         )
     cfg = {
@@ -681,9 +681,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"--tenants: {exc}") from None
     try:
-        guard_flags(cfg)
+        guard_settings(cfg)
     except ValueError as exc:
-        raise SystemExit(f"{', '.join(guard_flags_set)}: {exc}") from None
+        raise SystemExit(f"{', '.join(guard_flags)}: {exc}") from None
     try:
         profile = bench_profile(cfg)
     except ValueError as exc:
