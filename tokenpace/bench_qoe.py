@@ -54,8 +54,15 @@ def guard_settings(cfg: dict[str, Any]) -> GuardSettings | None:
     overdue), or None (:func:`qos.policy.reader.chosen_guard`). ValueError: one out of
     range."""
     overdue = cfg.get("overdue_after_ttfts")
-    if overdue is not None:
-        overdue = math.inf if overdue == "off" else float(overdue)
+    if overdue == "off":
+        overdue = math.inf
+    elif overdue is not None:
+        try:
+            overdue = float(overdue)
+        except ValueError:
+            raise ValueError(
+                f"overdue_after_ttfts: must be a number of TTFTs > 0 or off, got {overdue!r}"
+            ) from None
     return chosen_guard(
         overdue_after_ttfts=overdue,
         overdue_after_fcfs_waits=cfg.get("overdue_after_fcfs_waits"),

@@ -50,5 +50,6 @@ def test_guard_flags_out_of_range_are_refused_naming_the_flags(tmp_path) -> None
         main([*argv, "--lend-after-s", "0"])
     with pytest.raises(SystemExit, match="--overdue-after-fcfs-waits: overdue_after_fcfs_waits"):
         main([*argv, "--overdue-after-fcfs-waits", "-1"])
-    with pytest.raises(SystemExit, match="--overdue-after-ttfts: could not convert"):
+    soon = "--overdue-after-ttfts: overdue_after_ttfts: must be a number of TTFTs > 0 or off"
+    with pytest.raises(SystemExit, match=soon):
         main([*argv, "--overdue-after-ttfts", "soon"])
