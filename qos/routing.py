@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 def delayed_start_qoe(
@@ -114,8 +114,12 @@ def load_bound(in_flight_total: int, replicas: int, factor: float) -> int:
     return math.ceil(factor * (in_flight_total + 1) / replicas - 1e-9)
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+# Candidate and PromptDemand are named tuples, not frozen dataclasses: a router builds
+# one a backend and one a request on every request's path, and a frozen dataclass sets
+# each field through ``object.__setattr__`` (more than twice the CPU).
+
+
+class Candidate(NamedTuple):
     """What a router knows of one replica when a request arrives."""
 
     healthy: bool
@@ -133,8 +137,7 @@ class Candidate:
         return self.decode_wait_s + self.queued_prefill_tokens / self.prefill_tps
 
 
-@dataclass(frozen=True, slots=True)
-class PromptDemand:
+class PromptDemand(NamedTuple):
     """What a request asks of the replica that serves it."""
 
     prompt_tokens: int  # p
@@ -152,15 +155,16 @@ def cache_aware_order(
     if n == 0:
         return []
     bound = load_bound(sum(c.in_flight for c in candidates), n, load_factor)
-    within = [c.in_flight + 1 <= bound for c in candidates]
     any_healthy = any(c.healthy for c in candidates)
-    preferred = max(
-        (i for i, c in enumerate(candidates) if within[i] and (c.healthy or not any_healthy)),
-        key=lambda i: candidates[i].affinity,
-        default=None,
-    )
-    p = demand.prompt_tokens
-    anywhere = max(demand.history_tokens, max(c.cached_tokens for c in candidates))
+    # the preferred replica: the first in rendezvous order among the healthy (if any is)
+    # within the bound (in flight + 1 <= bound)
+    preferred = None
+    for i, c in enumerate(candidates):
+        eligible = c.in_flight < bound and (c.healthy or not any_healthy)
+        if eligible and (preferred is None or c.affinity > candidates[preferred].affinity):
+            preferred = i
+    p, history, output, ttft_tier, tds = demand
+    anywhere = max(history, *(c.cached_tokens for c in candidates))
     cold = anywhere == 0
     # the preferred replica is assumed to hold the history only where no replica is known
     # to: a router that saw an earlier turn go elsewhere knows better than the assumption
@@ -170,17 +174,16 @@ def cache_aware_order(
         held = anywhere if i == assumed or c.holds_conversation else c.cached_tokens
         uncached = p - min(held, p)
         wait = c.wait_s
-        ttft = wait + uncached / c.prefill_tps
-        q = delayed_start_qoe(ttft, demand.ttft, demand.tds, demand.output_tokens)
-        soonest = (wait, c.in_flight) if cold else (0.0, 0)
+        q = delayed_start_qoe(wait + uncached / c.prefill_tps, ttft_tier, tds, output)
         keys.append(
             (
                 not c.healthy,
-                not within[i],
+                c.in_flight >= bound,  # past the load bound
                 -q,
                 uncached,
                 not c.holds_conversation,
-                *soonest,
+                wait if cold else 0.0,
+                c.in_flight if cold else 0,
                 -c.affinity,
             )
         )

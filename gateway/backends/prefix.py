@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from qos.prompt_tokens import CHARS_PER_TOKEN, estimate_chars_tokens, estimate_prompt_tokens
 
 _SEPARATOR = "\x1e"  # between messages: no two message lists read as one text
 
 
-@dataclass(frozen=True, slots=True)
-class PromptChain:
-    """What the router reads of one prompt (the module docstring)."""
+class PromptChain(NamedTuple):
+    """What the router reads of one prompt (the module docstring). A named tuple: one is
+    built on every request's path (:class:`qos.routing.Candidate`'s note)."""
 
     blocks: tuple[int, ...]  # the names of its whole blocks, first first
     anchor: int  # its conversation's name
@@ -80,15 +80,16 @@ def prompt_chain(body: Mapping[str, object], block_chars: int) -> PromptChain:
             if not isinstance(message, dict):
                 continue
             role = message.get("role")
-            part = f"{role}:{_text(message.get('content'))}{_SEPARATOR}"
-            if role == "user" and not anchor_end:
-                own_start = size
+            content = message.get("content")
+            text = content if isinstance(content, str) else _text(content)
+            part = f"{role}:{text}{_SEPARATOR}"
             parts.append(part)
+            start = size
             size += len(part)
-            if role == "user" and not anchor_end:
-                anchor_end = size
-            elif role == "assistant":
+            if role == "assistant":
                 history_end = size
+            elif role == "user" and not anchor_end:
+                own_start, anchor_end = start, size
     else:
         prompt = body.get("prompt")
         parts.append(_text(prompt if not isinstance(prompt, list) else prompt[:1]))

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -39,9 +39,9 @@ from qos.routing import Candidate, PromptDemand, cache_aware_order, rendezvous_w
 log = logging.getLogger("tokenpace.gateway")
 
 
-@dataclass(frozen=True, slots=True)
-class Routed:
-    """A request as cache-aware routing reads it: its prompt, and what its reader expects."""
+class Routed(NamedTuple):
+    """A request as cache-aware routing reads it: its prompt, and what its reader expects
+    (a named tuple: :class:`qos.routing.Candidate`'s note)."""
 
     prompt: PromptChain
     demand: PromptDemand

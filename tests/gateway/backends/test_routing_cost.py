@@ -17,16 +17,17 @@ targets:
   (a block the index held; one it did not goes in at that end with no call).
   Naming it by a keyed BLAKE2b cost 4 (``digest`` and ``int.from_bytes`` in place of
   ``hash``) and about four times the CPU. No margin: a call more a block is a third more.
-- per backend, 24 calls: whether it serves the model, its index's bisection, its
+- per backend, 23 calls: whether it serves the model, its index's bisection, its
   waiting time, its rendezvous weight, its candidate and the QoE of its first token.
-  The margin (3) is a small step, not a second pass over the index.
-- the rest, 110 calls (115 with the BLAKE2b block names): the
-  prompt's text and its token estimate (a few calls a message), the demand, the load
-  bound, the order, the lease. The margin (15) is a few small steps, not a pass more
-  over the messages.
+  The margin (4) is a small step, not a second pass over the index.
+- the rest, 110 calls: the prompt's text and its token estimate (a few calls a message),
+  the demand, the load bound, the order, the lease. The margin (15) is a few small
+  steps, not a pass more over the messages.
 
 A change that needs more raises the budget here, with ``bench/routing_cost.py``'s
-figures beside it (docs/benchmarks/2026-12-06-routing.md).
+figures beside it (docs/benchmarks/2026-12-06-routing.md). A call is not a fixed cost (a
+frozen dataclass sets its fields with no counted call, at twice a plain one's CPU):
+``bench/routing_instructions.py`` counts the instructions a request costs the gateway.
 """
 
 from __future__ import annotations
