@@ -38,9 +38,11 @@ MODEL = "m"
 TIER = ResolvedTier("chat", 1.0, 4.8, 1)
 
 
-class _Idle(Backend):
-    def __init__(self, name: str) -> None:
-        self.name, self.models, self.throughput_tps = name, (MODEL,), None
+class IdleBackend(Backend):
+    """A backend that is never sent anything: the router alone is measured."""
+
+    def __init__(self, name: str, model: str = MODEL) -> None:
+        self.name, self.models, self.throughput_tps = name, (model,), None
 
     async def open_stream(self, endpoint, body, ctx):  # type: ignore[no-untyped-def]
         raise NotImplementedError
@@ -54,8 +56,8 @@ def body(n: int, history: int, rng: random.Random) -> dict[str, Any]:
     return {"model": MODEL, "messages": conversation_turn(n, rng, history)}
 
 
-def ctx() -> RequestContext:
-    return RequestContext("r", "t", 1.0, TIER, "chat.completions", MODEL, True, 0.0, 256)
+def ctx(model: str = MODEL) -> RequestContext:
+    return RequestContext("r", "t", 1.0, TIER, "chat.completions", model, True, 0.0, 256)
 
 
 def measure(
@@ -71,7 +73,7 @@ def measure(
         config = parse_config(
             {"tenants": [{"name": "t", "api_keys": ["k" * 16]}], "routing": routing}
         )
-        router = Router([_Idle(f"b{i}") for i in range(backends)], config)
+        router = Router([IdleBackend(f"b{i}") for i in range(backends)], config)
         c = ctx()
         if policy == "cache_aware":
             tracemalloc.start()
