@@ -162,9 +162,8 @@ def child(policy: str, conversations: int, requests: int) -> None:
     from gateway.config.loader import parse_config
     from qos.prompt_tokens import estimate_prompt_tokens
 
-    text = gateway_config(
-        free_port(), free_port(), 16, None, BACKENDS, routing_section(policy, conversations, 2)
-    )
+    routing = routing_section(policy, conversations, BACKENDS)
+    text = gateway_config(free_port(), free_port(), 16, None, BACKENDS, routing)
     backends = [IdleBackend(f"b{i}", MODEL) for i in range(BACKENDS)]
     router = Router(backends, parse_config(json.loads(text)))
     request_ctx = ctx(MODEL)
