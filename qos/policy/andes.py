@@ -234,9 +234,7 @@ class Andes(Policy):
             waiting = (~running).nonzero()[0]
             order = waiting[np.argsort(table.col("arrival")[waiting], kind="stable")]
             ranking = Ranking(order, float(self.profile.decode_s(n)))
-            return self.guard.apply(
-                table, capacity, demand, ranking, now, kv_watermark=1.0, reply_s=self.horizon_s
-            )
+            return self.guard.apply(table, capacity, demand, ranking, now, reply_s=self.horizon_s)
         self.solves += 1
         if self.guard is not None:
             return self.guard.apply(
@@ -245,7 +243,6 @@ class Andes(Policy):
                 demand,
                 self.rank(table, capacity, demand, now),
                 now,
-                kv_watermark=self.kv_watermark,
                 room_wait_s=self.room_wait_s(now) or 0.0,
                 reply_s=self.horizon_s,
             )
@@ -593,24 +590,21 @@ preemptions capped at P = 0.3 and made only for a claim (module doc)."""
 
 def tokenpace_andes(profile: LatencyProfile, **overrides: Any) -> Andes:
     """Andes as tokenpace ships it: the reader guard (:mod:`qos.policy.reader`) deciding
-    who runs on the solver's ranking, stall charge k = 4, admitting up to 95 % of the KV
-    cache, tenant weights acting with a slack of 8,192 service units (4,096 output
+    who runs on the solver's ranking, stall charge k = 4, the solver ranking admissions
+    once the committed KV passes 95 % of the cache (arrival order below it), tenant
+    weights acting with a slack of 8,192 service units (4,096 output
     tokens of a weight-1 tenant, ~5 s of the OPT-66B profile's output;
     ``fair_share_slack=None`` ignores weights). docs/benchmarks.md measures the slack.
 
     The paper's defaults (no stall charge) lose a quarter of the engine's token
     throughput to recompute prefills on a KV-bound engine; docs/benchmarks.md compares
-    the two side by side. The watermark only has to leave room for a few iterations of
-    growth, since a triggered solver re-plans every iteration: without the guard, 0.95
-    served more than the paper's 0.9 at nearly every rate measured, with no forced
-    preemption (1.0 does force them). With the guard, 0.98 admits what FCFS admits on
-    most of the robustness sweep's KV-bound points (``bench/robustness.py``) and, on two
-    seeds of 200 points, halves the targets missed at 0.95; but on the real vLLM CPU
-    engine it served no better (QoE 1.38-1.49x FCFS's against 1.45-1.59x, readers' p90
-    TTFT 1.15-1.30x against 1.08-1.36x), and 0.97 and 1.0 froze replies on the sweep
-    where fast readers' replies outgrew the cache. Requests past their TTFT may take the
-    headroom above it while 2 s of the running replies' growth stays free
-    (:mod:`qos.policy.reader`, rule 3). ``overrides`` are :class:`Andes` keyword
-    arguments.
+    the two side by side. Without the guard, admissions fill to the watermark, which only
+    has to leave room for a few iterations of growth, since a triggered solver re-plans
+    every iteration: 0.95 served more than the paper's 0.9 at nearly every rate
+    measured, with no forced preemption (1.0 does force them). With the guard, the
+    guard admits into the whole cache less the replies' expected growth
+    (:mod:`qos.policy.reader`, rule 3): a fixed share kept above admissions held first
+    tokens back where FCFS gave them (docs/benchmarks.md, the robustness sweep).
+    ``overrides`` are :class:`Andes` keyword arguments.
     """
     return Andes(profile, **{**TOKENPACE_ANDES, **overrides})

@@ -39,9 +39,12 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    have outgrown the cache, bringing it back would push one of them out to come back
    the same way, a recompute every decision with nobody served sooner.
 3. **The shortfall lands before the first token.** A request with no token yet is
-   admitted only into the room left once every committed reply (started, or running)
-   has its KV counted, parked ones included, and what the running ones grow by until
-   the next of them ends, so a reply that gave way can always come back (two
+   admitted only into the room left in the cache once every committed reply (started,
+   or running) has its KV counted, parked ones included, and what the running ones
+   that keep it grow by over GROWTH_HORIZON_S (twice that for those whose readers could
+   not wait out a recompute: past it, the overflow falls on replies whose slack covers
+   a recompute, as FCFS, filling the cache, recomputes), so a reply that gave way can
+   always come back (two
    exceptions: under price plans, a request within its plan's guarantee may take back
    the KV of replies on borrowed room whose readers can wait for a recompute,
    :mod:`qos.policy.plans`, and they come back when due, as rule 1 says; with
@@ -66,10 +69,10 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
    next decision, once the prefills in line before it are made, has a user about to
    notice a wait as well: its prefill goes in beyond the readers' slack while the
    iteration's prefills stay within FIRST_DUE_PREFILL_S; one that would pass it counting
-   its wait alone may, in the same order as the others, take the headroom the KV watermark
-   keeps above the room (insurance against the replies growing for longer than
-   expected, which FCFS, filling the cache, does not keep), while the running replies'
-   growth over the whole GROWTH_HORIZON_S stays free.
+   its wait alone may, in the same order as the others, take what is kept for the
+   replies that could not wait out a recompute, and go in past a request holding its
+   line, while every committed reply's KV and the running replies' growth over
+   GROWTH_HORIZON_S stay free.
    Among fresh requests, the policy's order, except that requests overdue (waiting
    more than ``overdue_after_ttfts`` times their TTFT, and under sustained overload
    more than OVERDUE_AFTER_FCFS_WAITS times what FCFS would make a new request wait)
@@ -107,8 +110,12 @@ from qos.policy.decision import Decision, Hold, Ranking
 from qos.policy.table import Capacity, RequestTable
 
 GROWTH_HORIZON_S = 2.0
-"""The longest the room is kept for the running replies' growth (a cache that waits this
-long for a completion is already contended everywhere)."""
+"""How long a fresh request's room keeps the running replies' growth free, and how much
+longer that of replies whose readers could not wait out a recompute (rule 3). Given
+only the growth until the next completion, the trace's sustained overload outgrew the
+cache and recomputed replies (QoE at 2.6 req/s 0.78 against 0.95, docs/benchmarks.md);
+with 2 s for every reply and none more, fast readers' replies outgrew it and froze on
+the robustness sweep (point 67 of seed 0: 2.75 % of replies over 2 s, FCFS 2.5 %)."""
 
 OVERDUE_AFTER_FCFS_WAITS = 1.25
 """Under sustained overload a waiting request is overdue only once it has also waited
@@ -386,15 +393,15 @@ class ReaderGuard:
         )
         return asks
 
-    def loan_share(self, kv_committed: float, kv_watermark: float, margin: float) -> float:
+    def loan_share(self, kv_committed: float, kv_tokens: float, margin: float) -> float:
         """The share of the engine's time the loans take (rule 3), where replies lend
         their KV: what the committed replies hold beyond the cache, ``kv_committed`` -
-        ``kv_watermark`` tokens, is on loan at any time; a loan lasts about
+        ``kv_tokens`` tokens, is on loan at any time; a loan lasts about
         ``lend_after_s`` · (1 - RETURN_AT) - ``margin`` (a reply lends once its slack
         passes ``lend_after_s`` and comes back from RETURN_AT of it, within the next
         decision) and moves its KV out and back, 2·c a token (c: the profile's swap
         cost; where it has none, the loan is recomputed, p a token)."""
-        lent = kv_committed - kv_watermark
+        lent = kv_committed - kv_tokens
         lend_after_s = self.settings.lend_after_s
         if lend_after_s is None or lent <= 0:
             return 0.0
@@ -412,25 +419,23 @@ class ReaderGuard:
         ranking: Ranking,
         now: float,
         *,
-        kv_watermark: float,
         room_wait_s: float = 0.0,
         reply_s: float = plans.PLAN_MEMORY_S,
     ) -> Decision:
         """The decision under rules 1-3 (module doc) on ``ranking``: the requests the
         ranking stage would admit, in its order of preference, the τ it expects and the
         tenants' VTC levels (:mod:`qos.policy.fair`), which order the due replies, lowest
-        level first, should more be due than the engine can run. ``kv_watermark``: the
-        share of the cache admissions may fill; ``room_wait_s``: the expected time until
-        a running reply ends (1/λ, λ the completion rate); ``reply_s``: how long a reply
-        holds its room (the mean time from arrival to completion)."""
+        level first, should more be due than the engine can run. ``room_wait_s``: the
+        expected time until a running reply ends (1/λ, λ the completion rate);
+        ``reply_s``: how long a reply holds its room (the mean time from arrival to
+        completion)."""
         tau = ranking.tau
         replies = self.replies(table, capacity, demand, now, tau)
         due, forced = _due(replies, capacity, ranking.levels)
         fresh = ranking.admissions[~replies.committed[ranking.admissions]]
         overdue, fresh = self.overdue(table, fresh, now, room_wait_s)
         waiting = np.concatenate((overdue, fresh))
-        watermark = int(kv_watermark * capacity.kv_tokens)
-        loans = self.loan_share(float(replies.kv), watermark, replies.margin)
+        loans = self.loan_share(float(replies.kv), capacity.kv_tokens, replies.margin)
         reader_rate = self.reader_rate(
             table, capacity, demand, replies.committed, waiting, room_wait_s, loans
         )
@@ -447,9 +452,9 @@ class ReaderGuard:
         )
         # a request that would pass its TTFT before the next decision has a user about to
         # notice a wait too (the wait for the first token is idle latency, Wang et al. Eq.
-        # 9): it may take the watermark's headroom; and one that would once the prefills
-        # in line before it are made has its prefill go in whatever the budget (counted
-        # against it)
+        # 9): it may go in past a request holding its line; and one that would once the
+        # prefills in line before it are made has its prefill go in whatever the budget
+        # (counted against it)
         waited = now + replies.margin - table.col("arrival")
         batch.first_due = ~replies.committed & (waited > table.col("ttft"))
         batch.prefill_due[waiting] = self.ttft_slack(table, waiting, now) <= replies.margin
@@ -459,15 +464,15 @@ class ReaderGuard:
             replies.slack, paced, batch.keep, replies.committed, tau
         )
         lines = self.admission_lines(
-            table, replies, capacity, overdue, fresh, watermark, asks, reader_rate, now, reply_s
+            table, replies, capacity, overdue, fresh, asks, reader_rate, now, reply_s
         )
-        room = self.room(table, capacity, replies, watermark, room_wait_s, tau)
+        room = self.room(table, capacity, replies, tau)
         rate = reader_rate - float(asks[replies.committed].sum())  # the rate room
         if capacity.pauses:
             self._fill_pausing(batch, replies, lines, capacity, room, rate)
         else:
             self._fill_recomputing(batch, replies, lines, capacity, room, rate)
-        _progress(batch, replies, lines, capacity, room.watermark)
+        _progress(batch, replies, lines, capacity)
         holds = np.zeros(table.n, dtype=np.int8)
         held = waiting[~batch.keep[waiting]]
         holds[held] = batch.holds[held]
@@ -497,6 +502,23 @@ class ReaderGuard:
         p = self.profile
         recompute = p.prefill_base_s + p.prefill_per_token_s * table.context
         committed = started | running
+        short = started & (slack - recompute <= margin)
+        reserved = committed
+        if capacity.pauses:
+            # a reply whose reader is away holding its return cushion lends its KV: it
+            # stays in the cache until admissions need it, and the cushion covers the
+            # recompute on return (:meth:`return_s`); taken back when due (rule 1)
+            reserved = committed & ~yielding
+        lend_after_s = self.settings.lend_after_s
+        if lend_after_s is not None:  # replies due later than that lend their KV
+            reserved = committed & (slack <= lend_after_s)
+        # what the running replies that keep their KV grow by over GROWTH_HORIZON_S (at
+        # least until the next decision), and GROWTH_HORIZON_S more for those whose
+        # readers could not wait out a recompute: admitting into it would have the cache
+        # outgrown; past it, the overflow falls on the replies with the most slack (rule
+        # 2), a recompute their slack covers, as FCFS, filling the cache, recomputes
+        steps = (max(GROWTH_HORIZON_S, margin) + np.where(short, GROWTH_HORIZON_S, 0.0)) / tau
+        growth = np.where(running & reserved, _growth(table, capacity, demand, steps), 0)
         return _Replies(
             running=running,
             started=started,
@@ -504,47 +526,26 @@ class ReaderGuard:
             resident=running | (table.col("computed") > 0),
             yielding=yielding,
             slack=slack,
-            short=started & (slack - recompute <= margin),
+            short=short,
+            reserved=reserved,
+            growth=growth,
             recompute_s=recompute,
             margin=margin,
             demand=demand,
             kv=int(demand @ committed),
         )
 
-    def room(
-        self,
-        table: RequestTable,
-        capacity: Capacity,
-        replies: _Replies,
-        watermark: int,
-        room_wait_s: float,
-        tau: float,
-    ) -> _Room:
+    def room(self, table: RequestTable, capacity: Capacity, replies: _Replies, tau: float) -> _Room:
         """The KV fresh requests may take (rule 3): :class:`_Room`."""
-        reserved = replies.committed
-        if capacity.pauses:
-            # a reply whose reader is away holding its return cushion lends its KV: it
-            # stays in the cache until admissions need it, and the cushion covers the
-            # recompute on return (:meth:`return_s`); taken back when due (rule 1)
-            reserved = replies.committed & ~replies.yielding
-        lend_after_s = self.settings.lend_after_s
-        if lend_after_s is not None:  # replies due later than that lend their KV
-            reserved = replies.committed & (replies.slack <= lend_after_s)
-        demand = replies.demand
-        # what the running replies grow by until the next one ends and frees its KV, and
-        # at least until the next decision: admitting into it would have the cache
-        # outgrown
-        horizon_s = max(min(room_wait_s, GROWTH_HORIZON_S), replies.margin)
-        growth = _growth(table, capacity, demand, horizon_s / tau)
-        # requests past their TTFT may also take the watermark's headroom, while the
-        # running replies' growth over the whole GROWTH_HORIZON_S stays free (past that,
-        # under sustained overload, the cache was outgrown and replies recomputed), but
-        # not the KV of replies whose readers are away: it comes back with them
-        late_growth = _growth(table, capacity, demand, GROWTH_HORIZON_S / tau)
+        # requests about to pass their TTFT may also take what is kept for a late
+        # completion, while every committed reply's KV and the running replies' growth
+        # over GROWTH_HORIZON_S stay free
+        late_growth = _growth(table, capacity, replies.demand, GROWTH_HORIZON_S / tau)
         return _Room(
-            watermark=watermark,
-            fresh=watermark - int(demand @ reserved) - growth,
-            late=capacity.kv_tokens - replies.kv - late_growth,
+            fresh=capacity.kv_tokens
+            - int(replies.demand @ replies.reserved)
+            - int(replies.growth.sum()),
+            late=capacity.kv_tokens - replies.kv - int(late_growth[table.running].sum()),
         )
 
     def _fill_pausing(
@@ -567,7 +568,7 @@ class ReaderGuard:
         kv, slack, resident = capacity.kv_tokens, replies.slack, replies.resident
         lend_after_s = self.settings.lend_after_s
         rest = replies.committed & ~batch.keep
-        self._admit(batch, lines, min(room.fresh, room.watermark - batch.kv), rate)
+        self._admit(batch, lines, min(room.fresh, capacity.kv_tokens - batch.kv), rate)
         _admit_late(batch, lines, room.late, capacity, rate)
         if lend_after_s is not None:
             # lenders halfway due come back into the KV of paused replies that would
@@ -594,8 +595,8 @@ class ReaderGuard:
         back, then fresh requests take the room left."""
         rest = replies.committed & ~batch.keep
         batch.take(_by(replies.slack, rest & replies.running), capacity.kv_tokens - batch.kv)
-        batch.take(_by(replies.slack, rest & ~replies.running), room.watermark - batch.kv)
-        self._admit(batch, lines, min(room.fresh, room.watermark - batch.kv), rate)
+        batch.take(_by(replies.slack, rest & ~replies.running), capacity.kv_tokens - batch.kv)
+        self._admit(batch, lines, min(room.fresh, capacity.kv_tokens - batch.kv), rate)
         _admit_late(batch, lines, room.late, capacity, rate)
 
     def overdue(
@@ -626,7 +627,6 @@ class ReaderGuard:
         capacity: Capacity,
         overdue: np.ndarray,
         fresh: np.ndarray,
-        room: int,
         asks: np.ndarray,
         reader_rate: float,
         now: float,
@@ -636,7 +636,7 @@ class ReaderGuard:
         line; or, when the tenants' weights act and differ, three: the requests within their
         tenants' guarantees; those beyond them but within plan (borrowing what another
         tenant does not use); the rest, the higher weights first. The last two leave the
-        tenants' headroom free. Each rule holds for both resources, the cache (``room``)
+        tenants' headroom free. Each rule holds for both resources, the cache
         and the readers' rate (``reader_rate``, tokens a second, of which each row
         takes ``asks``). Once a request within
         its guarantee has waited RECLAIM_AFTER_TTFTS, the first line may also take the
@@ -657,7 +657,7 @@ class ReaderGuard:
         within = np.ones(waiting.size, dtype=bool)
         guaranteed = np.ones(waiting.size, dtype=bool)
         resources = (
-            (demand, float(room), kv_demand),
+            (demand, float(capacity.kv_tokens), kv_demand),
             (asks, reader_rate, tds_demand),
         )
         guarantees = []
@@ -676,7 +676,8 @@ class ReaderGuard:
         if waited.any():
             borrowed = plans.beyond_guarantee(table, committed, demand, guarantees[0])
             lenders = _lenders(table, replies, capacity) & borrowed
-            reclaim = plans.reclaimable(table, committed, lenders, demand, guarantees[0])
+            held = demand + replies.growth  # a reply taken back frees its growth too
+            reclaim = plans.reclaimable(table, committed, lenders, held, guarantees[0])
         borrowing, beyond = within & ~guaranteed, ~within & ~guaranteed
         n = overdue.size
         return [
@@ -748,6 +749,8 @@ class _Replies:
     yielding: np.ndarray  # readers away, holding their return cushion
     slack: np.ndarray  # seconds each reader can still wait (+inf: none watching)
     short: np.ndarray  # started, and could not wait for their own recompute (KV lost)
+    reserved: np.ndarray  # committed, their KV kept from admissions (not lent)
+    growth: np.ndarray  # KV tokens each reserved running row is expected to grow by
     recompute_s: np.ndarray  # each row's whole context prefilled again
     margin: float  # the wait for the next decision (:meth:`ReaderGuard.margin_s`)
     demand: np.ndarray  # each row's KV tokens
@@ -755,12 +758,13 @@ class _Replies:
 
 
 class _Room(NamedTuple):
-    """The KV tokens fresh requests may take (rule 3): ``fresh``, under the watermark,
-    less the committed replies' KV and growth until the next completion; ``late``, for
-    requests about to pass their TTFT, the whole cache less the committed replies' KV and
-    growth over GROWTH_HORIZON_S; ``watermark``, the share of the cache admissions fill."""
+    """The KV tokens fresh requests may take (rule 3): ``fresh``, the cache less the
+    committed replies' KV (not that of replies whose readers are away, where pausing
+    keeps it) and the running replies' growth over GROWTH_HORIZON_S (twice that for
+    replies that could not wait out a recompute); ``late``, for requests about to pass
+    their TTFT, the cache less every committed reply's KV and the running replies'
+    growth over GROWTH_HORIZON_S."""
 
-    watermark: int
     fresh: int
     late: int
 
@@ -861,14 +865,17 @@ class _Batch:
         self.tds += float(self.asks[rows].sum())
 
 
-def _growth(table: RequestTable, capacity: Capacity, demand: np.ndarray, steps: float) -> int:
-    """KV tokens the running replies grow by in ``steps`` iterations, one token an
-    iteration each (at most what each has left, where its length is known), in the whole
-    blocks the engine allocates."""
-    steps = math.ceil(steps)
+def _growth(
+    table: RequestTable, capacity: Capacity, demand: np.ndarray, steps: float | np.ndarray
+) -> np.ndarray:
+    """KV tokens each row grows by in ``steps`` iterations (one count for all, or each
+    row's), one token an iteration (at most what it has left, where its length is
+    known), in the whole blocks the engine allocates."""
+    whole = np.ceil(steps).astype(np.int64)
     left = table.col("max_tokens") - table.col("output")
-    grown = table.context + 1 + np.where(left >= 0, np.minimum(left, steps), steps)
-    return int((capacity.in_blocks(grown) - demand)[table.running].sum())
+    grown = table.context + 1 + np.where(left >= 0, np.minimum(left, whole), whole)
+    growth: np.ndarray = capacity.in_blocks(grown) - demand
+    return growth
 
 
 def _due(
@@ -913,9 +920,7 @@ def _lenders(table: RequestTable, replies: _Replies, capacity: Capacity) -> np.n
     return lenders & capacity.pauses
 
 
-def _progress(
-    batch: _Batch, replies: _Replies, lines: list[_Line], capacity: Capacity, watermark: int
-) -> None:
+def _progress(batch: _Batch, replies: _Replies, lines: list[_Line], capacity: Capacity) -> None:
     """An engine that would run nothing brings back a reply that gave way, least slack
     first, even where the committed replies' KV together exceeds the cache (a batch
     job's reply, never due, would wait for ever); one with nothing committed admits the
@@ -923,7 +928,7 @@ def _progress(
     if not batch.keep.any():
         batch.take(_by(replies.slack, replies.committed), capacity.kv_tokens)
     if not replies.committed.any() and not batch.keep.any():
-        _admit_first(batch, lines, watermark)
+        _admit_first(batch, lines, capacity.kv_tokens)
 
 
 def _admit_late(
@@ -933,9 +938,8 @@ def _admit_late(
     (``batch.first_due``), in the lines' order, into ``room`` tokens of KV less what
     this decision admitted (the whole cache less the committed replies' KV and growth)
     and ``rate``, the readers' rate room, less what this decision's new readers took
-    (rule 3). The watermark's headroom insures the replies against growing for longer
-    than expected; a user past the TTFT is already waiting (user idle latency, Wang et
-    al. Eq. 9), as FCFS, which fills the cache, would not have them wait."""
+    (rule 3), past a request holding their line: a user past the TTFT is already waiting
+    (user idle latency, Wang et al. Eq. 9)."""
     waiting = batch.first_due & ~batch.keep
     late = [  # the KV that borrowed replies give back went to the lines before
         line._replace(

@@ -16,7 +16,9 @@ its settings from the engine's environment (defaults in brackets):
 - ``TOKENPACE_PROFILE``: latency profile: ``online`` (default: fitted from the engine's
   own step times with ``qos.latency.fit_profile``, :mod:`qos.vllm.online`) or the name
   of a shipped profile (``qos.latency.PROFILES``).
-- ``TOKENPACE_KV_WATERMARK``, ``TOKENPACE_PREEMPTION_CAP`` (P, preemptions per
+- ``TOKENPACE_KV_WATERMARK`` (with the reader guard, the share of the cache past which
+  the solver ranks admissions; the guard admits into the whole cache less the replies'
+  growth), ``TOKENPACE_PREEMPTION_CAP`` (P, preemptions per
   request on average; refused with the reader guard, which makes no preemption for the
   solver to cap), ``TOKENPACE_PREEMPTION_COST`` (the stall charge k),
   ``TOKENPACE_HORIZON_S`` (a fixed Δt; default the running mean completion time, §4.1):

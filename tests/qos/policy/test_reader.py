@@ -251,33 +251,37 @@ def test_a_burst_past_its_ttft_takes_at_most_a_second_of_prefill_an_iteration():
 
 @pytest.mark.parametrize("pauses", [True, False])
 def test_the_room_keeps_the_blocks_the_running_replies_open_before_the_next_decision(pauses):
-    """A running reply fills its 16 blocks of 16 tokens: its next token opens a 17th,
-    which the engine allocates whole, although no reply has ended yet to say when the
-    next will (so no growth horizon is known). A fresh request of 7 blocks would fit
-    the 95 % watermark beside 16 blocks but not beside 17: it waits."""
+    """A running reply fills its 16 blocks of 16 tokens, one token left to generate: its
+    last token opens a 17th block, which the engine allocates whole. A fresh request of
+    7 blocks would fit the cache of 380 tokens beside 16 blocks and one token, but not
+    beside 17 blocks: it waits."""
     now = 5.0
-    capacity = Capacity(400, 8, block_size=16, pauses=pauses)
+    capacity = Capacity(380, 8, block_size=16, pauses=pauses)
     table = RequestTable()
-    reply = table.add("reply", arrival=0.0, prompt_tokens=250, ttft=1.0, tds=5.0)
+    reply = table.add("reply", arrival=0.0, prompt_tokens=250, ttft=1.0, tds=5.0, max_tokens=6)
     table.admit(reply)
     for _ in range(5):
         table.record_tokens(reply, now - 0.1)
     newcomer = fresh(table, "new", arrival=now - 0.1, prompt=100)
     fresh(table, "too-long", arrival=now - 0.1, prompt=299)  # fits nowhere: the solver runs
     assert capacity.demand(table)[[reply, newcomer]].tolist() == [256, 112]
-    assert 256 + 112 <= 0.95 * 400 < 256 + 16 + 112
-    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(table, capacity, now)
-    assert run[reply] and not run[newcomer]
+    assert 256 + 1 + 112 <= 380 < 256 + 16 + 112
+    decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(table, capacity, now)
+    assert decision.run[reply] and not decision.run[newcomer]
+    assert decision.holds[newcomer] == Hold.KV
 
 
-def reply_near_the_watermark(table: RequestTable, now: float, max_tokens: int | None = 10) -> int:
-    """A running reply holding 886 KV tokens with ``max_tokens`` - 5 left to generate,
-    its reader busy until 5.7 s."""
+def reply_near_full(
+    table: RequestTable, now: float, max_tokens: int | None = 10, *, shown: int = 5
+) -> int:
+    """A running reply of 880 prompt tokens with ``shown`` tokens received at ``now`` -
+    0.1 s (``max_tokens`` - ``shown`` left to generate): with 5, its reader is busy until
+    5.7 s and can wait out a recompute; with 1, it cannot."""
     reply = table.add(
         "reply", arrival=0.0, prompt_tokens=880, ttft=1.0, tds=5.0, max_tokens=max_tokens
     )
     table.admit(reply)
-    for _ in range(5):
+    for _ in range(shown):
         table.record_tokens(reply, now - 0.1)
     return reply
 
@@ -305,43 +309,47 @@ def test_a_burst_is_due_once_the_prefills_in_line_would_take_it_past_its_ttft(wa
 
 
 @pytest.mark.parametrize("pauses", [True, False])
-def test_a_request_past_its_ttft_takes_the_headroom_above_the_watermark(pauses):
-    """A running reply holds 886 of 1,000 KV tokens and grows by 5 more, above what
-    the 95 % watermark leaves a fresh request of 81. Two requests that have waited past
-    their TTFT, whose users already wait, take the headroom as far as it goes (one); a
-    request within its TTFT waits for room below the watermark."""
+def test_a_fresh_request_takes_the_cache_less_the_replies_growth(pauses):
+    """A running reply holds 886 of 1,000 KV tokens and grows by 5 more (its length is
+    known): a fresh request of 81 takes what is left, with no share of the cache kept
+    above it (FCFS fills the cache too); a second waits for room."""
     now = 5.0
     capacity = Capacity(1_000, 8, block_size=1, pauses=pauses)
     table = RequestTable()
-    reply = reply_near_the_watermark(table, now)
-    young = fresh(table, "young", arrival=now - 0.1, prompt=80)
-    later = fresh(table, "later", arrival=now - 2.0, prompt=80)
-    late = fresh(table, "late", arrival=now - 3.0, prompt=80)
-    assert capacity.demand(table)[[reply, late]].sum() == 967  # > 950, <= 1,000
+    reply = reply_near_full(table, now)
+    first = fresh(table, "first", arrival=now - 0.2, prompt=80)
+    second = fresh(table, "second", arrival=now - 0.1, prompt=80)
+    assert capacity.demand(table)[[reply, first]].sum() == 967  # + 5 of growth <= 1,000
     decision = tokenpace_andes(SMALL, fair_share_slack=None).decide(table, capacity, now)
-    assert decision.run[reply] and decision.run[[late, later]].sum() == 1
-    assert not decision.run[young] and decision.holds[young] == Hold.KV
-
-    table = RequestTable()
-    reply = reply_near_the_watermark(table, now)
-    young = fresh(table, "young", arrival=now - 0.1, prompt=80)
-    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(table, capacity, now)
-    assert run[reply] and not run[young]
+    assert decision.run[reply] and decision.run[first]
+    assert not decision.run[second] and decision.holds[second] == Hold.KV
 
 
 @pytest.mark.parametrize("pauses", [True, False])
-def test_the_headroom_keeps_two_seconds_of_the_replies_growth(pauses):
-    """The same reply, its length unknown: in GROWTH_HORIZON_S it may grow past the
-    headroom, so a request past its TTFT waits for room all the same (given only the
-    growth until the next decision, the trace's sustained overload outgrew the cache)."""
+@pytest.mark.parametrize(("shown", "admitted"), [(5, True), (1, False)])
+def test_a_reply_that_cannot_wait_out_a_recompute_keeps_its_growth_free_longer(
+    pauses, shown, admitted
+):
+    """The reply's length unknown. With its reader busy for 0.7 s, it could wait out a
+    recompute should it outgrow the cache: the room keeps its growth over
+    GROWTH_HORIZON_S free (one token an iteration), and a fresh request of 81 goes in.
+    With its reader about to run dry, it could not: GROWTH_HORIZON_S more of its growth
+    stays free, should the next completion come late, and the request waits."""
     now = 5.0
-    capacity = Capacity(1_000, 8, block_size=1, pauses=pauses)
     table = RequestTable()
-    reply = reply_near_the_watermark(table, now, max_tokens=None)
-    late = fresh(table, "late", arrival=now - 3.0, prompt=80)
-    assert GROWTH_HORIZON_S / TAU > 1_000 - 886 - 81
-    run = tokenpace_andes(SMALL, fair_share_slack=None).schedule(table, capacity, now)
-    assert run[reply] and not run[late]
+    reply = reply_near_full(table, now, max_tokens=None, shown=shown)
+    request = fresh(table, "request", arrival=now - 0.1, prompt=80)
+    tau = float(SMALL.decode_s(table.n))  # both fit the solver's watermark: no solve
+    grows = math.ceil(GROWTH_HORIZON_S / tau)
+    held = int(table.context[reply]) + 1
+    capacity = Capacity(held + grows + 81 + grows // 2, 8, block_size=1, pauses=pauses)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    assert policy.guard is not None and not policy.triggered(table, capacity)
+    replies = policy.guard.replies(table, capacity, capacity.demand(table), now, tau)
+    assert replies.short[reply] == (not admitted)
+    decision = policy.decide(table, capacity, now)
+    assert decision.run[reply] and decision.run[request] == admitted
+    assert decision.holds[request] == (Hold.NONE if admitted else Hold.KV)
 
 
 def test_overdue_requests_go_first_oldest_first():
