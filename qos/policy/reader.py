@@ -636,10 +636,10 @@ class ReaderGuard:
         line; or, when the tenants' weights act and differ, three: the requests within their
         tenants' guarantees; those beyond them but within plan (borrowing what another
         tenant does not use); the rest, the higher weights first. The last two leave the
-        tenants' headroom free. Each rule holds for both resources, the cache
-        and the readers' rate (``reader_rate``, tokens a second, of which each row
-        takes ``asks``). Once a request within
-        its guarantee has waited RECLAIM_AFTER_TTFTS, the first line may also take the
+        tenants' headroom free. Each rule holds for both resources, the cache (less the
+        running replies' expected growth) and the readers' rate (``reader_rate``, tokens a
+        second, of which each row takes ``asks``). Once a request within its guarantee
+        has waited RECLAIM_AFTER_TTFTS, the first line may also take the
         KV of the replies that can lend it (:func:`_lenders`) and run on borrowed room
         (:func:`~qos.policy.plans.reclaimable`): the engine drops it and they are
         recomputed when due."""
@@ -657,7 +657,7 @@ class ReaderGuard:
         within = np.ones(waiting.size, dtype=bool)
         guaranteed = np.ones(waiting.size, dtype=bool)
         resources = (
-            (demand, float(capacity.kv_tokens), kv_demand),
+            (demand, float(capacity.kv_tokens - int(replies.growth.sum())), kv_demand),
             (asks, reader_rate, tds_demand),
         )
         guarantees = []
