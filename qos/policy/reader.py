@@ -41,10 +41,10 @@ for minutes. The guard makes the reader's deadline a constraint, not a cost:
 3. **The shortfall lands before the first token.** A request with no token yet is
    admitted only into the room left in the cache once every committed reply (started,
    or running) has its KV counted, parked ones included, and what the running ones
-   that keep it grow by over GROWTH_HORIZON_S (twice that for those whose readers could
-   not wait out a recompute: past it, the overflow falls on replies whose slack covers
-   a recompute, as FCFS, filling the cache, recomputes), so a reply that gave way can
-   always come back (two
+   grow by over GROWTH_HORIZON_S (not those lending it on a loan; twice that for those
+   whose readers could not wait out a recompute: past it, the overflow falls on replies
+   whose slack covers a recompute, as FCFS, filling the cache, recomputes), so a reply
+   that gave way can always come back (two
    exceptions: under price plans, a request within its plan's guarantee may take back
    the KV of replies on borrowed room whose readers can wait for a recompute,
    :mod:`qos.policy.plans`, and they come back when due, as rule 1 says; with
@@ -516,9 +516,14 @@ class ReaderGuard:
         # least until the next decision), and GROWTH_HORIZON_S more for those whose
         # readers could not wait out a recompute: admitting into it would have the cache
         # outgrown; past it, the overflow falls on the replies with the most slack (rule
-        # 2), a recompute their slack covers, as FCFS, filling the cache, recomputes
+        # 2), a recompute their slack covers, as FCFS, filling the cache, recomputes. A
+        # reply whose reader is away lends its KV but grows while it runs: its growth
+        # stays free too (freed with the KV, admissions outgrew the cache, and the
+        # watched readers' QoE fell below the same policy's without signals under
+        # overload, docs/benchmarks.md, "Reader signals")
         steps = (max(GROWTH_HORIZON_S, margin) + np.where(short, GROWTH_HORIZON_S, 0.0)) / tau
-        growth = np.where(running & reserved, _growth(table, capacity, demand, steps), 0)
+        growing = running & (reserved | yielding)
+        growth = np.where(growing, _growth(table, capacity, demand, steps), 0)
         return _Replies(
             running=running,
             started=started,
@@ -750,7 +755,7 @@ class _Replies:
     slack: np.ndarray  # seconds each reader can still wait (+inf: none watching)
     short: np.ndarray  # started, and could not wait for their own recompute (KV lost)
     reserved: np.ndarray  # committed, their KV kept from admissions (not lent)
-    growth: np.ndarray  # KV tokens each reserved running row is expected to grow by
+    growth: np.ndarray  # KV tokens each running row grows by (0: a watched reply on loan)
     recompute_s: np.ndarray  # each row's whole context prefilled again
     margin: float  # the wait for the next decision (:meth:`ReaderGuard.margin_s`)
     demand: np.ndarray  # each row's KV tokens

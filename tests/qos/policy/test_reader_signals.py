@@ -14,6 +14,7 @@ import pytest
 
 from qos.policy import presence
 from qos.policy.andes import tokenpace_andes
+from qos.policy.decision import Hold
 from qos.policy.reader import ReaderGuard
 from qos.policy.table import Capacity, RequestTable
 from qos.signals import AWAY_LEASE_S, Presence, ReaderSignal
@@ -69,6 +70,31 @@ def test_an_away_readers_reply_lends_its_kv_where_pausing_keeps_it(pauses):
     assert not policy.schedule(table, capacity, now)[newcomer]
     table.reader_signal("parked", ReaderSignal(Presence.AWAY, buffer_tokens=90), now)
     assert policy.schedule(table, capacity, now)[newcomer] == pauses
+
+
+@pytest.mark.parametrize(("prompt", "admitted"), [(900, True), (950, False)])
+def test_an_away_readers_running_reply_lends_its_kv_but_not_its_growth(prompt, admitted):
+    """A running reply holds 901 of 1,000 KV tokens and has 50 left to generate. Its
+    reader away with its cushion, it lends its KV: a fresh request may take it, less
+    the 50 the reply grows by while it runs (admitted into the KV with its growth as
+    well, the requests outgrew the cache under overload, and the watching readers lost
+    QoE to the away ones' recomputes: docs/benchmarks.md, "Reader signals")."""
+    now = 5.0
+    table = RequestTable()
+    away = table.add("away", arrival=0.0, prompt_tokens=800, ttft=1.0, tds=5.0, max_tokens=150)
+    table.admit(away)
+    table.record_tokens(away, 0.5, 100)  # its reader is busy until ~20.5 s
+    table.reader_signal("away", ReaderSignal(Presence.AWAY, buffer_tokens=90), now)
+    newcomer = fresh(table, "new", arrival=now - 0.5, prompt=prompt)
+    capacity = Capacity(1_000, 8, block_size=1, pauses=True)
+    policy = tokenpace_andes(SMALL, fair_share_slack=None)
+    assert policy.guard is not None
+    replies = policy.guard.replies(table, capacity, capacity.demand(table), now, TAU)
+    assert replies.yielding[away] and not replies.reserved[away]
+    assert replies.growth[away] == 50
+    decision = policy.decide(table, capacity, now)
+    assert decision.run[newcomer] == admitted
+    assert decision.holds[newcomer] == (Hold.NONE if admitted else Hold.KV)
 
 
 def test_an_away_reader_short_of_its_cushion_keeps_its_deadline():
