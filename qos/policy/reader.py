@@ -755,7 +755,7 @@ class _Replies:
     slack: np.ndarray  # seconds each reader can still wait (+inf: none watching)
     short: np.ndarray  # started, and could not wait for their own recompute (KV lost)
     reserved: np.ndarray  # committed, their KV kept from admissions (not lent)
-    growth: np.ndarray  # KV tokens each running row grows by (0: a watched reply on loan)
+    growth: np.ndarray  # KV tokens each running row grows by (0 where a watched one lends)
     recompute_s: np.ndarray  # each row's whole context prefilled again
     margin: float  # the wait for the next decision (:meth:`ReaderGuard.margin_s`)
     demand: np.ndarray  # each row's KV tokens

@@ -75,10 +75,10 @@ def test_an_away_readers_reply_lends_its_kv_where_pausing_keeps_it(pauses):
 @pytest.mark.parametrize(("prompt", "admitted"), [(900, True), (950, False)])
 def test_an_away_readers_running_reply_lends_its_kv_but_not_its_growth(prompt, admitted):
     """A running reply holds 901 of 1,000 KV tokens and has 50 left to generate. Its
-    reader away with its cushion, it lends its KV: a fresh request may take it, less
-    the 50 the reply grows by while it runs (admitted into the KV with its growth as
-    well, the requests outgrew the cache under overload, and the watching readers lost
-    QoE to the away ones' recomputes: docs/benchmarks.md, "Reader signals")."""
+    reader is away with its cushion, so it lends its KV: a fresh request may take it,
+    less the 50 tokens the reply grows by while it runs. (Where admissions took that
+    growth too, they outgrew the cache under overload, and the readers who watched
+    lost QoE to the away ones' recomputes: docs/benchmarks.md, "Reader signals".)"""
     now = 5.0
     table = RequestTable()
     away = table.add("away", arrival=0.0, prompt_tokens=800, ttft=1.0, tds=5.0, max_tokens=150)
